@@ -1,0 +1,44 @@
+# The library: one set of objects, linked as a static and a shared library (the C ABI is in both).
+set(FA4_SOURCES
+  src/api/attention.cpp
+  src/api/validate.cpp
+  src/api/c_api.cpp
+  src/dispatch/dispatch.cpp
+  src/cpu/cpu_backend.cpp
+  src/cpu/forward.cpp
+  src/cpu/backward.cpp
+  src/cpu/parallel.cpp
+  src/sm90/sm90_backend.cpp
+)
+
+add_library(fa4_objects OBJECT ${FA4_SOURCES})
+target_include_directories(fa4_objects
+  PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+  PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+target_compile_options(fa4_objects PRIVATE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+target_compile_definitions(fa4_objects PRIVATE FA4_VERSION_STRING="${PROJECT_VERSION}")
+target_link_libraries(fa4_objects PUBLIC Threads::Threads)
+
+if(FA4_WITH_CUDA)
+  target_compile_definitions(fa4_objects PUBLIC FA4_WITH_CUDA=1)
+  target_link_libraries(fa4_objects PUBLIC CUDA::cudart)
+  include(cmake/fa4_sm90.cmake)
+endif()
+
+add_library(fa4 STATIC $<TARGET_OBJECTS:fa4_objects>)
+add_library(fa4_shared SHARED $<TARGET_OBJECTS:fa4_objects>)
+set_target_properties(fa4_shared PROPERTIES OUTPUT_NAME fa4)
+foreach(lib fa4 fa4_shared)
+  target_include_directories(${lib} PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>)
+  target_link_libraries(${lib} PUBLIC Threads::Threads)
+  if(FA4_WITH_CUDA)
+    target_compile_definitions(${lib} PUBLIC FA4_WITH_CUDA=1)
+    target_link_libraries(${lib} PUBLIC CUDA::cudart)
+  endif()
+endforeach()
+
+include(GNUInstallDirs)
+install(TARGETS fa4 fa4_shared ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(DIRECTORY include/fa4 DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

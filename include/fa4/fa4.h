@@ -1,0 +1,114 @@
+/* fa4cpp C ABI: exact scaled-dot-product attention for engines and other languages.
+ *
+ * Every struct starts with `struct_size`; fill it with sizeof(the struct) — the fa4_*_init functions
+ * do that and set every default — so that later versions can append fields without breaking callers.
+ * Every function returns an fa4_status; on failure fa4_last_error_message() (per thread) says why and
+ * nothing was written to any output. Semantics are those of the C++ API (include/fa4/attention.hpp). */
+#ifndef FA4_FA4_H_
+#define FA4_FA4_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FA4_API __declspec(dllexport)
+#else
+#define FA4_API __attribute__((visibility("default")))
+#endif
+
+#define FA4_ABI_VERSION 1
+
+typedef enum fa4_status {
+  FA4_SUCCESS = 0,
+  FA4_ERROR_INVALID_ARGUMENT = 1,
+  FA4_ERROR_NOT_SUPPORTED = 2,
+  FA4_ERROR_WORKSPACE_TOO_SMALL = 3,
+  FA4_ERROR_BACKEND_UNAVAILABLE = 4,
+  FA4_ERROR_DEVICE = 5,
+  FA4_ERROR_INTERNAL = 6
+} fa4_status;
+
+typedef enum fa4_dtype { FA4_DTYPE_BF16 = 0, FA4_DTYPE_FP16 = 1, FA4_DTYPE_FP32 = 2 } fa4_dtype;
+
+typedef enum fa4_backend {
+  FA4_BACKEND_AUTO = 0,
+  FA4_BACKEND_CPU = 1,
+  FA4_BACKEND_SM90 = 2
+} fa4_backend;
+
+typedef enum fa4_pass { FA4_PASS_FORWARD = 0, FA4_PASS_BACKWARD = 1 } fa4_pass;
+
+typedef struct fa4_problem {
+  uint32_t struct_size;
+  int64_t batch, seqlen_q, seqlen_k; /* varlen: batch = #sequences, seqlen_* = max lengths */
+  int64_t heads_q, heads_kv;
+  int64_t head_dim_qk, head_dim_v;
+  int32_t dtype;              /* fa4_dtype */
+  int32_t causal;             /* 0 / 1 */
+  int64_t window_left;        /* -1 = unbounded */
+  int64_t window_right;       /* -1 = unbounded */
+  float softcap;              /* 0 = off */
+  float softmax_scale;        /* 0 = 1/sqrt(head_dim_qk) */
+  const int32_t* cu_seqlens_q; /* non-null = varlen mode */
+  const int32_t* cu_seqlens_k;
+  int64_t total_q, total_k;   /* varlen: rows of the packed tensors */
+  const int32_t* seqused_k;   /* optional */
+  int32_t return_lse;
+  int32_t deterministic;
+} fa4_problem;
+
+/* A (batch, seq, head, dim) view — (total, head, dim) in varlen mode; strides in elements. */
+typedef struct fa4_tensor {
+  void* data;
+  int64_t batch_stride, seq_stride, head_stride, dim_stride;
+} fa4_tensor;
+
+/* fp32 log-sum-exp: (batch, heads_q, seqlen_q), or (heads_q, total_q) in varlen mode. */
+typedef struct fa4_lse {
+  float* data;
+  int64_t batch_stride, head_stride, seq_stride;
+} fa4_lse;
+
+typedef struct fa4_forward_tensors {
+  uint32_t struct_size;
+  fa4_tensor q, k, v, out;
+  fa4_lse lse;
+} fa4_forward_tensors;
+
+typedef struct fa4_backward_tensors {
+  uint32_t struct_size;
+  fa4_tensor q, k, v, out, dout;
+  fa4_lse lse;
+  fa4_tensor dq, dk, dv;
+} fa4_backward_tensors;
+
+FA4_API void fa4_problem_init(fa4_problem* problem);
+FA4_API void fa4_forward_tensors_init(fa4_forward_tensors* tensors);
+FA4_API void fa4_backward_tensors_init(fa4_backward_tensors* tensors);
+
+FA4_API fa4_status fa4_can_implement(const fa4_problem* problem, fa4_backend backend, fa4_pass pass);
+FA4_API fa4_status fa4_workspace_size(const fa4_problem* problem, fa4_backend backend, fa4_pass pass,
+                                      size_t* bytes);
+/* stream: a cudaStream_t for the GPU backend, ignored by the CPU backend. */
+FA4_API fa4_status fa4_forward(const fa4_problem* problem, const fa4_forward_tensors* tensors,
+                               void* workspace, size_t workspace_bytes, void* stream,
+                               fa4_backend backend);
+FA4_API fa4_status fa4_backward(const fa4_problem* problem, const fa4_backward_tensors* tensors,
+                                void* workspace, size_t workspace_bytes, void* stream,
+                                fa4_backend backend);
+
+/* The message of this thread's last failed call ("" when the last call succeeded). */
+FA4_API const char* fa4_last_error_message(void);
+FA4_API const char* fa4_status_string(fa4_status status);
+FA4_API int fa4_abi_version(void);
+FA4_API const char* fa4_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FA4_FA4_H_ */

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the pinned dependencies, configures and builds fa4cpp (preset "default": CUDA sm_90a when
+# a toolkit is found, else CPU-only). Extra arguments go to CMake's configure step, e.g.
+#   scripts/build.sh -DFA4_WITH_CUDA=OFF
+# FA4_SM90_KERNELS (env), e.g. "128:bf16", builds only those Hopper forward kernels (CI does this).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+./scripts/install_deps.sh
+jobs=${FA4_BUILD_JOBS:-$(nproc)}
+args=()
+[ -n "${FA4_SM90_KERNELS:-}" ] && args+=("-DFA4_SM90_KERNELS=$FA4_SM90_KERNELS")
+cmake --preset default "${args[@]}" "$@" >/dev/null
+cmake --build --preset default -j "$jobs"

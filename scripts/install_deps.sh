@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs the project's pinned third-party files into third_party/ (git-ignored).
+#   CUTLASS/CuTe C++ headers: from the PyPI wheel nvidia-cutlass (pinned, sha256 checked).
+# GoogleTest and Google Benchmark come from the system (Debian: libgtest-dev, libbenchmark-dev);
+# this script installs them with apt-get when they are missing and it runs as root.
+set -euo pipefail
+
+CUTLASS_VERSION=4.2.0.0
+CUTLASS_WHEEL=nvidia_cutlass-${CUTLASS_VERSION}-py3-none-any.whl
+CUTLASS_SHA256=f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+third=$root/third_party
+dest=$third/cutlass-$CUTLASS_VERSION
+
+if [ ! -f "$dest/.complete" ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    "nvidia-cutlass==$CUTLASS_VERSION" -d "$tmp"
+  echo "$CUTLASS_SHA256  $tmp/$CUTLASS_WHEEL" | sha256sum --check --quiet
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  python3 - "$tmp/$CUTLASS_WHEEL" "$dest" <<'PY'
+import sys, zipfile, os
+wheel, dest = sys.argv[1], sys.argv[2]
+keep = {"cutlass_library/source/include/": "include/",
+        "cutlass_library/source/tools/util/include/": "tools/util/include/"}
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        for src, dst in keep.items():
+            if name.startswith(src) and not name.endswith("/"):
+                out = os.path.join(dest, dst, name[len(src):])
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                with z.open(name) as f, open(out, "wb") as g:
+                    g.write(f.read())
+PY
+  touch "$dest/.complete"
+fi
+ln -sfn "cutlass-$CUTLASS_VERSION" "$third/cutlass"
+
+need=()
+[ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+[ -f /usr/include/benchmark/benchmark.h ] || need+=(libbenchmark-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  else
+    echo "install_deps: missing system packages: ${need[*]} (apt-get install them)" >&2
+    exit 1
+  fi
+fi
+echo "install_deps: CUTLASS $CUTLASS_VERSION headers in third_party/cutlass"

@@ -1,0 +1,299 @@
+#include "api/validate.hpp"
+
+#include <algorithm>
+#include <utility>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <iterator>
+
+namespace fa4::detail {
+
+namespace {
+
+Status vmake(StatusCode code, const char* fmt, va_list args) {
+  char buf[512];
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  return Status{code, buf};
+}
+
+// One dimension of a strided view.
+struct Dim {
+  int64_t extent;
+  int64_t stride;
+};
+
+// A strided view as validation sees it: where it starts, its element size, its dimensions.
+struct Extent {
+  const char* name;
+  const void* data;
+  int64_t elem_bytes;
+  Dim dims[4];
+  int rank;
+
+  bool empty() const {
+    for (int i = 0; i < rank; ++i)
+      if (dims[i].extent == 0) return true;
+    return false;
+  }
+};
+
+Extent tensor_extent(const char* name, const TensorView& t, const Problem& p, int64_t seqlen,
+                     int64_t total, int64_t heads, int64_t dim) {
+  const int64_t elem = int64_t(p.dtype == DType::kFP32 ? 4 : 2);
+  if (p.is_varlen())
+    return {name, t.data, elem, {{total, t.seq_stride}, {heads, t.head_stride}, {dim, t.dim_stride}},
+            3};
+  return {name,
+          t.data,
+          elem,
+          {{p.batch, t.batch_stride}, {seqlen, t.seq_stride}, {heads, t.head_stride},
+           {dim, t.dim_stride}},
+          4};
+}
+
+Extent lse_extent(const char* name, const LseView& t, const Problem& p) {
+  if (p.is_varlen())
+    return {name, t.data, 4, {{p.heads_q, t.head_stride}, {p.varlen.total_q, t.seq_stride}}, 2};
+  return {name,
+          t.data,
+          4,
+          {{p.batch, t.batch_stride}, {p.heads_q, t.head_stride}, {p.seqlen_q, t.seq_stride}},
+          3};
+}
+
+// Non-null data, non-negative strides, unit innermost stride, and offsets that fit in int64 / the
+// address space.
+Status check_view(const Extent& e, int64_t innermost_stride, const char* innermost_name) {
+  if (e.empty()) return Status::success();
+  if (e.data == nullptr) return invalid("%s.data is null", e.name);
+  if (innermost_stride != 1)
+    return invalid("%s.%s is %lld; it must be 1 (the innermost dimension must be contiguous)",
+                   e.name, innermost_name, (long long)innermost_stride);
+  int64_t max_offset = 0;
+  for (int i = 0; i < e.rank; ++i) {
+    if (e.dims[i].stride < 0)
+      return invalid("%s has a negative stride (%lld); strides must be >= 0", e.name,
+                     (long long)e.dims[i].stride);
+    int64_t term;
+    if (__builtin_mul_overflow(e.dims[i].extent - 1, e.dims[i].stride, &term) ||
+        __builtin_add_overflow(max_offset, term, &max_offset))
+      return invalid("%s: element offsets overflow int64 with these sizes and strides", e.name);
+  }
+  int64_t count, last_byte;
+  if (__builtin_add_overflow(max_offset, int64_t(1), &count) ||
+      __builtin_mul_overflow(count, e.elem_bytes, &last_byte) ||
+      uintptr_t(e.data) + uint64_t(last_byte) < uintptr_t(e.data))
+    return invalid("%s: byte offsets overflow the address space with these sizes and strides",
+                   e.name);
+  return Status::success();
+}
+
+// Two distinct elements of an output must not share an address (else writes race / clobber).
+Status check_no_self_overlap(const Extent& e) {
+  if (e.empty()) return Status::success();
+  Dim dims[4];
+  int n = 0;
+  for (int i = 0; i < e.rank; ++i)
+    if (e.dims[i].extent > 1) dims[n++] = e.dims[i];
+  for (int i = 1; i < n; ++i)  // insertion sort by stride: at most 4 dimensions
+    for (int j = i; j > 0 && dims[j].stride < dims[j - 1].stride; --j) std::swap(dims[j], dims[j - 1]);
+  int64_t span = 1;  // elements covered by the inner dimensions considered so far
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].stride < span)
+      return invalid("%s: strides make distinct output elements overlap (a dimension of extent "
+                     "%lld has stride %lld, smaller than the %lld elements it must step over)",
+                     e.name, (long long)dims[i].extent, (long long)dims[i].stride,
+                     (long long)span);
+    span = dims[i].stride * (dims[i].extent - 1) + span;
+  }
+  return Status::success();
+}
+
+Status check_input(const Extent& e) { return check_view(e, e.dims[e.rank - 1].stride, "dim_stride"); }
+
+Status check_output(const Extent& e) {
+  Status s = check_input(e);
+  return s.ok() ? check_no_self_overlap(e) : s;
+}
+
+Status check_lse(const Extent& e, bool output) {
+  Status s = check_view(e, e.dims[e.rank - 1].stride, "seq_stride");
+  if (s.ok() && output) s = check_no_self_overlap(e);
+  return s;
+}
+
+}  // namespace
+
+Status make_status(StatusCode code, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  Status s = vmake(code, fmt, args);
+  va_end(args);
+  return s;
+}
+
+Status invalid(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  Status s = vmake(StatusCode::kInvalidArgument, fmt, args);
+  va_end(args);
+  return s;
+}
+
+Status not_supported(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  Status s = vmake(StatusCode::kNotSupported, fmt, args);
+  va_end(args);
+  return s;
+}
+
+Status validate_problem(const Problem& p) {
+  if (p.batch < 0) return invalid("batch is %lld; it must be >= 0", (long long)p.batch);
+  if (p.seqlen_q < 0) return invalid("seqlen_q is %lld; it must be >= 0", (long long)p.seqlen_q);
+  if (p.seqlen_k < 0) return invalid("seqlen_k is %lld; it must be >= 0", (long long)p.seqlen_k);
+  if (p.heads_q < 1) return invalid("heads_q is %lld; it must be >= 1", (long long)p.heads_q);
+  if (p.heads_kv < 1) return invalid("heads_kv is %lld; it must be >= 1", (long long)p.heads_kv);
+  if (p.heads_q % p.heads_kv != 0)
+    return invalid("heads_q (%lld) must be a multiple of heads_kv (%lld) for GQA/MQA",
+                   (long long)p.heads_q, (long long)p.heads_kv);
+  if (p.head_dim_qk < 1)
+    return invalid("head_dim_qk is %lld; it must be >= 1", (long long)p.head_dim_qk);
+  if (p.head_dim_v < 1)
+    return invalid("head_dim_v is %lld; it must be >= 1", (long long)p.head_dim_v);
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16 && p.dtype != DType::kFP32)
+    return invalid("dtype %d is not a dtype (bf16 = 0, fp16 = 1, fp32 = 2)", int(p.dtype));
+  if (p.window.left < -1)
+    return invalid("window.left is %lld; it must be >= 0, or -1 for unbounded",
+                   (long long)p.window.left);
+  if (p.window.right < -1)
+    return invalid("window.right is %lld; it must be >= 0, or -1 for unbounded",
+                   (long long)p.window.right);
+  if (!std::isfinite(p.softcap) || p.softcap < 0.0f)
+    return invalid("softcap is %g; it must be 0 (off) or a finite positive number",
+                   double(p.softcap));
+  if (!std::isfinite(p.softmax_scale))
+    return invalid("softmax_scale is %g; it must be finite (0 selects 1/sqrt(head_dim_qk))",
+                   double(p.softmax_scale));
+  if (p.varlen.cu_seqlens_k != nullptr && p.varlen.cu_seqlens_q == nullptr)
+    return invalid("varlen.cu_seqlens_k is set but varlen.cu_seqlens_q is null; varlen mode needs both");
+  if (p.is_varlen()) {
+    if (p.varlen.cu_seqlens_k == nullptr)
+      return invalid("varlen.cu_seqlens_q is set but varlen.cu_seqlens_k is null; varlen mode needs both");
+    if (p.varlen.total_q < 0 || p.varlen.total_k < 0)
+      return invalid("varlen.total_q (%lld) and varlen.total_k (%lld) must be >= 0",
+                     (long long)p.varlen.total_q, (long long)p.varlen.total_k);
+  }
+  // Every tensor's byte count must fit in int64, so that no size derived from the problem
+  // (workspace, grid, offsets) can wrap.
+  const int64_t dim = std::max(p.head_dim_qk, p.head_dim_v);
+  const struct {
+    const char* what;
+    int64_t outer, rows, heads, dim;
+  } sizes[] = {{"batch·seqlen_q·heads_q·head_dim", p.batch, p.seqlen_q, p.heads_q, dim},
+               {"batch·seqlen_k·heads_kv·head_dim", p.batch, p.seqlen_k, p.heads_kv, dim},
+               {"total_q·heads_q·head_dim", 1, p.varlen.total_q, p.heads_q, dim},
+               {"total_k·heads_kv·head_dim", 1, p.varlen.total_k, p.heads_kv, dim}};
+  for (const auto& z : sizes) {
+    int64_t n = z.outer;
+    if (__builtin_mul_overflow(n, z.rows, &n) || __builtin_mul_overflow(n, z.heads, &n) ||
+        __builtin_mul_overflow(n, z.dim, &n) || __builtin_mul_overflow(n, int64_t(8), &n))
+      return invalid("sizes overflow: %s (in bytes) exceeds int64", z.what);
+  }
+  return Status::success();
+}
+
+Status validate_sequence_arrays(const Problem& p) {
+  if (p.is_varlen()) {
+    const struct {
+      const char* name;
+      const int32_t* cu;
+      int64_t total, max_len;
+      const char* total_name;
+      const char* max_name;
+    } arrays[] = {{"cu_seqlens_q", p.varlen.cu_seqlens_q, p.varlen.total_q, p.seqlen_q, "total_q",
+                   "seqlen_q"},
+                  {"cu_seqlens_k", p.varlen.cu_seqlens_k, p.varlen.total_k, p.seqlen_k, "total_k",
+                   "seqlen_k"}};
+    for (const auto& a : arrays) {
+      if (a.cu[0] != 0) return invalid("%s[0] is %d; it must be 0", a.name, a.cu[0]);
+      for (int64_t b = 0; b < p.batch; ++b) {
+        const int64_t len = int64_t(a.cu[b + 1]) - a.cu[b];
+        if (len < 0)
+          return invalid("%s decreases at %lld (%d > %d)", a.name, (long long)b, a.cu[b],
+                         a.cu[b + 1]);
+        if (len > a.max_len)
+          return invalid("sequence %lld has length %lld in %s, more than %s = %lld (the maximum)",
+                         (long long)b, (long long)len, a.name, a.max_name, (long long)a.max_len);
+      }
+      if (a.cu[p.batch] > a.total)
+        return invalid("%s[batch] = %d exceeds the tensor's rows (varlen.%s = %lld)", a.name,
+                       a.cu[p.batch], a.total_name, (long long)a.total);
+    }
+  }
+  if (p.seqused_k != nullptr) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t len = p.is_varlen()
+                              ? int64_t(p.varlen.cu_seqlens_k[b + 1]) - p.varlen.cu_seqlens_k[b]
+                              : p.seqlen_k;
+      if (p.seqused_k[b] < 0 || p.seqused_k[b] > len)
+        return invalid("seqused_k[%lld] is %d; it must be in [0, %lld] (the sequence's keys)",
+                       (long long)b, p.seqused_k[b], (long long)len);
+    }
+  }
+  return Status::success();
+}
+
+namespace {
+
+struct Views {
+  Extent q, k, v;
+};
+
+Views input_extents(const Problem& p, const TensorView& q, const TensorView& k,
+                    const TensorView& v) {
+  return {tensor_extent("q", q, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_qk),
+          tensor_extent("k", k, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_qk),
+          tensor_extent("v", v, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_v)};
+}
+
+}  // namespace
+
+Status validate_forward_tensors(const Problem& p, const ForwardTensors& t) {
+  const Views in = input_extents(p, t.q, t.k, t.v);
+  for (const Extent* e : {&in.q, &in.k, &in.v}) {
+    Status s = check_input(*e);
+    if (!s.ok()) return s;
+  }
+  Status s = check_output(
+      tensor_extent("out", t.out, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v));
+  if (!s.ok()) return s;
+  if (p.return_lse) return check_lse(lse_extent("lse", t.lse, p), /*output=*/true);
+  return Status::success();
+}
+
+Status validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
+  const Views in = input_extents(p, t.q, t.k, t.v);
+  const Extent inputs[] = {
+      in.q, in.k, in.v,
+      tensor_extent("out", t.out, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v),
+      tensor_extent("dout", t.dout, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v)};
+  for (const Extent& e : inputs) {
+    Status s = check_input(e);
+    if (!s.ok()) return s;
+  }
+  Status s = check_lse(lse_extent("lse", t.lse, p), /*output=*/false);
+  if (!s.ok()) return s;
+  const Extent outputs[] = {
+      tensor_extent("dq", t.dq, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_qk),
+      tensor_extent("dk", t.dk, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_qk),
+      tensor_extent("dv", t.dv, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_v)};
+  for (const Extent& e : outputs) {
+    Status s2 = check_output(e);
+    if (!s2.ok()) return s2;
+  }
+  return Status::success();
+}
+
+}  // namespace fa4::detail

@@ -1,0 +1,23 @@
+// Generic validation of what a caller hands the API, before any backend sees it. Every check returns
+// kInvalidArgument with a message naming the offending field; nothing is written on failure.
+#pragma once
+
+#include "fa4/attention.hpp"
+
+namespace fa4::detail {
+
+// Shapes, enums, scalars: checks that need no memory access.
+Status validate_problem(const Problem& problem);
+
+// cu_seqlens / seqused_k contents. Reads the arrays, so only for host-resident arrays (CPU backend).
+Status validate_sequence_arrays(const Problem& problem);
+
+// Pointers, strides, overlap of outputs, offset overflow.
+Status validate_forward_tensors(const Problem& problem, const ForwardTensors& t);
+Status validate_backward_tensors(const Problem& problem, const BackwardTensors& t);
+
+Status invalid(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+Status not_supported(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+Status make_status(StatusCode code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+}  // namespace fa4::detail

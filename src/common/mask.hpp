@@ -1,0 +1,61 @@
+// Which keys a query row may see, and how a score is transformed before the softmax.
+// Shared by the CPU backend and the CUDA kernels so that both implement one definition.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace fa4 {
+
+// Bottom-right aligned band: query i (of sq) sees key j (of sk) iff
+//   i + sk − sq − left ≤ j ≤ i + sk − sq + right, with −1 meaning unbounded on that side.
+// Causal is the band with right = 0. No mask is the band with both sides unbounded.
+struct BandMask {
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t left = -1;
+  int64_t right = -1;
+
+  FA4_HD static BandMask make(int64_t sq, int64_t sk, bool causal, int64_t left, int64_t right) {
+    BandMask m{sq, sk, left, right};
+    if (causal) m.right = 0;
+    return m;
+  }
+
+  // First key row i may see (may be ≤ 0: clamp with max(0, ·)).
+  FA4_HD int64_t key_begin(int64_t i) const {
+    return left < 0 ? 0 : i + seqlen_k - seqlen_q - left;
+  }
+  // One past the last key row i may see (may exceed seqlen_k: clamp with min(seqlen_k, ·)).
+  FA4_HD int64_t key_end(int64_t i) const {
+    return right < 0 ? seqlen_k : i + seqlen_k - seqlen_q + right + 1;
+  }
+  // Keys [lo, hi) of row i, clamped to the sequence; empty when lo ≥ hi.
+  FA4_HD void key_range(int64_t i, int64_t* lo, int64_t* hi) const {
+    const int64_t b = key_begin(i), e = key_end(i);
+    *lo = b < 0 ? 0 : b;
+    *hi = e > seqlen_k ? seqlen_k : e;
+  }
+  FA4_HD bool visible(int64_t i, int64_t j) const {
+    return j >= 0 && j < seqlen_k && j >= key_begin(i) && j < key_end(i);
+  }
+};
+
+// score = cap · tanh(score / cap) on the already scaled score; identity when cap = 0.
+struct Softcap {
+  float cap = 0.0f;
+
+  FA4_HD float operator()(float scaled_score) const {
+    return cap > 0.0f ? cap * tanhf(scaled_score / cap) : scaled_score;
+  }
+  // d(capped)/d(scaled) expressed through the capped value: 1 − (capped / cap)².
+  FA4_HD float derivative_from_capped(float capped) const {
+    if (!(cap > 0.0f)) return 1.0f;
+    const float t = capped / cap;
+    return 1.0f - t * t;
+  }
+};
+
+}  // namespace fa4

@@ -1,0 +1,134 @@
+// The CPU forward pass: tiled attention with an online softmax, the algorithm the GPU kernels
+// implement, written out plainly. One task owns a tile of query rows of one (batch, head) and walks
+// the key tiles its mask leaves visible, keeping per row a running max m (log2 units), a running
+// sum l and an fp32 accumulator that is rescaled whenever m grows. Inputs are converted to fp32
+// once per tile, everything accumulates in fp32, and the output is rounded to the dtype once.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/mask.hpp"
+#include "common/numeric.hpp"
+#include "common/seq_layout.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "cpu/tiles.hpp"
+
+namespace fa4::cpu {
+
+namespace {
+
+// A worker's fp32 tiles.
+struct Scratch {
+  Scratch(int64_t dim_qk, int64_t dim_v)
+      : q(kTileQ * dim_qk), kt(dim_qk * kTileK), v(kTileK * dim_v), s(kTileQ * kTileK),
+        acc(kTileQ * dim_v), m(kTileQ), l(kTileQ) {}
+  std::vector<float> q;    // [kTileQ][dqk]
+  std::vector<float> kt;   // [dqk][kTileK]: K transposed, so that S = Q·Kt is a row update
+  std::vector<float> v;    // [kTileK][dv]
+  std::vector<float> s;    // [kTileQ][kTileK]: scores, then probabilities
+  std::vector<float> acc;  // [kTileQ][dv]: unnormalised output
+  std::vector<float> m;    // running row max, log2 units
+  std::vector<float> l;    // running row sum of exp2(s - m)
+};
+
+// Scores of keys row i may not see become −inf; the tile holds keys [k0, k0 + n).
+void mask_row(const BandMask& mask, int64_t i, int64_t k0, float* s, int64_t n) {
+  int64_t lo, hi;
+  mask.key_range(i, &lo, &hi);
+  lo = std::clamp<int64_t>(lo - k0, 0, n);
+  hi = std::clamp<int64_t>(hi - k0, lo, n);
+  std::fill(s, s + lo, -kInf);
+  std::fill(s + hi, s + n, -kInf);
+}
+
+// One step of the online softmax for a row: fold the scores s[0, n) into (m, l, acc_row), leaving
+// the probabilities exp2(s − m_new) in s for the P·V product that follows.
+void online_softmax_step(float* s, int64_t n, float& m, float& l, float* acc_row, int64_t dv) {
+  float tile_max = -kInf;
+  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
+  const float m_new = std::max(m, tile_max);
+  if (m_new == -kInf) {
+    // No visible key for this row so far: exp2(−inf − (−inf)) would be NaN, and there is nothing
+    // to add anyway.
+    std::fill(s, s + n, 0.0f);
+    return;
+  }
+  const float alpha = std::exp2(m - m_new);  // 0 when m was −inf, 1 when the max did not grow
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp2(s[j] - m_new);
+    sum += s[j];
+  }
+  if (alpha != 1.0f)
+    for (int64_t c = 0; c < dv; ++c) acc_row[c] *= alpha;
+  l = l * alpha + sum;
+  m = m_new;
+}
+
+template <typename T>
+void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod, const Task& task,
+                  Scratch& w) {
+  const SeqSpan span = seq_span(p, task.batch);
+  const BandMask mask = band_mask(p, span);
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  const int64_t q0 = task.row0, rows = std::min(kTileQ, span.seqlen_q - q0);
+  const int64_t kv_head = task.head / (p.heads_q / p.heads_kv);
+
+  load_rows(element<T>(t.q, q_offset(t.q, span, q0, task.head)), t.q.seq_stride, rows, dqk,
+            w.q.data());
+  std::fill(w.m.begin(), w.m.end(), -kInf);
+  std::fill(w.l.begin(), w.l.end(), 0.0f);
+  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+
+  for_each_key_tile(mask, q0, rows, [&](int64_t k0, int64_t cols) {
+    load_rows_transposed(element<T>(t.k, k_offset(t.k, span, k0, kv_head)), t.k.seq_stride, cols,
+                         dqk, w.kt.data(), kTileK);
+    load_rows(element<T>(t.v, k_offset(t.v, span, k0, kv_head)), t.v.seq_stride, cols, dv,
+              w.v.data());
+
+    // S = Q Kᵀ
+    std::fill(w.s.begin(), w.s.end(), 0.0f);
+    gemm_acc(w.q.data(), dqk, w.kt.data(), kTileK, w.s.data(), kTileK, rows, cols, dqk);
+
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = w.s.data() + r * kTileK;
+      mod.apply(s, cols);
+      mask_row(mask, q0 + r, k0, s, cols);
+      online_softmax_step(s, cols, w.m[r], w.l[r], w.acc.data() + r * dv, dv);
+    }
+
+    // acc += P V
+    gemm_acc(w.s.data(), kTileK, w.v.data(), dv, w.acc.data(), dv, rows, dv, cols);
+  });
+
+  // O = acc / l and LSE = ln Σ exp(S) = (m + log2 l) / log2e; a row that saw no key gets O = 0 and
+  // LSE = +inf.
+  T* out = static_cast<T*>(t.out.data) + q_offset(t.out, span, q0, task.head);
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool saw_keys = w.m[r] != -kInf;
+    const float* acc = w.acc.data() + r * dv;
+    for (int64_t c = 0; c < dv; ++c)
+      out[r * t.out.seq_stride + c] = from_float<T>(saw_keys ? acc[c] / w.l[r] : 0.0f);
+    if (p.return_lse)
+      t.lse.data[lse_offset(t.lse, span, q0 + r, task.head)] =
+          saw_keys ? (w.m[r] + std::log2(w.l[r])) / kLog2e : kInf;
+  }
+}
+
+}  // namespace
+
+Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace) {
+  const ScoreMod mod = ScoreMod::of(problem);
+  const std::vector<Task> tasks = make_tasks(
+      problem, problem.heads_q, kTileQ, [&](int64_t b) { return seq_span(problem, b).seqlen_q; });
+  std::vector<Scratch> scratch = make_scratch<Scratch>(tasks, problem);
+  visit_dtype(problem.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    run_tasks(tasks, scratch, [&](const Task& task, Scratch& w) {
+      forward_task<T>(problem, tensors, mod, task, w);
+    });
+  });
+  return Status::success();
+}
+
+}  // namespace fa4::cpu

@@ -1,0 +1,249 @@
+// Test utilities: host tensors in every layout the API accepts, random inputs whose seed is
+// reported, the test problems ("cases") the numerical suites run, and the checks they apply —
+// DESIGN.md §4's rule, and the tighter fp32-accumulation bounds the CPU backend must meet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/reference.hpp"
+#include "fa4/attention.hpp"
+
+namespace fa4::test {
+
+// ---- Seeds: fresh inputs on every run, reproducible on demand.
+
+// FA4_TEST_SEED when set, else drawn once per process from std::random_device.
+uint64_t base_seed();
+// "seed 1234 (rerun with FA4_TEST_SEED=1234)": put it in every failure message (SCOPED_TRACE).
+std::string seed_note();
+// A generator for one test: the base seed mixed with the test's name, so that rerunning a single
+// test with FA4_TEST_SEED reproduces its inputs.
+std::mt19937_64 make_rng(const std::string& name);
+
+// ---- Host tensors
+
+enum class Layout {
+  kContiguous,  // (batch, seq, heads, dim), densely packed
+  kPadded,     // every stride padded (odd gaps after each head, row and batch, and before the data)
+  kHeadMajor,  // memory order (batch, heads, seq, dim): a permuted view, seq_stride = dim
+};
+const char* layout_name(Layout layout);
+
+// Extents of a (batch, seq, heads, dim) view; varlen tensors are batch = 1, seq = total rows.
+struct Dims {
+  int64_t batch = 1, seq = 0, heads = 0, dim = 0;
+  int64_t size() const { return batch * seq * heads * dim; }
+};
+
+// A view of `dims` over a buffer it owns or shares (q, k, v packed in one buffer). Elements are
+// addressed by their index in the dense [batch][seq][heads][dim] order, the reference's order.
+// The whole buffer, gaps included, starts out poisoned (NaN with a recognisable payload).
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(DType dtype, Dims dims, Layout layout = Layout::kContiguous);
+  // Any strides; `buffer_elems` elements are allocated and the view starts at `base`.
+  static HostTensor strided(DType dtype, Dims dims, const int64_t (&strides)[4], int64_t base,
+                            int64_t buffer_elems);
+  // q, k, v as slices of one buffer whose token rows hold [q heads | k heads | v heads], as a
+  // packed qkv projection would produce them: non-contiguous views with a shared row stride.
+  static std::vector<HostTensor> packed_qkv(DType dtype, int64_t batch, int64_t seq,
+                                            int64_t heads_q, int64_t heads_kv, int64_t dim);
+
+  DType dtype() const { return dtype_; }
+  const Dims& dims() const { return dims_; }
+  int64_t size() const { return dims_.size(); }
+  TensorView view() const;
+
+  double get(int64_t index) const;
+  void set(int64_t index, double value);  // rounds to the dtype
+  std::vector<double> dense() const;
+
+  void fill_normal(std::mt19937_64& rng, double stddev = 1.0);
+  // Normal values, then a fraction of the (batch, seq, head) rows scaled by `factor`: a few large
+  // logits at random positions, so the online softmax meets new maxima late and must rescale.
+  void fill_spiky(std::mt19937_64& rng, double fraction, double factor);
+  void poison();  // every element of this view
+  bool is_poison(int64_t index) const;
+  uint64_t bits(int64_t index) const;  // the stored bit pattern, for bitwise comparisons
+
+  // Elements of the shared buffer covered by none of `views` (all over one buffer) that no longer
+  // hold the poison: writes out of bounds or into gaps.
+  static int64_t stray_writes(const std::vector<const HostTensor*>& views);
+
+ private:
+  int64_t offset(int64_t index) const;
+  void store_bits(int64_t offset, uint64_t bits);
+  uint64_t load_bits(int64_t offset) const;
+  DType dtype_ = DType::kFP32;
+  Dims dims_{};
+  int64_t strides_[4] = {0, 0, 0, 1};  // batch, seq, head, dim
+  int64_t base_ = 0;
+  std::shared_ptr<std::vector<unsigned char>> buffer_;
+  int64_t buffer_elems_ = 0;
+};
+
+// fp32 log-sum-exp, (batch, heads, seq) or varlen (1, heads, total); dense order
+// [batch][heads][seq].
+class HostLse {
+ public:
+  HostLse() = default;
+  HostLse(int64_t batch, int64_t heads, int64_t seq, bool padded);
+  LseView view() const;
+  int64_t size() const { return t_.size(); }
+  int64_t batch() const { return t_.dims().batch; }
+  int64_t heads() const { return t_.dims().seq; }
+  int64_t seq() const { return t_.dims().heads; }
+  double get(int64_t index) const { return t_.get(index); }
+  std::vector<double> dense() const { return t_.dense(); }
+  void poison() { t_.poison(); }
+  bool is_poison(int64_t index) const { return t_.is_poison(index); }
+  int64_t stray_writes() const { return HostTensor::stray_writes({&t_}); }
+
+ private:
+  HostTensor t_;  // dims (batch, heads, seq, 1)
+};
+
+// Host memory for the backend's workspace, 256-byte aligned as the API asks.
+class HostWorkspace {
+ public:
+  explicit HostWorkspace(size_t bytes);
+  Workspace view() { return {aligned_, bytes_}; }
+
+ private:
+  std::vector<unsigned char> storage_;
+  void* aligned_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// ---- Test problems
+
+struct Case {
+  std::string name;  // a valid GoogleTest name, unique in its suite
+  int64_t batch = 1, seqlen_q = 0,
+          seqlen_k = 0;                 // fixed-length shape (batch from lens_q in varlen)
+  std::vector<int32_t> lens_q, lens_k;  // non-empty: varlen with these sequence lengths
+  std::vector<int32_t> seqused_k;       // optional, one per sequence
+  int64_t heads_q = 1, heads_kv = 1, dim_qk = 64, dim_v = 64;
+  DType dtype = DType::kBF16;
+  bool causal = false;
+  Window window{};
+  float softcap = 0.0f;
+  float scale = 0.0f;
+  Layout layout = Layout::kContiguous;
+  bool packed_qkv = false;  // needs seqlen_q == seqlen_k (lens_q == lens_k) and dim_qk == dim_v
+  bool spiky = false;
+  bool return_lse = true;
+  bool deterministic = false;
+};
+std::string describe(const Case& c);  // every parameter, for failure messages
+// How GoogleTest prints a Case parameter (its name, not its bytes).
+void PrintTo(const Case& c, std::ostream* os);
+const char* dtype_name(DType dtype);
+
+// The shape part of a case: fixed-length (batch, seqlen_q, seqlen_k), or varlen when lens_q is
+// non-empty; seqused_k when used_k is non-empty.
+struct CaseShape {
+  const char* tag;
+  int64_t batch, seqlen_q, seqlen_k;
+  std::vector<int32_t> lens_q, lens_k, used_k;
+};
+
+// A covering design rather than the full product: one case per (shape, mask kind {none, causal,
+// window}, softcap off/on, dtype {bf16, fp16, fp32}); window variants, GQA ratio {1, 4, 7, 8,
+// 64/8}, head dims {32 … 256, 192/128}, layout {contiguous, padded, head-major, packed qkv}, input
+// kind, custom scale, return_lse and deterministic rotate with a fixed hash of the case number, the
+// (heads, dims) pair stepping on until pairs·heads_q·(dqk + dv) ≤ budget. The matrix is the same
+// on every run (only the input values are fresh), so a failing case keeps its name.
+std::vector<Case> covering_cases(const std::vector<CaseShape>& shapes, int64_t budget,
+                                 const char* prefix);
+
+// Rows a varlen case's tensors have beyond its last sequence: never to be written.
+constexpr int64_t kVarlenSpareRows = 3;
+
+// A case made concrete: the problem (pointing into this object's arrays) and its input tensors.
+struct CaseData {
+  Problem problem;
+  std::vector<int32_t> cu_q, cu_k, used_k;
+  HostTensor q, k, v;
+  Layout layout = Layout::kContiguous;  // for the outputs
+  bool packed = false;
+
+  CaseData() = default;
+  CaseData(const CaseData&) = delete;
+  CaseData& operator=(const CaseData&) = delete;
+};
+std::unique_ptr<CaseData> make_setup(const Case& c, std::mt19937_64& rng);
+
+// Dims of a tensor with the query rows (q, out, dout, dq) or the key rows (k, v, dk, dv).
+Dims query_dims(const Problem& p, int64_t heads, int64_t dim);
+Dims key_dims(const Problem& p, int64_t heads, int64_t dim);
+HostLse make_lse(const Problem& p, bool padded);
+
+// For each row of the dense query (keys = false) or key (keys = true) layout: does it belong to a
+// sequence? (Every row does in fixed-length mode.)
+std::vector<unsigned char> rows_in_sequences(const Problem& p, bool keys);
+
+// ---- Checks
+
+// How the elements of a dense array are named in messages.
+struct DenseShape {
+  std::vector<std::string> names;  // outermost first
+  std::vector<int64_t> extents;
+  std::string where(int64_t index) const;  // e.g. "b=1 s=17 h=3 d=5"
+};
+DenseShape tensor_shape(const Dims& dims);
+DenseShape lse_shape(const Problem& p);
+
+struct CheckResult {
+  bool ok = false;
+  std::string message;   // what was compared, the largest error, where, and the tolerance
+  int64_t compared = 0;  // elements compared: those whose reference is not NaN
+  double max_error = 0.0;
+};
+
+// DESIGN.md §4: pass iff max|X − ref| ≤ multiplier·max|lp − ref| + atol over the elements whose
+// reference is computed (not NaN). NaN in X never passes; an infinite reference (LSE of a row that
+// sees no key) must be matched exactly.
+CheckResult check_flash_rule(const std::string& what, const DenseShape& shape,
+                             const std::vector<double>& actual, const std::vector<double>& ref,
+                             const std::vector<double>& lp, double multiplier, double atol);
+
+// The rule's constants: multiplier 2 (3 with softcap); atol 1e-5 forward, 1e-4 backward.
+struct FlashRule {
+  double multiplier, atol;
+};
+FlashRule flash_rule(const Problem& p, Pass pass);
+
+// Element by element: |X − ref| ≤ bound, same NaN / infinity handling as check_flash_rule.
+CheckResult check_bounded(const std::string& what, const DenseShape& shape,
+                          const std::vector<double>& actual, const std::vector<double>& ref,
+                          const std::vector<double>& bound);
+
+// The CPU backend's bounds: scores, softmax and sums in fp32, each output rounded once to the
+// dtype. Per element, with u = 2⁻²⁴ and the error scales of an exact reference:
+//   e32   = u·(c_acc·√n + c_exp + c_dot·√d·score_abs)·out_abs         (forward)
+//   bound = e32 + u_dtype·(|ref| + e32)                               (the final rounding)
+// n = seqlen_k keys summed, d = head_dim_qk (the score dot products), u_dtype the dtype's half-ulp
+// (2⁻⁸ bf16, 2⁻¹¹ fp16, 2⁻²⁴ fp32). See test_util.cpp for the derivation and the backward terms.
+std::vector<double> cpu_out_bound(const Problem& p, const ref::ForwardResult& exact);
+std::vector<double> cpu_lse_bound(const Problem& p, const ref::ForwardResult& exact);
+struct GradientBounds {
+  std::vector<double> dq, dk, dv;
+};
+GradientBounds cpu_gradient_bounds(const Problem& p, const ref::BackwardResult& exact);
+
+// Every element of the rows marked in `rows` was written (finite; LSE may also be +inf), and every
+// element of the other rows still holds the poison.
+CheckResult check_written(const std::string& what, const HostTensor& t,
+                          const std::vector<unsigned char>& rows);
+CheckResult check_written(const std::string& what, const HostLse& t,
+                          const std::vector<unsigned char>& rows);
+
+}  // namespace fa4::test

@@ -1,0 +1,349 @@
+/* The C ABI as a C program sees it: struct initialisers, a forward checked against a naive
+ * attention, a backward, and the error paths. Prints one line per check and "N passed, M failed"
+ * at the end; exits non-zero on any failure. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fa4/fa4.h"
+
+enum {
+  kBatch = 2,
+  kSeqQ = 3,
+  kSeqK = 5,
+  kHeadsQ = 4,
+  kHeadsKV = 2,
+  kDimQK = 8,
+  kDimV = 6
+};
+
+/* fp32 accumulation over at most kSeqK · kDimQK terms of size ≤ 1 stays well inside this. */
+static const double kTolerance = 1e-5;
+static const unsigned char kPoisonByte = 0xA5;
+
+static int g_passed = 0;
+static int g_failed = 0;
+
+static void check(int ok, const char* what) {
+  printf("%s: %s\n", ok ? "PASS" : "FAIL", what);
+  if (ok)
+    ++g_passed;
+  else
+    ++g_failed;
+}
+
+/* Deterministic values in [-1, 1]. */
+static void fill(float* x, size_t n, uint32_t seed) {
+  size_t i;
+  uint32_t state = seed;
+  for (i = 0; i < n; ++i) {
+    state = state * 1664525u + 1013904223u;
+    x[i] = (float)(state >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+  }
+}
+
+static int all_finite(const float* x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; ++i)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+static int all_bytes(const void* p, size_t n, unsigned char byte) {
+  const unsigned char* b = (const unsigned char*)p;
+  size_t i;
+  for (i = 0; i < n; ++i)
+    if (b[i] != byte) return 0;
+  return 1;
+}
+
+/* Contiguous (batch, seq, heads, dim). */
+static fa4_tensor view(void* data, int64_t seq, int64_t heads, int64_t dim) {
+  fa4_tensor t;
+  t.data = data;
+  t.dim_stride = 1;
+  t.head_stride = dim;
+  t.seq_stride = heads * dim;
+  t.batch_stride = seq * heads * dim;
+  return t;
+}
+
+static float q[kBatch * kSeqQ * kHeadsQ * kDimQK];
+static float k[kBatch * kSeqK * kHeadsKV * kDimQK];
+static float v[kBatch * kSeqK * kHeadsKV * kDimV];
+static float out[kBatch * kSeqQ * kHeadsQ * kDimV];
+static float lse[kBatch * kHeadsQ * kSeqQ];
+static float dout[kBatch * kSeqQ * kHeadsQ * kDimV];
+static float dq[kBatch * kSeqQ * kHeadsQ * kDimQK];
+static float dk[kBatch * kSeqK * kHeadsKV * kDimQK];
+static float dv[kBatch * kSeqK * kHeadsKV * kDimV];
+
+/* Naive causal GQA attention in double, bottom-right aligned (query i sees keys j ≤ i + sk − sq).
+ * Returns the largest relative error of out and lse against it (NaN if any is NaN). */
+static double naive_attention_error(double scale) {
+  double worst = 0.0;
+  int b, h, i, j, d;
+  const int group = kHeadsQ / kHeadsKV;
+  for (b = 0; b < kBatch; ++b)
+    for (h = 0; h < kHeadsQ; ++h)
+      for (i = 0; i < kSeqQ; ++i) {
+        const int kvh = h / group;
+        const int last_key = i + kSeqK - kSeqQ;
+        const float* qi = &q[((b * kSeqQ + i) * kHeadsQ + h) * kDimQK];
+        double s[kSeqK], max_s = -INFINITY, sum = 0.0, o[kDimV] = {0};
+        for (j = 0; j <= last_key; ++j) {
+          const float* kj = &k[((b * kSeqK + j) * kHeadsKV + kvh) * kDimQK];
+          double dot = 0.0;
+          for (d = 0; d < kDimQK; ++d) dot += (double)qi[d] * kj[d];
+          s[j] = dot * scale;
+          if (s[j] > max_s) max_s = s[j];
+        }
+        for (j = 0; j <= last_key; ++j) {
+          const float* vj = &v[((b * kSeqK + j) * kHeadsKV + kvh) * kDimV];
+          const double p = exp(s[j] - max_s);
+          sum += p;
+          for (d = 0; d < kDimV; ++d) o[d] += p * vj[d];
+        }
+        for (d = 0; d < kDimV; ++d) {
+          const double got = out[((b * kSeqQ + i) * kHeadsQ + h) * kDimV + d];
+          const double err = fabs(got - o[d] / sum) / (1.0 + fabs(o[d] / sum));
+          if (isnan(err)) return err;
+          if (err > worst) worst = err;
+        }
+        {
+          const double want = max_s + log(sum);
+          const double got = lse[(b * kHeadsQ + h) * kSeqQ + i];
+          const double err = fabs(got - want) / (1.0 + fabs(want));
+          if (isnan(err)) return err;
+          if (err > worst) worst = err;
+        }
+      }
+  return worst;
+}
+
+static void small_problem(fa4_problem* p) {
+  fa4_problem_init(p);
+  p->batch = kBatch;
+  p->seqlen_q = kSeqQ;
+  p->seqlen_k = kSeqK;
+  p->heads_q = kHeadsQ;
+  p->heads_kv = kHeadsKV;
+  p->head_dim_qk = kDimQK;
+  p->head_dim_v = kDimV;
+  p->dtype = FA4_DTYPE_FP32;
+  p->causal = 1;
+  p->return_lse = 1;
+}
+
+static void forward_views(fa4_forward_tensors* t) {
+  fa4_forward_tensors_init(t);
+  t->q = view(q, kSeqQ, kHeadsQ, kDimQK);
+  t->k = view(k, kSeqK, kHeadsKV, kDimQK);
+  t->v = view(v, kSeqK, kHeadsKV, kDimV);
+  t->out = view(out, kSeqQ, kHeadsQ, kDimV);
+  t->lse.data = lse;
+  t->lse.batch_stride = kHeadsQ * kSeqQ;
+  t->lse.head_stride = kSeqQ;
+  t->lse.seq_stride = 1;
+}
+
+static void test_init_defaults(void) {
+  fa4_problem p;
+  fa4_forward_tensors f;
+  fa4_backward_tensors bw;
+  const fa4_tensor* views[8];
+  int i, all_empty = 1;
+
+  /* Garbage first, so that only what init sets can pass. */
+  memset(&p, 0x5A, sizeof p);
+  fa4_problem_init(&p);
+  check(p.struct_size == sizeof(fa4_problem), "fa4_problem_init sets struct_size");
+  check(p.window_left == -1 && p.window_right == -1, "fa4_problem_init: window -1 / -1");
+  check(p.dtype == FA4_DTYPE_BF16, "fa4_problem_init: dtype bf16");
+  check(p.batch == 0 && p.seqlen_q == 0 && p.seqlen_k == 0 && p.heads_q == 0 && p.heads_kv == 0 &&
+            p.head_dim_qk == 0 && p.head_dim_v == 0,
+        "fa4_problem_init: sizes 0");
+  check(p.causal == 0 && p.softcap == 0.0f && p.softmax_scale == 0.0f && p.return_lse == 0 &&
+            p.deterministic == 0,
+        "fa4_problem_init: no causal, softcap off, default scale, no lse, not deterministic");
+  check(p.cu_seqlens_q == NULL && p.cu_seqlens_k == NULL && p.seqused_k == NULL && p.total_q == 0 &&
+            p.total_k == 0,
+        "fa4_problem_init: not varlen, no seqused_k");
+
+  memset(&f, 0x5A, sizeof f);
+  fa4_forward_tensors_init(&f);
+  check(f.struct_size == sizeof(fa4_forward_tensors), "fa4_forward_tensors_init sets struct_size");
+  views[0] = &f.q;
+  views[1] = &f.k;
+  views[2] = &f.v;
+  views[3] = &f.out;
+  for (i = 0; i < 4; ++i)
+    if (views[i]->data != NULL || views[i]->dim_stride != 1) all_empty = 0;
+  check(all_empty && f.lse.data == NULL && f.lse.seq_stride == 1,
+        "fa4_forward_tensors_init: null data, dim_stride 1, lse seq_stride 1");
+
+  memset(&bw, 0x5A, sizeof bw);
+  fa4_backward_tensors_init(&bw);
+  check(bw.struct_size == sizeof(fa4_backward_tensors),
+        "fa4_backward_tensors_init sets struct_size");
+  views[0] = &bw.q;
+  views[1] = &bw.k;
+  views[2] = &bw.v;
+  views[3] = &bw.out;
+  views[4] = &bw.dout;
+  views[5] = &bw.dq;
+  views[6] = &bw.dk;
+  views[7] = &bw.dv;
+  all_empty = 1;
+  for (i = 0; i < 8; ++i)
+    if (views[i]->data != NULL || views[i]->dim_stride != 1) all_empty = 0;
+  check(all_empty && bw.lse.data == NULL && bw.lse.seq_stride == 1,
+        "fa4_backward_tensors_init: null data, dim_stride 1, lse seq_stride 1");
+}
+
+static void test_versions(void) {
+  const char* version = fa4_version();
+  check(fa4_abi_version() == FA4_ABI_VERSION, "fa4_abi_version() == FA4_ABI_VERSION");
+  check(version != NULL && version[0] != '\0', "fa4_version() is a non-empty string");
+}
+
+static void test_forward_and_backward(void) {
+  fa4_problem p;
+  fa4_forward_tensors f;
+  fa4_backward_tensors bw;
+  fa4_status s;
+  size_t bytes = (size_t)-1;
+  void* workspace;
+  const size_t n_out = sizeof out / sizeof out[0], n_lse = sizeof lse / sizeof lse[0];
+  size_t i;
+
+  fill(q, sizeof q / sizeof q[0], 1u);
+  fill(k, sizeof k / sizeof k[0], 2u);
+  fill(v, sizeof v / sizeof v[0], 3u);
+  fill(dout, sizeof dout / sizeof dout[0], 4u);
+  for (i = 0; i < n_out; ++i) out[i] = NAN;
+  for (i = 0; i < n_lse; ++i) lse[i] = NAN;
+
+  small_problem(&p);
+  forward_views(&f);
+  check(fa4_can_implement(&p, FA4_BACKEND_CPU, FA4_PASS_FORWARD) == FA4_SUCCESS,
+        "fa4_can_implement: fp32 causal GQA forward on the CPU");
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "fa4_forward (fp32, CPU, with lse) succeeds");
+  if (s != FA4_SUCCESS) printf("  message: %s\n", fa4_last_error_message());
+  check(fa4_last_error_message()[0] == '\0', "fa4_last_error_message() is empty after a success");
+  check(all_finite(out, n_out) && all_finite(lse, n_lse),
+        "forward wrote every out and lse element");
+  {
+    const double err = naive_attention_error(1.0 / sqrt((double)kDimQK));
+    char line[128];
+    snprintf(line, sizeof line, "forward matches the naive attention (max rel. error %.2e)", err);
+    check(err <= kTolerance, line);
+  }
+
+  s = fa4_workspace_size(&p, FA4_BACKEND_CPU, FA4_PASS_BACKWARD, &bytes);
+  check(s == FA4_SUCCESS && bytes != (size_t)-1, "fa4_workspace_size for the backward");
+  workspace = malloc(bytes > 0 ? bytes : 1);
+  fa4_backward_tensors_init(&bw);
+  bw.q = f.q;
+  bw.k = f.k;
+  bw.v = f.v;
+  bw.out = f.out;
+  bw.lse = f.lse;
+  bw.dout = view(dout, kSeqQ, kHeadsQ, kDimV);
+  bw.dq = view(dq, kSeqQ, kHeadsQ, kDimQK);
+  bw.dk = view(dk, kSeqK, kHeadsKV, kDimQK);
+  bw.dv = view(dv, kSeqK, kHeadsKV, kDimV);
+  for (i = 0; i < sizeof dq / sizeof dq[0]; ++i) dq[i] = NAN;
+  for (i = 0; i < sizeof dk / sizeof dk[0]; ++i) dk[i] = NAN;
+  for (i = 0; i < sizeof dv / sizeof dv[0]; ++i) dv[i] = NAN;
+  s = fa4_backward(&p, &bw, workspace, bytes, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "fa4_backward (fp32, CPU) succeeds");
+  if (s != FA4_SUCCESS) printf("  message: %s\n", fa4_last_error_message());
+  check(all_finite(dq, sizeof dq / sizeof dq[0]), "backward: dq finite");
+  check(all_finite(dk, sizeof dk / sizeof dk[0]) && all_finite(dv, sizeof dv / sizeof dv[0]),
+        "backward: dk, dv finite");
+  if (bytes > 0) {
+    s = fa4_backward(&p, &bw, workspace, bytes - 1, NULL, FA4_BACKEND_CPU);
+    check(s == FA4_ERROR_WORKSPACE_TOO_SMALL,
+          "fa4_backward with one byte too few: workspace too small");
+  }
+  free(workspace);
+}
+
+static void test_errors(void) {
+  fa4_problem p;
+  fa4_forward_tensors f;
+  fa4_status s;
+  size_t bytes = 12345;
+
+  small_problem(&p);
+  forward_views(&f);
+  memset(out, kPoisonByte, sizeof out);
+  memset(lse, kPoisonByte, sizeof lse);
+
+  p.struct_size = (uint32_t)sizeof(fa4_problem) - 8u;
+  s = fa4_can_implement(&p, FA4_BACKEND_CPU, FA4_PASS_FORWARD);
+  check(s == FA4_ERROR_INVALID_ARGUMENT, "fa4_problem with a wrong struct_size: invalid argument");
+  check(fa4_last_error_message()[0] != '\0', "... and fa4_last_error_message() says why");
+  s = fa4_workspace_size(&p, FA4_BACKEND_CPU, FA4_PASS_FORWARD, &bytes);
+  check(s == FA4_ERROR_INVALID_ARGUMENT && bytes == 12345,
+        "fa4_workspace_size with a wrong struct_size fails and leaves the result");
+  small_problem(&p);
+
+  f.struct_size = 0;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_ERROR_INVALID_ARGUMENT && fa4_last_error_message()[0] != '\0',
+        "fa4_forward_tensors with struct_size 0: invalid argument with a message");
+  check(all_bytes(out, sizeof out, kPoisonByte) && all_bytes(lse, sizeof lse, kPoisonByte),
+        "... and nothing was written");
+  forward_views(&f);
+
+  s = fa4_forward(NULL, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_ERROR_INVALID_ARGUMENT, "fa4_forward with a null problem: invalid argument");
+
+  p.heads_kv = 3;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_ERROR_INVALID_ARGUMENT, "heads_q 4 on heads_kv 3: invalid argument");
+  check(strstr(fa4_last_error_message(), "heads_kv") != NULL, "... and the message names heads_kv");
+  check(all_bytes(out, sizeof out, kPoisonByte) && all_bytes(lse, sizeof lse, kPoisonByte),
+        "... and nothing was written");
+  small_problem(&p);
+
+  s = fa4_can_implement(&p, (fa4_backend)7, FA4_PASS_FORWARD);
+  check(s == FA4_ERROR_INVALID_ARGUMENT, "an unknown backend: invalid argument");
+  s = fa4_can_implement(&p, FA4_BACKEND_CPU, FA4_PASS_FORWARD);
+  check(s == FA4_SUCCESS && fa4_last_error_message()[0] == '\0',
+        "a success after a failure clears fa4_last_error_message()");
+
+  {
+    const fa4_status codes[] = {FA4_SUCCESS,
+                                FA4_ERROR_INVALID_ARGUMENT,
+                                FA4_ERROR_NOT_SUPPORTED,
+                                FA4_ERROR_WORKSPACE_TOO_SMALL,
+                                FA4_ERROR_BACKEND_UNAVAILABLE,
+                                FA4_ERROR_DEVICE,
+                                FA4_ERROR_INTERNAL};
+    const size_t n = sizeof codes / sizeof codes[0];
+    size_t i, j;
+    int distinct = 1;
+    for (i = 0; i < n; ++i) {
+      const char* a = fa4_status_string(codes[i]);
+      if (a == NULL || a[0] == '\0') distinct = 0;
+      for (j = 0; distinct && j < i; ++j)
+        if (strcmp(a, fa4_status_string(codes[j])) == 0) distinct = 0;
+    }
+    check(distinct, "fa4_status_string: a distinct non-empty name for every status");
+  }
+}
+
+int main(void) {
+  test_versions();
+  test_init_defaults();
+  test_forward_and_backward();
+  test_errors();
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
