@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The one script the H200 runs (device `run` tool): the GPU tests, compute-sanitizer (memcheck and
+# racecheck on one small case each), the HGMMA count of the kernels' SASS, and the forward sweep
+# beside cuDNN and torch FA2 (bench/sweep.py; FA4_GIT_SHA names the build in its JSON/markdown).
+# Binaries are built on the workstation and carried in .devbin/ (fa4_gpu_tests, libfa4.so). Logs are written to a work folder and packed into
+# $OUT/gpu_check_logs.tgz (the device returns at most 8 files); a short table is printed last and
+# saved as $OUT/summary.txt.
+#   usage: scripts/gpu_check.sh [tests|sanitize|sass|bench]...   (default: all four)
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${FA4_DEVBIN:-$root/.devbin}
+out=$(mktemp -d /tmp/fa4_gpu_check.XXXXXX)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$bin"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize sass bench)
+summary=()
+note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
+  >"$out/gpu.txt" 2>&1
+note gpu "$(tail -n 1 "$out/gpu.txt")"
+
+# One small case first, under a short timeout: a hang or a crash here makes the longer steps
+# pointless, and device time is scarce.
+smoke_ok() {
+  timeout 60 "$bin/fa4_gpu_tests" --gtest_brief=1 \
+    --gtest_filter='Matrix/Sm90Forward.MatchesReference/d128_bf16_q113_k203_gqa4' \
+    >"$out/smoke.log" 2>&1
+  local rc=$?
+  note smoke "rc $rc $(grep -E '^\[  (PASSED|FAILED) ' "$out/smoke.log" | head -n 1)"
+  [ $rc -eq 0 ]
+}
+
+run_tests() {
+  # The reference is double-precision and single-threaded: shard the suite over the CPU cores
+  # (the kernels themselves take milliseconds).
+  local shards=8 pids=() failed=0
+  for i in $(seq 0 $((shards - 1))); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$bin/fa4_gpu_tests" --gtest_brief=1 \
+      >"$out/tests_shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
+  cat "$out"/tests_shard*.log >"$out/tests.log"
+  local passed skipped
+  passed=$(grep -h '^\[  PASSED  \]' "$out"/tests_shard*.log | awk '{s += $4} END {print s + 0}')
+  skipped=$(grep -h '^\[  SKIPPED \]' "$out"/tests_shard*.log | awk '{s += $4} END {print s + 0}')
+  note tests "passed $passed, skipped $skipped, failing shards $failed/$shards"
+  grep -h '^\[  FAILED  \]' "$out"/tests_shard*.log | sort -u | head -n 20 >"$out/tests_failed.txt"
+  [ -s "$out/tests_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/tests_failed.txt" | cut -c1-300)"
+}
+
+run_sanitize() {
+  local small='Matrix/Sm90Forward.MatchesReference/d128_bf16_q113_k203_causal_*'
+  local tool rc
+  for tool in memcheck racecheck synccheck; do
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
+      --gtest_filter="$small" >"$out/sanitize_$tool.log" 2>&1
+    rc=$?
+    note "$tool" "rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -n 1)"
+  done
+}
+
+run_sass() {
+  cuobjdump --dump-sass "$bin/libfa4.so" >"$out/sass.txt" 2>&1
+  local fn
+  awk '/Function : /{fn=$3} /HGMMA/{n[fn]++} END {for (f in n) print n[f], f}' "$out/sass.txt" \
+    >"$out/hgmma_counts.txt"
+  note sass "HGMMA per kernel: $(awk '{printf "%s ", $1}' "$out/hgmma_counts.txt")"
+  note "" "local memory ops (LDL/STL): $(grep -cE '\b(LDL|STL)\b' "$out/sass.txt")"
+}
+
+run_bench() {
+  # The project's side-by-side sweep (bench/sweep.py): fa4cpp beside cuDNN and torch FA2, one run.
+  PYTHONUNBUFFERED=1 timeout 420 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
+    --sha "${FA4_GIT_SHA:-unknown}" --out "$out" --name fwd_sweep >"$out/bench.log" 2>&1
+  note bench "rc $? (table below; log in bench.log)"
+  [ -f "$out/fwd_sweep.md" ] && cp "$out/fwd_sweep.md" "$out/bench.txt"
+  if [ -n "${OUT:-}" ]; then cp "$out"/fwd_sweep.* "$OUT/" 2>/dev/null; fi
+}
+
+if smoke_ok; then
+  for step in "${steps[@]}"; do "run_$step"; done
+else
+  note "" "smoke test failed: later steps skipped (smoke.log)"
+  tail -n 40 "$out/smoke.log"
+fi
+
+{
+  echo "==== fa4cpp gpu_check ===="
+  printf '%s\n' "${summary[@]}"
+  [ -f "$out/bench.txt" ] && cat "$out/bench.txt"
+  [ -s "$out/tests_failed.txt" ] && { echo "-- failed tests:"; cat "$out/tests_failed.txt"; }
+} | tee "$out/summary.txt"
+if [ -n "${OUT:-}" ]; then
+  cp "$out/summary.txt" "$OUT/summary.txt"
+  tar czf "$OUT/gpu_check_logs.tgz" -C "$out" .
+fi
+exit 0

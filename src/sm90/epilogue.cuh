@@ -1,0 +1,101 @@
+// The forward epilogue: the normalized O accumulator is rounded to the output dtype, staged in
+// shared memory (the query tile's buffer, free once the last QKᵀ is done) with stmatrix, and written
+// by one TMA store, which clips rows past seqlen_q. LSE rows are written straight from registers.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "sm90/fragment.cuh"
+#include "sm90/gmem_layout.cuh"
+#include "sm90/named_barriers.cuh"
+#include "sm90/tile_scheduler.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct FwdEpilogue {
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using HeadDim = typename Config::HeadDim;
+  using SmemLayoutO = typename Config::SmemLayoutO;
+  static constexpr int kConsumerThreads = 128 * Config::kConsumerWarpgroups;
+
+  using TmaO = decltype(make_tma_copy(
+      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}),
+      SmemLayoutO{}, Shape<BlockM, HeadDim>{}, _1{}));
+
+  struct Params {
+    TmaO tma_o;
+    GmemShape shape_o;
+    float* lse;  // null when the caller wants no LSE
+    int64_t lse_batch_stride;
+    int64_t lse_head_stride;
+    int64_t lse_seq_stride;
+    int seqlen_q;
+  };
+
+  static Params make_params(const Problem& p, const ForwardTensors& t) {
+    const GmemLayout o =
+        gmem_layout(t.out, p.seqlen_q, p.head_dim_v, p.heads_q, p.batch, sizeof(Element));
+    return {make_tma_copy(SM90_TMA_STORE{},
+                          make_tensor(make_gmem_ptr(static_cast<Element*>(t.out.data)), o),
+                          SmemLayoutO{}, Shape<BlockM, HeadDim>{}, _1{}),
+            o.shape(),
+            p.return_lse ? t.lse.data : nullptr,
+            t.lse.batch_stride,
+            t.lse.head_stride,
+            t.lse.seq_stride,
+            int(p.seqlen_q)};
+  }
+
+  CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
+    prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
+  }
+
+  // rows: the (rows, cols) view of the O tile's identity tensor as this thread holds it.
+  template <class Rows, class RowVector>
+  CUTE_DEVICE static void store_lse(Params const& p, TileCoord tile, Rows const& rows,
+                                    RowVector const& lse, int thread) {
+    if (p.lse == nullptr || thread % 4 != 0) return;  // a quad shares each row; its first writes
+    float* base = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride;
+    CUTE_UNROLL
+    for (int i = 0; i < size<0>(rows); ++i) {
+      const int row = tile.m_block * Config::kBlockM + get<0>(rows(i, 0));
+      if (row < p.seqlen_q) base[row * p.lse_seq_stride] = lse[i];
+    }
+  }
+
+  // o: the normalized fp32 accumulator of this thread; smem_o: the query tile's buffer.
+  template <class TiledMma, class FragO>
+  CUTE_DEVICE static void store_o(Params const& p, TileCoord tile, TiledMma const& mma,
+                                  FragO const& o, Element* smem_o, int thread) {
+    Tensor o_low = make_tensor<Element>(o.layout());
+    convert_fragment(o, o_low);
+
+    Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});
+    auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
+    auto thr_copy = smem_copy.get_thread_slice(thread);
+
+    // Every consumer warpgroup must be past its last read of Q before O overwrites the buffer.
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
+    copy(smem_copy, thr_copy.retile_S(o_low), thr_copy.partition_D(sO));
+    // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
+
+    if (thread == 0) {
+      Tensor gO = local_tile(p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, tile.batch),
+                             Shape<BlockM, HeadDim>{}, make_coord(tile.m_block, _0{}));
+      auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
+                                        group_modes<0, 2>(gO));
+      copy(p.tma_o, tOsO, tOgO);
+      tma_store_arrive();
+      tma_store_wait<0>();  // the CTA's shared memory must outlive the store's reads
+    }
+  }
+};
+
+}  // namespace fa4::sm90

@@ -1,0 +1,217 @@
+// The sm_90a forward kernel: one CTA computes O and LSE of a 128-row query tile of one head.
+//
+//   warpgroup 0 (producer, 24 registers): one thread loads Q, then K and V tiles, by TMA.
+//   warpgroups 1, 2 (consumers, 240 registers): 64 query rows each. Per key tile j, going down:
+//     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
+//     S = softcap(S), mask(S)       only on tiles the band or seqlen_k cuts
+//     m, P = online softmax(S)      exp2, scale·log2e folded into one FFMA
+//     O *= exp2(m_old − m_new)      once O += P Vⱼ₊₁ has landed
+//   then O /= rowsum, LSE = m + log(rowsum), O and LSE stored.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/mask.hpp"
+#include "sm90/epilogue.cuh"
+#include "sm90/fragment.cuh"
+#include "sm90/load_pipeline.cuh"
+#include "sm90/mask.cuh"
+#include "sm90/softcap.cuh"
+#include "sm90/softmax.cuh"
+#include "sm90/tile_scheduler.cuh"
+#include "sm90/warpgroup_turns.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct FwdKernel {
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using BlockN = typename Config::BlockN;
+  using HeadDim = typename Config::HeadDim;
+  using Load = FwdLoad<Config>;
+  using Epilogue = FwdEpilogue<Config>;
+  using Pipeline = typename Load::Pipeline;
+  using PipelineState = typename Load::PipelineState;
+  using Mask = TileMask<Config::kBlockM, Config::kBlockN>;
+  static constexpr int kThreads = Config::kThreads;
+  static_assert(Config::kConsumerWarpgroups == 2, "WarpgroupTurns alternates two warpgroups");
+
+  struct Params {
+    typename Load::Params load;
+    typename Epilogue::Params epilogue;
+    StaticTileScheduler::Params scheduler;
+    BandMask band;  // over (seqlen_q, seqlen_k), causal folded in
+    SoftcapScores softcap;
+    float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
+  };
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;  // then O
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    alignas(8) uint64_t q_full;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(cosize_v<typename Config::SmemLayoutO> <= cosize_v<typename Config::SmemLayoutQ>);
+
+  CUTE_DEVICE void operator()(Params const& p, char* smem_raw) const {
+    auto& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    const int warpgroup = cutlass::canonical_warp_group_idx();
+    const bool leader = warp == 0 && cute::elect_one_sync();
+
+    const TileCoord tile = StaticTileScheduler::coord(p.scheduler);
+    const Mask mask{p.band};
+    const KeyTiles keys = mask.key_tiles(tile.m_block);
+
+    if (leader) {
+      Load::prefetch_descriptors(p.load);
+      Epilogue::prefetch_descriptors(p.epilogue);
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full, 1);
+    }
+    typename Pipeline::Params pipe;
+    pipe.transaction_bytes = Config::kBytesKV;
+    pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                               : Pipeline::ThreadCategory::Consumer;
+    pipe.is_leader = leader;
+    pipe.num_consumers = 128 * Config::kConsumerWarpgroups;
+    Pipeline pipeline_k(smem.pipeline_k, pipe, Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(smem.pipeline_v, pipe, Shape<_1, _1, _1>{});
+    cutlass::arch::fence_barrier_init();
+    __syncthreads();
+
+    if (warpgroup == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+      if (leader && !keys.empty())
+        Load::run(p.load, tile, keys, smem.q.data(), smem.k.data(), smem.v.data(), smem.q_full,
+                  pipeline_k, pipeline_v);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+      consume(p, smem, tile, mask, keys, pipeline_k, pipeline_v);
+    }
+  }
+
+ private:
+  CUTE_DEVICE static void consume(Params const& p, SharedStorage& smem, TileCoord tile,
+                                  Mask const& mask, KeyTiles keys, Pipeline& pipeline_k,
+                                  Pipeline& pipeline_v) {
+    const int thread = int(threadIdx.x) - 128;  // among the consumer threads
+    typename Config::TiledMmaQK mma_qk;
+    typename Config::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread);
+    auto thr_pv = mma_pv.get_thread_slice(thread);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
+
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockM, HeadDim>{});
+    clear(tOrO);
+    // Tile coordinates of this thread's score and output values, for the mask and the LSE rows.
+    const auto score_coords =
+        rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
+    const auto out_coords =
+        rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{})));
+
+    OnlineSoftmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
+                                                                  p.score_scale * kLog2e);
+    using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
+    Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+
+    // Softcap, then the mask, in the kernel's score units (see SoftcapScores).
+    const auto row_keys = mask.row_keys(score_coords, tile.m_block);
+    auto prepare_scores = [&](auto& scores, int n_block) {
+      if (p.softcap.enabled()) p.softcap.apply(scores);
+      if (!mask.fully_visible(tile.m_block, n_block)) {
+        auto rc = rowcol_view(scores);
+        mask.apply(rc, score_coords, row_keys, n_block);
+      }
+    };
+
+    if (!keys.empty()) {
+      const WarpgroupTurns turns(thread / 128);
+      turns.start();
+      PipelineState read_k, read_v;
+      cutlass::arch::ClusterBarrier::wait(&smem.q_full, 0);
+
+      int n_block = keys.end - 1;
+      {
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+        pipeline_k.consumer_wait(read_k);
+        turns.wait();
+        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        turns.pass();
+        warpgroup_wait<0>();
+        pipeline_k.consumer_release(read_k);
+        ++read_k;
+        prepare_scores(tSrS, n_block);
+        auto scores = rowcol_view(tSrS);
+        softmax.update_max(scores);
+        softmax.exponentiate(scores);
+        convert_fragment(tSrS, tOrP);
+      }
+
+      CUTE_NO_UNROLL
+      for (; n_block > keys.begin; --n_block) {
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+        pipeline_k.consumer_wait(read_k);
+        turns.wait();
+        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        pipeline_v.consumer_wait(read_v);
+        wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        turns.pass();
+
+        warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
+        pipeline_k.consumer_release(read_k);
+        ++read_k;
+        prepare_scores(tSrS, n_block - 1);
+        auto scores = rowcol_view(tSrS);
+        const auto rescale = softmax.update_max(scores);
+        softmax.exponentiate(scores);
+
+        warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
+        pipeline_v.consumer_release(read_v);
+        ++read_v;
+        auto o = rowcol_view(tOrO);
+        scale_rows(o, rescale);
+        convert_fragment(tSrS, tOrP);
+      }
+
+      pipeline_v.consumer_wait(read_v);
+      turns.wait();
+      wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      turns.pass(/*last=*/true);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(read_v);
+    }
+
+    typename decltype(softmax)::RowVector o_scale, lse;
+    softmax.finish(o_scale, lse);
+    auto o = rowcol_view(tOrO);
+    scale_rows(o, o_scale);
+    Epilogue::store_lse(p.epilogue, tile, out_coords, lse, thread);
+    Epilogue::store_o(p.epilogue, tile, mma_pv, tOrO, smem.q.data(), thread);
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    fwd_kernel(__grid_constant__ const typename Kernel::Params params) {
+  extern __shared__ __align__(1024) char smem[];
+  Kernel{}(params, smem);
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,97 @@
+// The band mask (causal / sliding window, bottom-right aligned, and the end of the keys) applied to
+// one (query tile, key tile) pair of scores. The rule itself is BandMask from common/mask.hpp, the
+// one the CPU backend uses; this piece only decides which tiles need it and writes the −inf.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "common/mask.hpp"
+
+namespace fa4::sm90 {
+
+// Key tiles [begin, end) a query tile has to visit; empty when no row of the tile sees a key.
+struct KeyTiles {
+  int begin = 0;
+  int end = 0;
+  CUTE_HOST_DEVICE bool empty() const { return end <= begin; }
+  CUTE_HOST_DEVICE int count() const { return end - begin; }
+};
+
+template <int kBlockM, int kBlockN>
+struct TileMask {
+  BandMask band;  // seqlen_k is the number of keys used (seqused_k applied)
+
+  CUTE_DEVICE int64_t first_row(int m_block) const { return int64_t(m_block) * kBlockM; }
+  // The last row of the tile that exists; padding rows below it are computed but never stored.
+  CUTE_DEVICE int64_t last_row(int m_block) const {
+    const int64_t end = first_row(m_block) + kBlockM;
+    return (end < band.seqlen_q ? end : band.seqlen_q) - 1;
+  }
+
+  // Rows see keys in windows that only move right as the row grows, so the tile's keys lie in
+  // [begin(first row), end(last row)).
+  CUTE_DEVICE KeyTiles key_tiles(int m_block) const {
+    int64_t lo = band.key_begin(first_row(m_block));
+    int64_t hi = band.key_end(last_row(m_block));
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > band.seqlen_k ? band.seqlen_k : hi;
+    if (hi <= lo) return {};
+    return {int(lo / kBlockN), int((hi + kBlockN - 1) / kBlockN)};
+  }
+
+  // True when every stored row sees every key of the tile, so the tile needs no mask.
+  CUTE_DEVICE bool fully_visible(int m_block, int n_block) const {
+    const int64_t n0 = int64_t(n_block) * kBlockN;
+    return n0 + kBlockN <= band.seqlen_k && band.key_begin(last_row(m_block)) <= n0 &&
+           band.key_end(first_row(m_block)) >= n0 + kBlockN;
+  }
+
+  // Keys [lo, hi) of each of the thread's rows, clamped to [0, seqlen_k] (lo ≥ hi: no key). They do
+  // not depend on the key tile, so they are computed once per query tile, in 32 bits.
+  template <int kRows>
+  struct RowKeys {
+    int lo[kRows];
+    int hi[kRows];
+  };
+
+  // `coords`: the (rows, cols) view of the score tile's identity tensor as this thread holds it.
+  template <class Coords>
+  CUTE_DEVICE auto row_keys(Coords const& coords, int m_block) const {
+    constexpr int kRows = decltype(cute::size<0>(coords))::value;
+    RowKeys<kRows> keys;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      int64_t lo, hi;
+      band.key_range(first_row(m_block) + cute::get<0>(coords(i, 0)), &lo, &hi);
+      // Clamping to [0, seqlen_k] keeps lo ≥ hi for a row that sees no key.
+      keys.lo[i] = int(cute::min(lo, band.seqlen_k));
+      keys.hi[i] = int(cute::max(hi, int64_t(0)));
+    }
+    return keys;
+  }
+
+  // Sets the scores of keys a row may not see to −inf. `scores` is a (rows, cols) fragment view,
+  // `coords` the same view of the tile's identity tensor. Columns are compared relative to the
+  // thread's first one: the offsets are then compile-time constants, where absolute columns would
+  // be hoisted out of the key loop as one register each.
+  template <class Scores, class Coords, class Keys>
+  CUTE_DEVICE void apply(Scores& scores, Coords const& coords, Keys const& keys,
+                         int n_block) const {
+    const int n0 = n_block * kBlockN + cute::get<1>(coords(0, 0));
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size<0>(scores); ++i) {
+      const int col_lo = keys.lo[i] - n0;
+      const int col_hi = keys.hi[i] - n0;
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j) {
+        const int col = cute::get<1>(coords(0, j)) - cute::get<1>(coords(0, 0));
+        if (col < col_lo || col >= col_hi) scores(i, j) = -INFINITY;
+      }
+    }
+  }
+};
+
+}  // namespace fa4::sm90

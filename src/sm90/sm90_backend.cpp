@@ -1,0 +1,208 @@
+// The Hopper (sm_90a) backend as dispatch sees it: availability, the TMA alignment rules the kernels
+// rely on, and which problems have a kernel (the table cmake/fa4_sm90.cmake generates).
+#include <cstdint>
+#include <string>
+
+#include "api/validate.hpp"
+#include "dispatch/backend.hpp"
+
+#if defined(FA4_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "sm90/fwd_launch.hpp"
+#endif
+
+namespace fa4::detail {
+namespace {
+
+// TMA (cp.async.bulk.tensor) needs 16-byte aligned base addresses and strides, and strides below
+// 2^40 bytes; a stride of 0 is representable only for a mode of extent 1 (the launcher replaces it).
+constexpr int64_t kTmaAlignBytes = 16;
+constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
+
+Status check_tma_view(const char* name, const TensorView& t, const Problem& p, bool keys) {
+  if (t.data == nullptr) return Status::success();  // an empty view; generic checks handled it
+  const int64_t elem = p.dtype == DType::kFP32 ? 4 : 2;
+  if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0)
+    return invalid("%s.data is not %lld-byte aligned, which the sm90 backend needs (TMA loads)",
+                   name, (long long)kTmaAlignBytes);
+  const struct {
+    const char* what;
+    int64_t stride;
+    int64_t extent;
+  } strides[] = {{"batch_stride", p.is_varlen() ? 0 : t.batch_stride, p.is_varlen() ? 1 : p.batch},
+                 {"seq_stride", t.seq_stride, keys ? p.seqlen_k : p.seqlen_q},
+                 {"head_stride", t.head_stride, keys ? p.heads_kv : p.heads_q}};
+  for (const auto& s : strides) {
+    if ((s.stride * elem) % kTmaAlignBytes != 0)
+      return invalid("%s.%s (%lld elements) is not a multiple of %lld bytes, which the sm90 backend "
+                     "needs (TMA loads)",
+                     name, s.what, (long long)s.stride, (long long)kTmaAlignBytes);
+    if (s.stride == 0 && s.extent > 1)
+      return not_supported("%s.%s is 0 over %lld elements (a broadcast view); the sm90 backend's "
+                           "TMA loads need distinct rows",
+                           name, s.what, (long long)s.extent);
+    if (s.stride >= kTmaMaxStrideBytes / elem)
+      return not_supported("%s.%s (%lld elements) exceeds the 2^40-byte stride limit of TMA", name,
+                           s.what, (long long)s.stride);
+  }
+  return Status::success();
+}
+
+Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTensors* b) {
+  const struct {
+    const char* name;
+    const TensorView* view;
+    bool keys;  // rows are keys (seqlen_k, heads_kv)
+  } views[] = {{"q", f ? &f->q : &b->q, false},        {"k", f ? &f->k : &b->k, true},
+               {"v", f ? &f->v : &b->v, true},         {"out", f ? &f->out : &b->out, false},
+               {"dout", b ? &b->dout : nullptr, false}, {"dq", b ? &b->dq : nullptr, false},
+               {"dk", b ? &b->dk : nullptr, true},     {"dv", b ? &b->dv : nullptr, true}};
+  for (const auto& v : views) {
+    if (v.view == nullptr) continue;
+    Status s = check_tma_view(v.name, *v.view, p, v.keys);
+    if (!s.ok()) return s;
+  }
+  return Status::success();
+}
+
+using ForwardFn = Status (*)(const Problem&, const ForwardTensors&, void*);
+
+struct ForwardKernel {
+  int64_t head_dim;
+  DType dtype;
+  ForwardFn run;
+};
+
+// The forward kernels of this build, one per FA4_SM90_KERNELS entry, then an end marker.
+constexpr ForwardKernel kForwardKernels[] = {
+#if defined(FA4_WITH_CUDA)
+#define FA4_SM90_FWD_KERNEL(hdim, dtype) {hdim, DType::dtype, &sm90::run_forward<hdim, DType::dtype>},
+#include "sm90/sm90_fwd_kernels.inc"
+#undef FA4_SM90_FWD_KERNEL
+#endif
+    {0, DType::kBF16, nullptr}};
+
+const ForwardKernel* find_forward_kernel(const Problem& p) {
+  for (const ForwardKernel& k : kForwardKernels)
+    if (k.run != nullptr && k.head_dim == p.head_dim_qk && k.dtype == p.dtype) return &k;
+  return nullptr;
+}
+
+std::string built_forward_kernels() {
+  std::string list;
+  for (const ForwardKernel& k : kForwardKernels) {
+    if (k.run == nullptr) continue;
+    if (!list.empty()) list += ", ";
+    list += std::to_string(k.head_dim) + (k.dtype == DType::kBF16 ? ":bf16" : ":fp16");
+  }
+  return list.empty() ? "none" : list;
+}
+
+// Indices inside the kernel are 32-bit (rows, heads, tiles); TMA extents are too.
+constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
+// FwdConfig::kBlockM of every forward instance (src/sm90/fwd_config.cuh, not includable here).
+constexpr int64_t kQueryTileRows = 128;
+
+Status can_implement(const Problem& p, Pass pass) {
+  if (p.dtype == DType::kFP32)
+    return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
+  if (pass == Pass::kBackward)
+    return not_supported("the sm90 backend has no backward kernel in this version");
+  if (p.is_varlen())
+    return not_supported("the sm90 forward kernel does not take varlen batches yet "
+                         "(cu_seqlens); the CPU backend does");
+  if (p.seqused_k != nullptr)
+    return not_supported("the sm90 forward kernel does not take seqused_k yet");
+  if (p.head_dim_qk != p.head_dim_v)
+    return not_supported("the sm90 forward kernel needs head_dim_qk == head_dim_v (got %lld / %lld)",
+                         (long long)p.head_dim_qk, (long long)p.head_dim_v);
+#if !defined(FA4_WITH_CUDA)
+  return make_status(StatusCode::kBackendUnavailable,
+                     "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
+#endif
+  if (find_forward_kernel(p) == nullptr)
+    return not_supported("the sm90 backend has no forward kernel for head dim %lld with %s in this "
+                         "build (built: %s; see FA4_SM90_KERNELS)",
+                         (long long)p.head_dim_qk, p.dtype == DType::kBF16 ? "bf16" : "fp16",
+                         built_forward_kernels().c_str());
+  const int64_t m_tiles = (p.seqlen_q + kQueryTileRows - 1) / kQueryTileRows;
+  if (p.seqlen_q > kMaxExtent || p.seqlen_k > kMaxExtent || p.batch > kMaxExtent ||
+      p.heads_q > kMaxExtent || m_tiles * p.heads_q > kMaxExtent / (p.batch > 0 ? p.batch : 1))
+    return not_supported("the sm90 forward kernel takes at most 2^31 - 1 rows, heads, batch "
+                         "entries and query tiles");
+  return Status::success();
+}
+
+size_t workspace_size(const Problem&, Pass) { return 0; }
+
+Status available() {
+#if defined(FA4_WITH_CUDA)
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky-free error so the caller's next CUDA call is unaffected
+    return make_status(StatusCode::kBackendUnavailable, "no CUDA device is present");
+  }
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != 9 || minor != 0)
+    return make_status(StatusCode::kBackendUnavailable,
+                       "the sm90 backend needs a Hopper GPU (compute capability 9.0); device %d "
+                       "is %d.%d",
+                       device, major, minor);
+  return Status::success();
+#else
+  return make_status(StatusCode::kBackendUnavailable,
+                     "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
+#endif
+}
+
+// The kernels read and write through TMA descriptors: host memory would fault on the device.
+Status check_device_memory(const Problem& p, const ForwardTensors& t) {
+  const struct {
+    const char* name;
+    const void* data;
+  } views[] = {{"q", t.q.data}, {"k", t.k.data}, {"v", t.v.data}, {"out", t.out.data},
+               {"lse", p.return_lse ? t.lse.data : nullptr}};
+  for (const auto& v : views)
+    if (v.data != nullptr && !is_device_pointer(v.data))
+      return invalid("%s.data is not device memory, which the sm90 backend needs", v.name);
+  return Status::success();
+}
+
+Status run_forward(const Problem& p, const ForwardTensors& t, Workspace, void* stream) {
+  Status s = can_implement(p, Pass::kForward);
+  if (s.ok()) s = check_device_memory(p, t);
+  if (!s.ok()) return s;
+  return find_forward_kernel(p)->run(p, t, stream);
+}
+
+Status run_backward(const Problem& p, const BackwardTensors&, Workspace, void*) {
+  return can_implement(p, Pass::kBackward);
+}
+
+}  // namespace
+
+bool is_device_pointer(const void* ptr) {
+#if defined(FA4_WITH_CUDA)
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+#else
+  (void)ptr;
+  return false;
+#endif
+}
+
+const BackendOps& sm90_backend() {
+  static const BackendOps ops{"sm90",        can_implement, check_tensors, workspace_size,
+                              available,     run_forward,   run_backward};
+  return ops;
+}
+
+}  // namespace fa4::detail

@@ -1,0 +1,32 @@
+// One warpgroup MMA over the whole K extent of a tile, issued asynchronously. The caller decides
+// when to wait (warpgroup_wait<N>), which is what lets QKᵀ of one tile overlap the softmax of
+// another.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+// C (=|+=) A·B with A and B as partitioned by the tiled MMA; returns once the wgmma are issued.
+template <bool kZeroInit, class TiledMma, class TensorA, class TensorB, class TensorC>
+CUTE_DEVICE void wgmma_issue(TiledMma& mma, TensorA const& a, TensorB const& b, TensorC& c) {
+  // An A fragment of the element type lives in registers (P); otherwise it holds smem descriptors.
+  constexpr bool kAFromRegisters =
+      is_same_v<typename TensorA::value_type, typename TiledMma::ValTypeA>;
+  if constexpr (kAFromRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kAFromRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
+}
+
+}  // namespace fa4::sm90
