@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -281,8 +283,18 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
                                          exact.out, lp.out, rule.multiplier, rule.atol);
   EXPECT_TRUE(o.ok) << o.message;
   EXPECT_EQ(o.compared, rows_checked * p.head_dim_v) << "reference rows missing";
+  // LSE ≈ the row's largest scaled score, which spiky inputs push to |LSE| ≈ 100, where the rule's
+  // atol (1e-5) is about one fp32 ulp. The kernel reaches LSE through a few fp32 roundings the lp
+  // reference does not share (tensor-core accumulation of the scores, the scale FFMA, the log2 →
+  // ln conversion, the final add), each up to half an ulp of |LSE|: allow kLseUlps ulps of the
+  // largest |LSE| on top of the rule.
+  constexpr double kLseUlps = 4.0;
+  double max_lse = 0.0;
+  for (double x : exact.lse)
+    if (std::isfinite(x)) max_lse = std::max(max_lse, std::fabs(x));
+  const double lse_atol = rule.atol + kLseUlps * std::numeric_limits<float>::epsilon() * max_lse;
   const CheckResult l = check_flash_rule("lse", lse_shape(p), run.lse.dense(), exact.lse, lp.lse,
-                                         rule.multiplier, rule.atol);
+                                         rule.multiplier, lse_atol);
   EXPECT_TRUE(l.ok) << l.message;
   EXPECT_EQ(l.compared, rows_checked) << "reference rows missing";
 }
