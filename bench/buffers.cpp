@@ -29,11 +29,11 @@ void cuda_check(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
     throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(err));
 }
-#endif
-
+#else
 [[noreturn]] void no_device_memory() {
   throw std::runtime_error("device memory requested, but fa4-bench was built without CUDA");
 }
+#endif
 
 // SplitMix64's finaliser: decorrelates the seeds of neighbouring blocks.
 uint64_t mix(uint64_t x) {
