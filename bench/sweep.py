@@ -16,8 +16,10 @@ import torch
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fa4_ctypes  # noqa: E402
+# The ctypes binding of the C ABI lives in the Python package's folder (python/fa4cpp/c_abi.py);
+# import it as a plain module so that the sweep needs no package install.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "fa4cpp"))
+import c_abi as fa4_ctypes  # noqa: E402
 
 TOKENS = 16384
 HIDDEN = 2048

@@ -1,5 +1,6 @@
-"""A thin ctypes binding of fa4cpp's C ABI (include/fa4/fa4.h) over torch tensors, for the
-benchmark: no copies, work enqueued on torch's current CUDA stream. The struct layouts here must
+"""A thin ctypes binding of fa4cpp's C ABI (include/fa4/fa4.h) over torch tensors (used by
+bench/sweep.py; the PyTorch package will grow around it): no copies, work enqueued on torch's
+current CUDA stream. The struct layouts here must
 match fa4.h (FA4_ABI_VERSION 1); fa4_*_init fills struct_size and the defaults."""
 import ctypes
 
