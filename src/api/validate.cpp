@@ -119,6 +119,8 @@ Status check_output(const Extent& e) {
 
 Status check_lse(const Extent& e, bool output) {
   Status s = check_view(e, e.dims[e.rank - 1].stride, "seq_stride");
+  if (s.ok() && !e.empty() && reinterpret_cast<uintptr_t>(e.data) % alignof(float) != 0)
+    return invalid("%s.data is not %zu-byte aligned (it holds floats)", e.name, alignof(float));
   if (s.ok() && output) s = check_no_self_overlap(e);
   return s;
 }

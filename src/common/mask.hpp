@@ -19,6 +19,10 @@ struct BandMask {
   int64_t right = -1;
 
   FA4_HD static BandMask make(int64_t sq, int64_t sk, bool causal, int64_t left, int64_t right) {
+    // A side at least sq + sk wide cannot exclude any key (left ≥ sk and right ≥ sq suffice):
+    // make it unbounded, so that the bounds below never overflow for a caller's "huge" value.
+    if (left >= sq + sk) left = -1;
+    if (right >= sq + sk) right = -1;
     BandMask m{sq, sk, left, right};
     if (causal) m.right = 0;
     return m;

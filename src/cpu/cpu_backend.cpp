@@ -25,18 +25,47 @@ Status can_implement(const Problem& p, Pass) {
   return Status::success();
 }
 
-Status check_tensors(const Problem&, const ForwardTensors*, const BackwardTensors*) {
-  return Status::success();  // plain host loads and stores: any validated view will do
+// Plain host loads and stores: every pointer must be host-readable. Device memory (a CUDA build
+// handed cudaMalloc'd buffers, or kAuto seeing a host q beside device k/v) would crash, not fail.
+Status check_host(const char* name, const void* data) {
+  if (data != nullptr && is_device_only_pointer(data))
+    return invalid("%s is device memory, which the cpu backend cannot read or write", name);
+  return Status::success();
+}
+
+Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTensors* b) {
+  const struct {
+    const char* name;
+    const void* data;
+  } pointers[] = {{"q.data", f ? f->q.data : b->q.data},
+                  {"k.data", f ? f->k.data : b->k.data},
+                  {"v.data", f ? f->v.data : b->v.data},
+                  {"out.data", f ? f->out.data : b->out.data},
+                  {"lse.data", f ? (p.return_lse ? f->lse.data : nullptr) : b->lse.data},
+                  {"dout.data", b ? b->dout.data : nullptr},
+                  {"dq.data", b ? b->dq.data : nullptr},
+                  {"dk.data", b ? b->dk.data : nullptr},
+                  {"dv.data", b ? b->dv.data : nullptr},
+                  {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
+                  {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
+                  {"seqused_k", p.seqused_k}};
+  for (const auto& ptr : pointers) {
+    Status s = check_host(ptr.name, ptr.data);
+    if (!s.ok()) return s;
+  }
+  return Status::success();
 }
 
 Status available() { return Status::success(); }
 
 Status forward(const Problem& p, const ForwardTensors& t, Workspace ws, void* /*stream*/) {
-  return cpu::forward(p, t, ws);
+  Status s = check_host("workspace.data", ws.data);
+  return s.ok() ? cpu::forward(p, t, ws) : s;
 }
 
 Status backward(const Problem& p, const BackwardTensors& t, Workspace ws, void* /*stream*/) {
-  return cpu::backward(p, t, ws);
+  Status s = check_host("workspace.data", ws.data);
+  return s.ok() ? cpu::backward(p, t, ws) : s;
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ const BackendOps& sm90_backend();  // present in every build; unavailable withou
 
 // True when p is CUDA device (or managed) memory; false in a CPU-only build.
 bool is_device_pointer(const void* p);
+// True when p is device memory the host cannot read (not managed); false in a CPU-only build.
+bool is_device_only_pointer(const void* p);
 
 // kAuto resolved: the GPU backend when the library has CUDA and q_data is device memory.
 Backend resolve(Backend requested, const void* q_data);

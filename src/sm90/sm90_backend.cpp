@@ -1,5 +1,6 @@
 // The Hopper (sm_90a) backend as dispatch sees it: availability, the TMA alignment rules the kernels
 // rely on, and which problems have a kernel (the table cmake/fa4_sm90.cmake generates).
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -117,6 +118,16 @@ Status can_implement(const Problem& p, Pass pass) {
   if (p.head_dim_qk != p.head_dim_v)
     return not_supported("the sm90 forward kernel needs head_dim_qk == head_dim_v (got %lld / %lld)",
                          (long long)p.head_dim_qk, (long long)p.head_dim_v);
+  // The kernel keeps the running max of raw scores and scales afterwards: right only when the
+  // scale is positive (with softcap the factor applied after the max is the cap itself).
+  if (p.softcap == 0.0f && p.scale() < 0.0f)
+    return not_supported("the sm90 forward kernel needs softmax_scale > 0 without softcap (got %g)",
+                         double(p.softmax_scale));
+  if (p.softcap > 0.0f &&
+      (!std::isfinite(p.scale() / p.softcap) || !std::isfinite(p.softcap * 1.4426950408889634f)))
+    return not_supported("softcap %g is outside the range the sm90 forward kernel can scale by "
+                         "(scale / softcap and softcap·log2(e) must be finite)",
+                         double(p.softcap));
 #if !defined(FA4_WITH_CUDA)
   return make_status(StatusCode::kBackendUnavailable,
                      "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
@@ -166,9 +177,22 @@ Status check_device_memory(const Problem& p, const ForwardTensors& t) {
     const void* data;
   } views[] = {{"q", t.q.data}, {"k", t.k.data}, {"v", t.v.data}, {"out", t.out.data},
                {"lse", p.return_lse ? t.lse.data : nullptr}};
-  for (const auto& v : views)
-    if (v.data != nullptr && !is_device_pointer(v.data))
+  for (const auto& v : views) {
+    if (v.data == nullptr) continue;
+    if (!is_device_pointer(v.data))
       return invalid("%s.data is not device memory, which the sm90 backend needs", v.name);
+#if defined(FA4_WITH_CUDA)
+    // Another device's memory would fault the context (a sticky error) rather than fail.
+    int current = 0;
+    cudaPointerAttributes attr{};
+    if (cudaGetDevice(&current) == cudaSuccess &&
+        cudaPointerGetAttributes(&attr, v.data) == cudaSuccess &&
+        attr.type == cudaMemoryTypeDevice && attr.device != current)
+      return invalid("%s.data is memory of device %d, but device %d is current (the kernel runs "
+                     "on the current device)",
+                     v.name, attr.device, current);
+#endif
+  }
   return Status::success();
 }
 
@@ -193,6 +217,20 @@ bool is_device_pointer(const void* ptr) {
     return false;
   }
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+#else
+  (void)ptr;
+  return false;
+#endif
+}
+
+bool is_device_only_pointer(const void* ptr) {
+#if defined(FA4_WITH_CUDA)
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice;
 #else
   (void)ptr;
   return false;

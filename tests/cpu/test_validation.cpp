@@ -14,6 +14,7 @@
 #include <new>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "fa4/attention.hpp"
 
@@ -752,6 +753,52 @@ TEST_F(Validation, Workspace) {
     expect_status(s, StatusCode::kInvalidArgument, {"workspace.data"});
     EXPECT_TRUE(c.outputs_untouched());
   }
+}
+
+// Found in review: the sm90 kernel keeps the running max of raw scores, which is the max of the
+// logits only for a positive scale; other scales are refused there (the CPU backend runs them).
+TEST_F(Validation, Sm90RefusesScalesItCannotRun) {
+  auto c = make_case(DType::kBF16, /*varlen=*/false, 128, 128);
+  Problem p = c->problem;
+  p.softmax_scale = -0.125f;
+  expect_status(fa4::can_implement(p, Backend::kSm90, Pass::kForward), StatusCode::kNotSupported,
+                {"softmax_scale"});
+  p = c->problem;
+  p.softcap = 3e38f;  // finite, but softcap·log2(e) is not
+  expect_status(fa4::can_implement(p, Backend::kSm90, Pass::kForward), StatusCode::kNotSupported,
+                {"softcap"});
+}
+
+TEST_F(Validation, MisalignedLse) {
+  Case& c = fixed();
+  AlignedBytes shifted(c.lse.size() + sizeof(float));
+  ForwardTensors t = c.fwd;
+  t.lse.data = reinterpret_cast<float*>(shifted.data() + 2);
+  expect_forward_rejected(c, c.problem, t, StatusCode::kInvalidArgument, {"lse"});
+  BackwardTensors b = c.bwd;
+  b.lse.data = t.lse.data;
+  expect_backward_rejected(c, c.problem, b, StatusCode::kInvalidArgument, {"lse"});
+}
+
+// Found in review: a window side given as a huge number ("no limit") overflowed the mask's bounds
+// and hid every key. Any side at least sq + sk wide must behave exactly like -1.
+TEST_F(Validation, HugeWindowSidesAreUnbounded) {
+  Case& c = fixed();
+  const auto run = [&](int64_t left, int64_t right) {
+    Problem p = c.problem;
+    p.window = {left, right};
+    c.poison_outputs();
+    EXPECT_TRUE(fa4::forward(p, c.fwd, c.ws(), nullptr, Backend::kCpu).ok());
+    return std::vector<unsigned char>(c.out.data(), c.out.data() + c.out.size());
+  };
+  const std::vector<unsigned char> unbounded = run(-1, -1);
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(run(huge, -1), unbounded);
+  EXPECT_EQ(run(-1, huge), unbounded);
+  EXPECT_EQ(run(huge, huge), unbounded);
+  const int64_t wide = c.problem.seqlen_q + c.problem.seqlen_k;
+  EXPECT_EQ(run(wide, wide), unbounded);
+  EXPECT_EQ(run(-1, 0), run(huge, 0)) << "causal-like band with a huge left side";
 }
 
 // The alignment checks are host-side and run before can_implement and the availability check, so
