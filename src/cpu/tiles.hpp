@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/mask.hpp"
+#include "common/math_constants.hpp"
 #include "common/numeric.hpp"
 #include "common/seq_layout.hpp"
 #include "cpu/parallel.hpp"
@@ -24,7 +25,6 @@ namespace {
 
 constexpr int64_t kTileQ = 64;  // query rows per tile
 constexpr int64_t kTileK = 64;  // key rows per tile
-constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "api/validate.hpp"
+#include "common/math_constants.hpp"
 #include "dispatch/backend.hpp"
 
 #if defined(FA4_WITH_CUDA)
@@ -124,7 +125,7 @@ Status can_implement(const Problem& p, Pass pass) {
     return not_supported("the sm90 forward kernel needs softmax_scale > 0 without softcap (got %g)",
                          double(p.softmax_scale));
   if (p.softcap > 0.0f &&
-      (!std::isfinite(p.scale() / p.softcap) || !std::isfinite(p.softcap * 1.4426950408889634f)))
+      (!std::isfinite(p.scale() / p.softcap) || !std::isfinite(p.softcap * kLog2e)))
     return not_supported("softcap %g is outside the range the sm90 forward kernel can scale by "
                          "(scale / softcap and softcap·log2(e) must be finite)",
                          double(p.softcap));
@@ -170,6 +171,26 @@ Status available() {
 #endif
 }
 
+// What cudaPointerGetAttributes says of ptr, once: kHost for host memory (and in a CPU-only build).
+enum class Memory { kHost, kDevice, kManaged };
+
+Memory memory_of(const void* ptr, int* device = nullptr) {
+#if defined(FA4_WITH_CUDA)
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return Memory::kHost;
+  }
+  if (device != nullptr) *device = attr.device;
+  if (attr.type == cudaMemoryTypeDevice) return Memory::kDevice;
+  if (attr.type == cudaMemoryTypeManaged) return Memory::kManaged;
+#else
+  (void)ptr;
+  (void)device;
+#endif
+  return Memory::kHost;
+}
+
 // The kernels read and write through TMA descriptors: host memory would fault on the device.
 Status check_device_memory(const Problem& p, const ForwardTensors& t) {
   const struct {
@@ -177,21 +198,21 @@ Status check_device_memory(const Problem& p, const ForwardTensors& t) {
     const void* data;
   } views[] = {{"q", t.q.data}, {"k", t.k.data}, {"v", t.v.data}, {"out", t.out.data},
                {"lse", p.return_lse ? t.lse.data : nullptr}};
+  int current = 0;
+#if defined(FA4_WITH_CUDA)
+  cudaGetDevice(&current);
+#endif
   for (const auto& v : views) {
     if (v.data == nullptr) continue;
-    if (!is_device_pointer(v.data))
+    int device = current;
+    const Memory memory = memory_of(v.data, &device);
+    if (memory == Memory::kHost)
       return invalid("%s.data is not device memory, which the sm90 backend needs", v.name);
-#if defined(FA4_WITH_CUDA)
     // Another device's memory would fault the context (a sticky error) rather than fail.
-    int current = 0;
-    cudaPointerAttributes attr{};
-    if (cudaGetDevice(&current) == cudaSuccess &&
-        cudaPointerGetAttributes(&attr, v.data) == cudaSuccess &&
-        attr.type == cudaMemoryTypeDevice && attr.device != current)
+    if (memory == Memory::kDevice && device != current)
       return invalid("%s.data is memory of device %d, but device %d is current (the kernel runs "
                      "on the current device)",
-                     v.name, attr.device, current);
-#endif
+                     v.name, device, current);
   }
   return Status::success();
 }
@@ -209,33 +230,9 @@ Status run_backward(const Problem& p, const BackwardTensors&, Workspace, void*) 
 
 }  // namespace
 
-bool is_device_pointer(const void* ptr) {
-#if defined(FA4_WITH_CUDA)
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-#else
-  (void)ptr;
-  return false;
-#endif
-}
+bool is_device_pointer(const void* ptr) { return memory_of(ptr) != Memory::kHost; }
 
-bool is_device_only_pointer(const void* ptr) {
-#if defined(FA4_WITH_CUDA)
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attr.type == cudaMemoryTypeDevice;
-#else
-  (void)ptr;
-  return false;
-#endif
-}
+bool is_device_only_pointer(const void* ptr) { return memory_of(ptr) == Memory::kDevice; }
 
 const BackendOps& sm90_backend() {
   static const BackendOps ops{"sm90",        can_implement, check_tensors, workspace_size,

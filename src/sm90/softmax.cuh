@@ -10,9 +10,9 @@
 
 #include <cute/tensor.hpp>
 
-namespace fa4::sm90 {
+#include "common/math_constants.hpp"
 
-constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
+namespace fa4::sm90 {
 
 CUTE_DEVICE float exp2_approx(float x) {
   float y;
