@@ -1,14 +1,28 @@
-"""The side-by-side forward benchmark of DESIGN.md §5, in one process: fa4cpp (sm90, through the
-C ABI), cuDNN (torch SDPA, CUDNN_ATTENTION) and torch's FlashAttention-2 (SDPA FLASH_ATTENTION) on
-the same tensors, each timed with triton.testing.do_bench (median). Writes <out>/<name>.json and
-<out>/<name>.md; prints the markdown table last.
+"""The side-by-side forward benchmark of DESIGN.md §5, in one process: one or more builds of fa4cpp
+(sm90, through the C ABI), cuDNN (torch SDPA, CUDNN_ATTENTION) and torch's FlashAttention-2 (SDPA
+FLASH_ATTENTION) on the same tensors, each timed with triton.testing.do_bench (median). Writes
+<out>/<name>.json and <out>/<name>.md; prints the markdown table last.
 
   python3 bench/sweep.py --lib build/default/libfa4.so --sha $(git rev-parse --short HEAD) --out DIR
+
+A/B of library variants (exp2 split, rescale threshold, ...) in the same run: one --lib NAME=PATH
+per build, each its own column and ratio to cuDNN; --rounds 2 times everything twice, the builds
+in turn in a different order each round, and reports the median over the rounds:
+
+  python3 bench/sweep.py --lib base=/tmp/base/libfa4.so --lib poly25=/tmp/poly25/libfa4.so \\
+      --rounds 2 --hdims 64 --sha $(git rev-parse --short HEAD) --out DIR
+
+--inputs spiky draws the inputs of the tests' spiky cases (a few query and key rows scaled up: large
+logits, late maxima). Builds configured with -DFA4_SM90_RESCALE_STATS=ON also report their O
+rescale counts (src/sm90/rescale_stats.hpp) for one forward run per row; their times include the
+counting's cost, so time the same variant built without it.
 """
 import argparse
+import ctypes
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -24,6 +38,12 @@ import c_abi as fa4_ctypes  # noqa: E402
 TOKENS = 16384
 HIDDEN = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_LIB_NAME = "fa4cpp"
+# tests/common/test_util.cpp's spiky inputs: (fraction of (batch, seq, head) rows, gain).
+SPIKY_Q = (0.05, 4.0)
+SPIKY_K = (0.03, 8.0)
+# fa4_debug_sm90_rescale_counts: StatusCode kNotSupported in builds without the counters.
+STATUS_NOT_SUPPORTED = 2
 
 
 def shapes(hdims, seqlens):
@@ -65,58 +85,176 @@ def gpu_facts():
         return {"error": str(e)}
 
 
+def parse_libs(specs):
+    """--lib values, NAME=PATH or PATH, as [(name, path)]. A bare PATH is allowed once, named
+    fa4cpp. Two names for one file (also through a link) are refused: the loader would hand back
+    the library it already has, and the two columns would time the same build."""
+    libs = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or "/" in name:  # a path that happens to contain '='
+            name, path = DEFAULT_LIB_NAME, spec
+        if not name or not path:
+            raise SystemExit("--lib %r: expected NAME=PATH or PATH" % spec)
+        libs.append((name, path))
+    names = [n for n, _ in libs]
+    if len(set(names)) != len(names):
+        raise SystemExit("--lib: every library needs its own NAME= (got %s)" % ", ".join(names))
+    files = set()
+    for _, path in libs:
+        if not os.path.isfile(path):
+            raise SystemExit("--lib: no such file: %s" % path)
+        st = os.stat(path)  # the loader matches files by device and inode: links count as one
+        if (st.st_dev, st.st_ino) in files:
+            raise SystemExit("--lib: two names for the same file; copy or rebuild it to compare")
+        files.add((st.st_dev, st.st_ino))
+    return libs
+
+
+class Build:
+    """One libfa4.so, loaded beside the others (ctypes.CDLL is RTLD_LOCAL: each copy binds its
+    own symbols, its own kernels and its own last-error message)."""
+
+    def __init__(self, name, path):
+        self.name, self.path = name, path
+        self.fa4 = fa4_ctypes.Library(path)
+        self.version = self.fa4.version()
+        self._counts = getattr(self.fa4.lib, "fa4_debug_sm90_rescale_counts", None)
+        if self._counts is not None:
+            self._counts.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+            self._counts.restype = ctypes.c_int
+            if self._read_counts() is None:  # also zeroes them
+                self._counts = None
+
+    def has_rescale_counts(self):
+        return self._counts is not None
+
+    def _read_counts(self):
+        c = (ctypes.c_uint64 * 3)()
+        status = self._counts(c, 1)
+        if status == STATUS_NOT_SUPPORTED:
+            return None
+        if status != 0:
+            raise RuntimeError("%s: reading the rescale counters failed (status %d)"
+                               % (self.name, status))
+        return {"warp_tiles": c[0], "exact_rescales": c[1], "adaptive_rescales": c[2]}
+
+    def rescale_counts(self, run):
+        """Counts of one call of run(), or None in builds without the counters."""
+        if self._counts is None:
+            return None
+        self._read_counts()
+        run()
+        torch.cuda.synchronize()
+        return self._read_counts()
+
+
+def make_inputs(kind, b, s, hq, hkv, d, dtype):
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype)
+    if kind == "spiky":
+        for x, (fraction, gain) in ((q, SPIKY_Q), (k, SPIKY_K)):
+            spiked = (torch.rand(x.shape[:-1], device="cuda") < fraction).to(dtype)
+            x.mul_((1.0 + (gain - 1.0) * spiked).unsqueeze(-1))
+    return q, k, v
+
+
+def measure_row(builds, rounds, q, k, v, out, lse, causal):
+    """One (shape, causal) row: per build a checked run (NaN-poisoned output, compared with cuDNN;
+    rescale counts when built in), then `rounds` rounds of timing, builds in rotated order."""
+    row = {"libs": {}}
+    cudnn = sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
+    ref = cudnn()
+    runs = {}
+    for bld in builds:
+        entry = row["libs"][bld.name] = {}
+        try:
+            run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+            out.fill_(float("nan"))
+            counts = bld.rescale_counts(run)
+            if counts is None:
+                run()
+                torch.cuda.synchronize()
+            else:
+                entry["rescale_counts"] = counts
+        except fa4_ctypes.Fa4Error as e:
+            entry["refused"] = str(e)
+            continue
+        entry["max_abs_diff_vs_cudnn"] = (out.transpose(1, 2).float() - ref.float()) \
+            .abs().max().item()
+        runs[bld.name] = run
+
+    fa2 = sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+    times = {"cudnn": [], "fa2": []}
+    times.update({name: [] for name in runs})
+    names = list(runs)
+    for r in range(rounds):
+        times["cudnn"].append(median_ms(cudnn))
+        shift = r % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            times[name].append(median_ms(runs[name]))
+        if "fa2_refused" not in row:
+            try:
+                times["fa2"].append(median_ms(fa2))
+            except RuntimeError as e:  # e.g. a head dim torch's FA2 lacks
+                row["fa2_refused"] = str(e).splitlines()[0]
+    row["cudnn_ms"] = statistics.median(times["cudnn"])
+    if times["fa2"]:
+        row["fa2_ms"] = statistics.median(times["fa2"])
+    for name in names:
+        row["libs"][name]["ms_rounds"] = times[name]
+        row["libs"][name]["ms"] = statistics.median(times[name])
+    return row
+
+
+def add_rates(row, fl):
+    for key in ("cudnn", "fa2"):
+        if key + "_ms" in row:
+            row[key + "_tflops"] = fl / (row[key + "_ms"] * 1e-3) / 1e12
+    for entry in row["libs"].values():
+        if "ms" in entry:
+            entry["tflops"] = fl / (entry["ms"] * 1e-3) / 1e12
+            entry["vs_cudnn"] = entry["tflops"] / row["cudnn_tflops"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lib", required=True, help="libfa4.so built with CUDA")
-    ap.add_argument("--sha", required=True, help="git sha of the fa4cpp build")
+    ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH",
+                    help="a libfa4.so built with CUDA; repeat with NAME= to compare builds")
+    ap.add_argument("--sha", required=True, help="git sha of the fa4cpp tree the builds come from")
     ap.add_argument("--out", required=True, help="folder for the .json and .md")
     ap.add_argument("--name", default="fwd_sweep")
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlens", default=",".join(map(str, SEQLENS)))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--inputs", default="normal", choices=("normal", "spiky"))
+    ap.add_argument("--causal", default="both", choices=("both", "no", "yes"))
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every implementation this many times per row (median reported)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be >= 1")
 
-    fa4 = fa4_ctypes.Library(args.lib)
+    builds = [Build(name, path) for name, path in parse_libs(args.lib)]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     hdims = [int(x) for x in args.hdims.split(",")]
     seqlens = [int(x) for x in args.seqlens.split(",")]
+    causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     torch.manual_seed(0)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     facts_before = gpu_facts()
 
     rows = []
     for b, s, hq, hkv, d in shapes(hdims, seqlens):
-        q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype)
-        k = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype)
-        v = torch.randn(b, s, hkv, d, device="cuda", dtype=dtype)
+        q, k, v = make_inputs(args.inputs, b, s, hq, hkv, d, dtype)
         out = torch.empty_like(q)
         lse = torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
-        for causal in (False, True):
+        for causal in causals:
             row = {"batch": b, "seqlen": s, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
-                   "causal": causal, "dtype": args.dtype}
-            fl = flops(b, s, hq, d, causal)
-            cudnn = sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
-            ref = cudnn()
-            try:
-                run = fa4.forward_fn(q, k, v, out, lse, causal=causal)
-                out.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-                row["fa4_max_abs_diff_vs_cudnn"] = (out.transpose(1, 2).float() - ref.float()) \
-                    .abs().max().item()
-                row["fa4_ms"] = median_ms(run)
-            except fa4_ctypes.Fa4Error as e:
-                row["fa4_refused"] = str(e)
-            row["cudnn_ms"] = median_ms(cudnn)
-            try:
-                row["fa2_ms"] = median_ms(sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal))
-            except RuntimeError as e:  # e.g. a head dim torch's FA2 lacks
-                row["fa2_refused"] = str(e).splitlines()[0]
-            for key in ("fa4", "cudnn", "fa2"):
-                if key + "_ms" in row:
-                    row[key + "_tflops"] = fl / (row[key + "_ms"] * 1e-3) / 1e12
-            if "fa4_tflops" in row:
-                row["fa4_vs_cudnn"] = row["fa4_tflops"] / row["cudnn_tflops"]
+                   "causal": causal, "dtype": args.dtype, "inputs": args.inputs}
+            row.update(measure_row(builds, args.rounds, q, k, v, out, lse, causal))
+            add_rates(row, flops(b, s, hq, d, causal))
             rows.append(row)
             print(json.dumps(row), flush=True)
         del q, k, v, out, lse
@@ -124,13 +262,18 @@ def main():
     result = {
         "benchmark": "forward sweep, DESIGN.md §5",
         "git_sha": args.sha,
-        "fa4cpp_version": fa4.version(),
+        "libs": [{"name": x.name, "path": x.path, "version": x.version,
+                  "rescale_counts": x.has_rescale_counts()} for x in builds],
         "started_utc": started,
         "gpu_before": facts_before,
         "gpu_after": gpu_facts(),
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
-        "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms",
+        "inputs": args.inputs,
+        "rounds": args.rounds,
+        "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
+                  + ("; median of %d rounds, builds in rotated order" % args.rounds
+                     if args.rounds > 1 else ""),
         "flops": "4*b*h*s*s*d, halved for causal",
         "rows": rows,
     }
@@ -145,25 +288,58 @@ def main():
 
 def markdown(r):
     g = r["gpu_before"]
+    names = [x["name"] for x in r["libs"]]
+    builds = "; ".join("%s = fa4cpp %s (%s)" % (x["name"], x["version"], x["path"])
+                       for x in r["libs"])
     lines = [
         "# Forward, TFLOP/s (%s)" % r["benchmark"], "",
-        "fa4cpp %s (git %s), %s, driver %s, SM clock %s (max %s) before the run; torch %s, "
-        "cuDNN %s; %s; FLOPs %s. Ratio = fa4cpp / cuDNN, same run, same tensors."
-        % (r["fa4cpp_version"], r["git_sha"], g.get("name"), g.get("driver_version"),
-           g.get("clocks.sm"), g.get("clocks.max.sm"), r["torch"], r["cudnn"], r["timing"],
-           r["flops"]), "",
-        "| d | seqlen | b | hq/hkv | causal | fa4cpp | cuDNN | torch FA2 | fa4/cuDNN | max abs diff vs cuDNN |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "
+        "%s inputs; %s; FLOPs %s. Ratio = fa4cpp build / cuDNN, same run, same tensors."
+        % (builds, r["git_sha"], g.get("name"), g.get("driver_version"), g.get("clocks.sm"),
+           g.get("clocks.max.sm"), r["torch"], r["cudnn"], r.get("inputs", "normal"),
+           r["timing"], r["flops"]), "",
+        "| d | seqlen | b | hq/hkv | causal | %s | cuDNN | torch FA2 | %s | max abs diff vs cuDNN |"
+        % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names)),
+        "|---" * (8 + 2 * len(names)) + "|",
     ]
     for x in r["rows"]:
-        fmt = lambda k: "%.1f" % x[k] if k in x else "—"
+        libs = [x["libs"].get(n, {}) for n in names]
+        fmt = lambda d, k: "%.1f" % d[k] if k in d else "—"
+        diffs = ["%.3g" % e["max_abs_diff_vs_cudnn"] if "max_abs_diff_vs_cudnn" in e
+                 else e.get("refused", "—")[:60] for e in libs]
         lines.append("| %d | %d | %d | %d/%d | %s | %s | %s | %s | %s | %s |" % (
             x["head_dim"], x["seqlen"], x["batch"], x["heads_q"], x["heads_kv"],
-            "yes" if x["causal"] else "no", fmt("fa4_tflops"), fmt("cudnn_tflops"),
-            fmt("fa2_tflops"), "%.2f" % x["fa4_vs_cudnn"] if "fa4_vs_cudnn" in x else "—",
-            "%.3g" % x["fa4_max_abs_diff_vs_cudnn"] if "fa4_max_abs_diff_vs_cudnn" in x
-            else x.get("fa4_refused", "—")[:60]))
+            "yes" if x["causal"] else "no", " | ".join(fmt(e, "tflops") for e in libs),
+            fmt(x, "cudnn_tflops"), fmt(x, "fa2_tflops"),
+            " | ".join("%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs),
+            " / ".join(diffs)))
+    lines += rescale_markdown(r, names)
     return "\n".join(lines) + "\n"
+
+
+def rescale_markdown(r, names):
+    """The O rescale counts of the builds that have them: per row, the share of warp tiles on which
+    an exact online softmax rescales O, the share this build rescaled, and the ratio."""
+    counted = [n for n in names if any("rescale_counts" in x["libs"].get(n, {}) for x in r["rows"])]
+    if not counted:
+        return []
+    lines = ["", "## O rescales per warp tile (one forward run, %s inputs)" % r.get("inputs"), "",
+             "Exact: a threshold-0 online softmax (any row max of the warp grew); built: what the "
+             "build did. Reduction = exact / built.", "",
+             "| d | seqlen | causal | build | warp tiles | exact | built | reduction |",
+             "|---|---|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        for n in counted:
+            c = x["libs"].get(n, {}).get("rescale_counts")
+            if c is None:
+                continue
+            tiles = max(c["warp_tiles"], 1)
+            lines.append("| %d | %d | %s | %s | %d | %.2f %% | %.2f %% | %s |" % (
+                x["head_dim"], x["seqlen"], "yes" if x["causal"] else "no", n, c["warp_tiles"],
+                100.0 * c["exact_rescales"] / tiles, 100.0 * c["adaptive_rescales"] / tiles,
+                "%.1f×" % (c["exact_rescales"] / c["adaptive_rescales"])
+                if c["adaptive_rescales"] else "—"))
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 # sm_90a (Hopper) kernels, generated from one table.
 #
-# FA4_SM90_FWD_TABLE lists every forward instance that exists, as head_dim:dtype. Each selected
+# FA4_SM90_FWD_TABLE lists every forward instance that exists, as head_dim:dtype, or
+# head_dim_qk x head_dim_v:dtype where the two differ. Each selected
 # entry becomes one .cu file (src/sm90/fwd_instance.cu.in) and one line of sm90_fwd_kernels.inc,
 # the kernel table that src/sm90/sm90_backend.cpp dispatches on. FA4_SM90_KERNELS selects a subset
 # (CI on two cores builds just "128:bf16"); problems without a built kernel get kNotSupported.
 set(FA4_SM90_FWD_TABLE
   64:bf16 64:fp16
+  96:bf16 96:fp16
   128:bf16 128:fp16
+  192:bf16 192:fp16
+  192x128:bf16 192x128:fp16
   256:bf16 256:fp16
 )
 string(REPLACE ";" " " _fa4_sm90_all "${FA4_SM90_FWD_TABLE}")
@@ -39,13 +43,17 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
     message(FATAL_ERROR "FA4_SM90_KERNELS: '${entry}' is not in the table (${_fa4_sm90_all})")
   endif()
   string(REPLACE ":" ";" _parts "${entry}")
-  list(GET _parts 0 FA4_HDIM)
+  list(GET _parts 0 _hdim)
   list(GET _parts 1 _dtype)
+  string(REPLACE "x" ";" _dims "${_hdim}")
+  list(GET _dims 0 FA4_HDIM_QK)
+  list(GET _dims -1 FA4_HDIM_V)
   set(FA4_DTYPE_ENUM ${_fa4_sm90_dtype_enum_${_dtype}})
-  set(_cu ${_fa4_sm90_gen}/sm90/fwd_hdim${FA4_HDIM}_${_dtype}.cu)
+  set(_cu ${_fa4_sm90_gen}/sm90/fwd_hdim${_hdim}_${_dtype}.cu)
   configure_file(${PROJECT_SOURCE_DIR}/src/sm90/fwd_instance.cu.in ${_cu} @ONLY)
   list(APPEND FA4_SM90_SOURCES ${_cu})
-  string(APPEND _fa4_sm90_table_lines "FA4_SM90_FWD_KERNEL(${FA4_HDIM}, ${FA4_DTYPE_ENUM})\n")
+  string(APPEND _fa4_sm90_table_lines
+         "FA4_SM90_FWD_KERNEL(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
 endforeach()
 # Written only when it changes, so a reconfigure does not rebuild the backend.
 file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_fwd_kernels.inc
@@ -56,4 +64,13 @@ if(FA4_SM90_SOURCES)
   target_sources(fa4_objects PRIVATE ${FA4_SM90_SOURCES})
   target_include_directories(fa4_objects PRIVATE ${FA4_CUTLASS_DIR}/include)
   target_compile_options(fa4_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${FA4_SM90_CUDA_FLAGS}>)
+endif()
+
+# Debug counters of the forward softmax's O rescales (src/sm90/rescale_stats.*): warp tiles, rescales
+# an exact online softmax would do, rescales done. Off: the kernels carry no counting code and
+# fa4_debug_sm90_rescale_counts reports kNotSupported. On: three atomics per warp and query tile.
+option(FA4_SM90_RESCALE_STATS "Count O rescales in the sm90 forward kernels (debug builds)" OFF)
+target_sources(fa4_objects PRIVATE ${PROJECT_SOURCE_DIR}/src/sm90/rescale_stats.cpp)
+if(FA4_SM90_RESCALE_STATS)
+  target_compile_definitions(fa4_objects PRIVATE FA4_SM90_RESCALE_STATS=1)
 endif()

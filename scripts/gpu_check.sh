@@ -2,10 +2,12 @@
 # The one script the H200 runs (device `run` tool): the GPU tests, compute-sanitizer (memcheck and
 # racecheck on one small case each), the HGMMA count of the kernels' SASS, and the forward sweep
 # beside cuDNN and torch FA2 (bench/sweep.py; FA4_GIT_SHA names the build in its JSON/markdown).
-# Binaries are built on the workstation and carried in .devbin/ (fa4_gpu_tests, libfa4.so). Logs are written to a work folder and packed into
-# $OUT/gpu_check_logs.tgz (the device returns at most 8 files); a short table is printed last and
-# saved as $OUT/summary.txt.
-#   usage: scripts/gpu_check.sh [tests|sanitize|sass|bench]...   (default: all four)
+# Binaries are built on the workstation and carried in .devbin/ (fa4_gpu_tests, libfa4.so), or, with
+# the `build` step first, built on the device itself (its 16 cores build every kernel of the table
+# in minutes; GoogleTest is built from the sources FA4_GTEST_SRC points to when the device has none).
+# Logs are written to a work folder and packed into $OUT/gpu_check_logs.tgz (the device returns at
+# most 8 files); a short table is printed last and saved as $OUT/summary.txt.
+#   usage: scripts/gpu_check.sh [build] [tests|sanitize|sass|bench]...   (default: all four)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,9 +15,36 @@ bin=${FA4_DEVBIN:-$root/.devbin}
 out=$(mktemp -d /tmp/fa4_gpu_check.XXXXXX)
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$bin"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize sass bench)
 summary=()
 note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
+
+run_build() {
+  local dir="$root/build/device" gtest_args=() t0=$SECONDS
+  if [ -n "${FA4_GTEST_SRC:-}" ]; then
+    cmake -S "$FA4_GTEST_SRC" -B /tmp/fa4_gtest -G Ninja -DBUILD_GMOCK=OFF \
+      -DCMAKE_INSTALL_PREFIX=/tmp/fa4_gtest/prefix >"$out/build_gtest.log" 2>&1 &&
+      cmake --build /tmp/fa4_gtest -j "$(nproc)" >>"$out/build_gtest.log" 2>&1 &&
+      cmake --install /tmp/fa4_gtest >>"$out/build_gtest.log" 2>&1
+    gtest_args=(-DGTest_DIR=/tmp/fa4_gtest/prefix/lib/cmake/GTest)
+  fi
+  cmake -S "$root" -B "$dir" -G Ninja -DFA4_SM90_PTXAS_VERBOSE=ON \
+    ${FA4_KERNELS:+"-DFA4_SM90_KERNELS=$FA4_KERNELS"} ${FA4_CUTLASS_DIR:+"-DFA4_CUTLASS_DIR=$FA4_CUTLASS_DIR"} \
+    "${gtest_args[@]}" >"$out/build.log" 2>&1 &&
+    cmake --build "$dir" -j "$(nproc)" --target fa4_shared fa4_gpu_tests fa4-bench >>"$out/build.log" 2>&1
+  local rc=$?
+  note build "rc $rc in $((SECONDS - t0)) s; ptxas spills: $(grep -c ' [1-9][0-9]* bytes spill' "$out/build.log")"
+  [ $rc -eq 0 ] || { tail -n 30 "$out/build.log"; return 1; }
+  mkdir -p "$dir/bin"
+  cp "$dir/libfa4.so" "$dir/tests/gpu/fa4_gpu_tests" "$dir/bench/fa4-bench" "$dir/bin/"
+  bin="$dir/bin"
+  export LD_LIBRARY_PATH="$bin:$LD_LIBRARY_PATH"
+}
+
+if [ "${steps[0]:-}" = build ]; then
+  steps=("${steps[@]:1}")
+  run_build || { printf '%s\n' "${summary[@]}"; exit 1; }
+fi
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize sass bench)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   >"$out/gpu.txt" 2>&1
@@ -29,7 +58,15 @@ smoke_ok() {
     >"$out/smoke.log" 2>&1
   local rc=$?
   note smoke "rc $rc $(grep -E '^\[  (PASSED|FAILED) ' "$out/smoke.log" | head -n 1)"
-  [ $rc -eq 0 ]
+  [ $rc -eq 0 ] || return 1
+  # Many tiles per CTA (persistent schedule): a hang in the tile loop shows here, in seconds.
+  if [ -x "$bin/fa4-bench" ]; then
+    timeout 60 "$bin/fa4-bench" --backend sm90 --batch 4 --seqlen 4096 --heads 16 --head-dim 128 \
+      --warmup 1 --iters 3 --check 64 >"$out/smoke_persistent.log" 2>&1
+    rc=$?
+    note smoke "persistent 4x4096x16 d128: rc $rc"
+    [ $rc -eq 0 ] || { tail -n 20 "$out/smoke_persistent.log"; return 1; }
+  fi
 }
 
 run_tests() {
@@ -37,7 +74,7 @@ run_tests() {
   # (the kernels themselves take milliseconds).
   local shards=8 pids=() failed=0
   for i in $(seq 0 $((shards - 1))); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$bin/fa4_gpu_tests" --gtest_brief=1 \
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$bin/fa4_gpu_tests" \
       >"$out/tests_shard$i.log" 2>&1 &
     pids+=($!)
   done
@@ -60,6 +97,16 @@ run_sanitize() {
     rc=$?
     note "$tool" "rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -n 1)"
   done
+  # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
+  if [ -x "$bin/fa4-bench" ]; then
+    for tool in memcheck racecheck; do
+      FA4_SM90_SCHEDULE=persistent timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        "$bin/fa4-bench" --backend sm90 --batch 1 --seqlen 300 --heads 140 --head-dim 128 \
+        --warmup 0 --iters 1 --check 8 >"$out/sanitize_persistent_$tool.log" 2>&1
+      rc=$?
+      note "$tool" "persistent: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_persistent_$tool.log" | tail -n 1)"
+    done
+  fi
 }
 
 run_sass() {

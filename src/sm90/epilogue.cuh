@@ -1,6 +1,7 @@
 // The forward epilogue: the normalized O accumulator is rounded to the output dtype, staged in
 // shared memory (the query tile's buffer, free once the last QKᵀ is done) with stmatrix, and written
-// by one TMA store, which clips rows past seqlen_q. LSE rows are written straight from registers.
+// by one TMA store, which drops rows past the sequence's end (gmem_layout.cuh). LSE rows are written
+// straight from registers.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -9,6 +10,7 @@
 #include "sm90/fragment.cuh"
 #include "sm90/gmem_layout.cuh"
 #include "sm90/named_barriers.cuh"
+#include "sm90/sequence.cuh"
 #include "sm90/tile_scheduler.cuh"
 
 namespace fa4::sm90 {
@@ -19,13 +21,13 @@ template <class Config>
 struct FwdEpilogue {
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
-  using HeadDim = typename Config::HeadDim;
+  using HeadDimV = typename Config::HeadDimV;
   using SmemLayoutO = typename Config::SmemLayoutO;
   static constexpr int kConsumerThreads = 128 * Config::kConsumerWarpgroups;
 
   using TmaO = decltype(make_tma_copy(
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}),
-      SmemLayoutO{}, Shape<BlockM, HeadDim>{}, _1{}));
+      SmemLayoutO{}, Shape<BlockM, HeadDimV>{}, _1{}));
 
   struct Params {
     TmaO tma_o;
@@ -34,21 +36,18 @@ struct FwdEpilogue {
     int64_t lse_batch_stride;
     int64_t lse_head_stride;
     int64_t lse_seq_stride;
-    int seqlen_q;
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
-    const GmemLayout o =
-        gmem_layout(t.out, p.seqlen_q, p.head_dim_v, p.heads_q, p.batch, sizeof(Element));
-    return {make_tma_copy(SM90_TMA_STORE{},
-                          make_tensor(make_gmem_ptr(static_cast<Element*>(t.out.data)), o),
-                          SmemLayoutO{}, Shape<BlockM, HeadDim>{}, _1{}),
-            o.shape(),
+    const auto o = gmem_view(static_cast<Element*>(t.out.data), t.out, query_rows(p), p.head_dim_v,
+                             p.heads_q);
+    return {make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(o.base), o.layout),
+                          SmemLayoutO{}, Shape<BlockM, HeadDimV>{}, _1{}),
+            o.layout.shape(),
             p.return_lse ? t.lse.data : nullptr,
-            t.lse.batch_stride,
+            p.is_varlen() ? 0 : t.lse.batch_stride,
             t.lse.head_stride,
-            t.lse.seq_stride,
-            int(p.seqlen_q)};
+            t.lse.seq_stride};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -57,21 +56,24 @@ struct FwdEpilogue {
 
   // rows: the (rows, cols) view of the O tile's identity tensor as this thread holds it.
   template <class Rows, class RowVector>
-  CUTE_DEVICE static void store_lse(Params const& p, TileCoord tile, Rows const& rows,
-                                    RowVector const& lse, int thread) {
+  CUTE_DEVICE static void store_lse(Params const& p, TileCoord tile, Sequence const& seq,
+                                    Rows const& rows, RowVector const& lse, int thread) {
     if (p.lse == nullptr || thread % 4 != 0) return;  // a quad shares each row; its first writes
-    float* base = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride;
+    float* base = p.lse + seq.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
+                  seq.start_q * p.lse_seq_stride;
     CUTE_UNROLL
     for (int i = 0; i < size<0>(rows); ++i) {
       const int row = tile.m_block * Config::kBlockM + get<0>(rows(i, 0));
-      if (row < p.seqlen_q) base[row * p.lse_seq_stride] = lse[i];
+      if (row < seq.len_q) base[row * p.lse_seq_stride] = lse[i];
     }
   }
 
-  // o: the normalized fp32 accumulator of this thread; smem_o: the query tile's buffer.
+  // o: the normalized fp32 accumulator of this thread; smem_o: the query tile's buffer, whose
+  // barrier smem_o_free is arrived at when the buffer may be reused.
   template <class TiledMma, class FragO>
-  CUTE_DEVICE static void store_o(Params const& p, TileCoord tile, TiledMma const& mma,
-                                  FragO const& o, Element* smem_o, int thread) {
+  CUTE_DEVICE static void store_o(Params const& p, TileCoord tile, Sequence const& seq,
+                                  TiledMma const& mma, FragO const& o, Element* smem_o,
+                                  uint64_t& smem_o_free, int thread) {
     Tensor o_low = make_tensor<Element>(o.layout());
     convert_fragment(o, o_low);
 
@@ -87,14 +89,22 @@ struct FwdEpilogue {
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
 
     if (thread == 0) {
-      Tensor gO = local_tile(p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, tile.batch),
-                             Shape<BlockM, HeadDim>{}, make_coord(tile.m_block, _0{}));
+      const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
+      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
+      Tensor gO = local_tile(domain_offset(make_coord(rows.offset, _0{}), mO),
+                             Shape<BlockM, HeadDimV>{}, make_coord(tile.m_block, _0{}));
       auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                         group_modes<0, 2>(gO));
       copy(p.tma_o, tOsO, tOgO);
       tma_store_arrive();
-      tma_store_wait<0>();  // the CTA's shared memory must outlive the store's reads
+      // Once the store has read the buffer, the producer may load the next tile's Q into it (and
+      // the CTA may exit).
+      tma_store_wait<0>();
+      cutlass::arch::ClusterBarrier::arrive(&smem_o_free);
     }
+    // The next tile starts with warp-collective instructions (bar.sync, wgmma: .aligned), which
+    // need the warp's threads together again.
+    __syncwarp();
   }
 };
 

@@ -3,6 +3,8 @@
 // pieces agree on lives here, so a new head dim is one more row in the tile table below.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
@@ -11,34 +13,49 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-// Tile sizes per head dim (bf16/fp16). The query tile is always 128 rows: one 64-row slice per
-// consumer warpgroup. The key tile shrinks as the head dim grows so that Q, two K stages and two V
-// stages fit in shared memory (227 KB) and S, P and O fit in 240 registers per thread.
-template <int kHeadDim>
+// Key-tile rows per (head dim qk, head dim v), bf16/fp16. The query tile is always 128 rows: one
+// 64-row slice per consumer warpgroup. The key tile shrinks as the head dims grow so that Q, two K
+// stages and two V stages fit in shared memory (227 KB) and S, P and O fit in 240 registers per
+// thread (O takes dv/2, S N/2 and P N/4 registers).
+template <int kHeadDimQK, int kHeadDimV>
 struct FwdTileSize;
 template <>
-struct FwdTileSize<64> {
+struct FwdTileSize<64, 64> {
   static constexpr int kBlockN = 128;
 };
 template <>
-struct FwdTileSize<128> {
+struct FwdTileSize<96, 96> {
+  static constexpr int kBlockN = 128;
+};
+template <>
+struct FwdTileSize<128, 128> {
+  static constexpr int kBlockN = 128;
+};
+// O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
+template <>
+struct FwdTileSize<192, 192> {
+  static constexpr int kBlockN = 96;
+};
+template <>
+struct FwdTileSize<192, 128> {
   static constexpr int kBlockN = 128;
 };
 // FA3 uses 80 here; with this kernel's register budget 80 spills 16 bytes (measured), 64 does not.
 template <>
-struct FwdTileSize<256> {
+struct FwdTileSize<256, 256> {
   static constexpr int kBlockN = 64;
 };
 
-template <int kHeadDim_, class Element_>
+template <int kHeadDimQK_, int kHeadDimV_, class Element_>
 struct FwdConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   using Accum = float;
 
-  static constexpr int kHeadDim = kHeadDim_;  // head_dim_qk == head_dim_v
+  static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
-  static constexpr int kBlockN = FwdTileSize<kHeadDim>::kBlockN;
+  static constexpr int kBlockN = FwdTileSize<kHeadDimQK, kHeadDimV>::kBlockN;
   static constexpr int kStages = 2;  // K and V ring depth
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
 
@@ -50,35 +67,46 @@ struct FwdConfig {
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
-  using HeadDim = Int<kHeadDim>;
+  using HeadDimQK = Int<kHeadDimQK>;
+  using HeadDimV = Int<kHeadDimV>;
   using Stages = Int<kStages>;
 
   // Consumer warpgroups stack along M: warpgroup w owns rows [64w, 64w + 64) of the query tile.
   using WarpgroupTiling = Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>;
   using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, Accum, Shape<_64, BlockN, HeadDim>>(),
+      GMMA::ss_op_selector<Element, Element, Accum, Shape<_64, BlockN, HeadDimQK>>(),
       WarpgroupTiling{}));
   // PV: A = P (registers, K-major), B = Vᵀ read from V's row-major tile (MN-major).
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, Accum, Shape<_64, HeadDim, BlockN>, GMMA::Major::K,
+      GMMA::rs_op_selector<Element, Element, Accum, Shape<_64, HeadDimV, BlockN>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       WarpgroupTiling{}));
 
-  // 128-byte swizzle: rows of 64 elements, conflict-free for wgmma and the TMA box width.
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim>{}));
-  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BlockN, HeadDim, Stages>{}));
-  using SmemLayoutV = SmemLayoutK;
+  // The widest swizzle whose atom divides the rows (128 bytes for multiples of 64 elements, 64
+  // bytes for 96): conflict-free for wgmma and a legal TMA box.
+  template <int kRowElements>
+  using SmemAtom = std::conditional_t<
+      (kRowElements * sizeof(Element)) % 128 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+      std::conditional_t<(kRowElements * sizeof(Element)) % 64 == 0,
+                         GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom<kHeadDimQK>{}, Shape<BlockM, HeadDimQK>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtom<kHeadDimQK>{}, Shape<BlockN, HeadDimQK, Stages>{}));
+  using SmemLayoutV =
+      decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockN, HeadDimV, Stages>{}));
   // The same bytes as V, indexed (dim, key, stage): the B operand of PV.
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<HeadDim, BlockN, Stages>{}, Step<_2, _1, _3>{})));
+      SmemLayoutV{}, make_ordered_layout(Shape<HeadDimV, BlockN, Stages>{}, Step<_2, _1, _3>{})));
   // O is staged through Q's buffer once the last QKᵀ has read it.
-  using SmemLayoutO = SmemLayoutQ;
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
 
-  static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr int kBytesKV = kBlockN * kHeadDim * int(sizeof(Element));  // one stage of K or V
+  static constexpr int kBytesQ = kBlockM * kHeadDimQK * int(sizeof(Element));
+  static constexpr int kBytesK = kBlockN * kHeadDimQK * int(sizeof(Element));  // one stage
+  static constexpr int kBytesV = kBlockN * kHeadDimV * int(sizeof(Element));
 
-  static_assert(kHeadDim % 64 == 0, "the 128-byte swizzle needs head dims in multiples of 64");
+  static_assert(kHeadDimQK % 32 == 0 && kHeadDimV % 32 == 0,
+                "rows must fill whole 64-byte swizzle atoms");
+  static_assert(kHeadDimV <= kHeadDimQK, "O is staged in Q's shared memory");
   static_assert(kBlockN % 16 == 0, "P is the A operand of a k16 wgmma");
 };
 

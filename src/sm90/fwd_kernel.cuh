@@ -1,4 +1,5 @@
-// The sm_90a forward kernel: one CTA computes O and LSE of a 128-row query tile of one head.
+// The sm_90a forward kernel: a CTA computes O and LSE of 128-row query tiles, each of one head of
+// one sequence (fixed-length or varlen; sequence.cuh), one after the other (tile_scheduler.cuh).
 //
 //   warpgroup 0 (producer, 24 registers): one thread loads Q, then K and V tiles, by TMA.
 //   warpgroups 1, 2 (consumers, 240 registers): 64 query rows each. Per key tile j, going down:
@@ -20,6 +21,7 @@
 #include "sm90/fragment.cuh"
 #include "sm90/load_pipeline.cuh"
 #include "sm90/mask.cuh"
+#include "sm90/sequence.cuh"
 #include "sm90/softcap.cuh"
 #include "sm90/softmax.cuh"
 #include "sm90/tile_scheduler.cuh"
@@ -35,7 +37,7 @@ struct FwdKernel {
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
   using BlockN = typename Config::BlockN;
-  using HeadDim = typename Config::HeadDim;
+  using HeadDimV = typename Config::HeadDimV;
   using Load = FwdLoad<Config>;
   using Epilogue = FwdEpilogue<Config>;
   using Pipeline = typename Load::Pipeline;
@@ -47,8 +49,9 @@ struct FwdKernel {
   struct Params {
     typename Load::Params load;
     typename Epilogue::Params epilogue;
-    StaticTileScheduler::Params scheduler;
-    BandMask band;  // over (seqlen_q, seqlen_k), causal folded in
+    TileScheduler::Params scheduler;
+    SequenceParams sequences;
+    BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
     SoftcapScores softcap;
     float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
   };
@@ -59,10 +62,28 @@ struct FwdKernel {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    alignas(8) uint64_t q_full;
+    alignas(8) uint64_t q_full;   // Q of the current tile has landed
+    alignas(8) uint64_t q_empty;  // the previous tile's O has left Q's buffer: Q may be reloaded
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(cosize_v<typename Config::SmemLayoutO> <= cosize_v<typename Config::SmemLayoutQ>);
+
+  // What a CTA does for one tile of the grid; false when the tile is past its sequence's end (the
+  // grid covers the longest one) or the sequence's entries are invalid.
+  struct Work {
+    TileCoord tile;
+    Sequence seq;
+    Mask mask;
+    KeyTiles keys;
+  };
+  CUTE_DEVICE static bool find_work(Params const& p, int tile_index, Work& w) {
+    w.tile = TileScheduler::coord(p.scheduler, tile_index);
+    w.seq = load_sequence(p.sequences, w.tile.batch);
+    if (!w.seq.valid || w.tile.m_block * Config::kBlockM >= w.seq.len_q) return false;
+    w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right)};
+    w.keys = w.mask.key_tiles(w.tile.m_block);
+    return true;
+  }
 
   CUTE_DEVICE void operator()(Params const& p, char* smem_raw) const {
     auto& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -70,41 +91,65 @@ struct FwdKernel {
     const int warpgroup = cutlass::canonical_warp_group_idx();
     const bool leader = warp == 0 && cute::elect_one_sync();
 
-    const TileCoord tile = StaticTileScheduler::coord(p.scheduler);
-    const Mask mask{p.band};
-    const KeyTiles keys = mask.key_tiles(tile.m_block);
-
     if (leader) {
       Load::prefetch_descriptors(p.load);
       Epilogue::prefetch_descriptors(p.epilogue);
       cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full, 1);
+      cutlass::arch::ClusterBarrier::init(&smem.q_empty, 1);
     }
     typename Pipeline::Params pipe;
-    pipe.transaction_bytes = Config::kBytesKV;
     pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
                                : Pipeline::ThreadCategory::Consumer;
     pipe.is_leader = leader;
     pipe.num_consumers = 128 * Config::kConsumerWarpgroups;
+    pipe.transaction_bytes = Config::kBytesK;
     Pipeline pipeline_k(smem.pipeline_k, pipe, Shape<_1, _1, _1>{});
+    pipe.transaction_bytes = Config::kBytesV;
     Pipeline pipeline_v(smem.pipeline_v, pipe, Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
     __syncthreads();
 
+    // Producer and consumers walk the same tiles and skip the same ones. The K / V ring states and
+    // the Q barriers' phases carry over from tile to tile.
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-      if (leader && !keys.empty())
-        Load::run(p.load, tile, keys, smem.q.data(), smem.k.data(), smem.v.data(), smem.q_full,
-                  pipeline_k, pipeline_v);
+      if (!leader) return;
+      PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
+      PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
+      int q_tiles = 0;
+      for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
+           t = TileScheduler::next(t)) {
+        Work w;
+        if (!find_work(p, t, w)) continue;
+        Load::run(p.load, w.tile, w.seq, w.keys, q_tiles++, smem.q.data(), smem.k.data(),
+                  smem.v.data(), smem.q_full, smem.q_empty, pipeline_k, pipeline_v, write_k,
+                  write_v);
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-      consume(p, smem, tile, mask, keys, pipeline_k, pipeline_v);
+      const int thread = int(threadIdx.x) - 128;  // among the consumer threads
+      const WarpgroupTurns turns(thread / 128);
+      turns.start();
+      PipelineState read_k, read_v;
+      int q_tiles = 0;
+      for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
+           t = TileScheduler::next(t)) {
+        Work w;
+        if (!find_work(p, t, w)) continue;
+        consume(p, smem, w, (q_tiles++) & 1, turns, pipeline_k, pipeline_v, read_k, read_v);
+      }
+      turns.finish();
     }
   }
 
  private:
-  CUTE_DEVICE static void consume(Params const& p, SharedStorage& smem, TileCoord tile,
-                                  Mask const& mask, KeyTiles keys, Pipeline& pipeline_k,
-                                  Pipeline& pipeline_v) {
+  CUTE_DEVICE static void consume(Params const& p, SharedStorage& smem, Work const& w,
+                                  int q_phase, WarpgroupTurns const& turns, Pipeline& pipeline_k,
+                                  Pipeline& pipeline_v, PipelineState& read_k,
+                                  PipelineState& read_v) {
+    const TileCoord tile = w.tile;
+    const Mask& mask = w.mask;
+    const KeyTiles keys = w.keys;
     const int thread = int(threadIdx.x) - 128;  // among the consumer threads
     typename Config::TiledMmaQK mma_qk;
     typename Config::TiledMmaPV mma_pv;
@@ -118,13 +163,13 @@ struct FwdKernel {
     Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
 
-    Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockM, HeadDim>{});
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockM, HeadDimV>{});
     clear(tOrO);
     // Tile coordinates of this thread's score and output values, for the mask and the LSE rows.
     const auto score_coords =
         rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
     const auto out_coords =
-        rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{})));
+        rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
 
     OnlineSoftmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
                                                                   p.score_scale * kLog2e);
@@ -141,11 +186,9 @@ struct FwdKernel {
       }
     };
 
+    // Q is loaded even for a tile that sees no key: its buffer then stages that tile's O.
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     if (!keys.empty()) {
-      const WarpgroupTurns turns(thread / 128);
-      turns.start();
-      PipelineState read_k, read_v;
-      cutlass::arch::ClusterBarrier::wait(&smem.q_full, 0);
 
       int n_block = keys.end - 1;
       {
@@ -193,17 +236,18 @@ struct FwdKernel {
       pipeline_v.consumer_wait(read_v);
       turns.wait();
       wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-      turns.pass(/*last=*/true);
+      turns.pass();
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
+      ++read_v;  // the ring carries over to the next tile
     }
 
     typename decltype(softmax)::RowVector o_scale, lse;
     softmax.finish(o_scale, lse);
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
-    Epilogue::store_lse(p.epilogue, tile, out_coords, lse, thread);
-    Epilogue::store_o(p.epilogue, tile, mma_pv, tOrO, smem.q.data(), thread);
+    Epilogue::store_lse(p.epilogue, tile, w.seq, out_coords, lse, thread);
+    Epilogue::store_o(p.epilogue, tile, w.seq, mma_pv, tOrO, smem.q.data(), smem.q_empty, thread);
   }
 };
 

@@ -26,9 +26,9 @@ struct CutlassElement<DType::kFP16> {
   using type = cutlass::half_t;
 };
 
-template <int kHeadDim, DType kDType>
+template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
-  using Config = FwdConfig<kHeadDim, typename CutlassElement<kDType>::type>;
+  using Config = FwdConfig<kHeadDimQK, kHeadDimV, typename CutlassElement<kDType>::type>;
   using Kernel = FwdKernel<Config>;
 
   if (p.batch == 0 || p.seqlen_q == 0) return Status::success();  // nothing to write
@@ -36,27 +36,45 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
                                        p.window.right);
   const SoftcapScores softcap = SoftcapScores::make(Softcap{p.softcap}, p.scale());
-  const StaticTileScheduler::Params scheduler{
-      int((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), int(p.heads_q),
-      /*heavy_last_rows=*/band.right >= 0};
-  const int64_t tiles = StaticTileScheduler::num_tiles(scheduler, p.batch);
+  const TileScheduler::Params scheduler =
+      TileScheduler::make((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads_q, p.batch,
+                          /*heavy_last_rows=*/band.right >= 0);
+  // Tiles cost the same when nothing but the sequence end masks keys and every sequence has the
+  // same length: then persistent CTAs lose nothing to a static order.
+  const bool equal_cost_tiles =
+      band.left < 0 && band.right < 0 && !p.is_varlen() && p.seqused_k == nullptr;
+  int device = 0, sm_count = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(equal_cost_tiles),
+                                       sm_count);
 
-  const typename Kernel::Params params{
-      Kernel::Load::make_params(p, t), Kernel::Epilogue::make_params(p, t), scheduler, band,
-      softcap, softcap.enabled() ? p.softcap : p.scale()};
+  const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
+                                 int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
+                                 int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
+
+  const typename Kernel::Params params{Kernel::Load::make_params(p, t),
+                                       Kernel::Epilogue::make_params(p, t),
+                                       scheduler,
+                                       sequences,
+                                       band,
+                                       softcap,
+                                       softcap.enabled() ? p.softcap : p.scale()};
 
   auto* kernel = &fwd_kernel<Kernel>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Kernel::kSmemBytes);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Kernel::kSmemBytes);
   if (err == cudaSuccess) {
-    kernel<<<dim3(unsigned(tiles)), dim3(Kernel::kThreads), Kernel::kSmemBytes,
+    kernel<<<dim3(unsigned(ctas)), dim3(Kernel::kThreads), Kernel::kSmemBytes,
              static_cast<cudaStream_t>(stream)>>>(params);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess)
     return detail::make_status(StatusCode::kDeviceError,
-                               "sm90 forward kernel (head dim %d) failed to launch: %s", kHeadDim,
-                               cudaGetErrorString(err));
+                               "sm90 forward kernel (head dims %d / %d) failed to launch: %s",
+                               kHeadDimQK, kHeadDimV, cudaGetErrorString(err));
   return Status::success();
 }
 

@@ -1,5 +1,5 @@
-// The forward kernel instances as the (host-only) backend sees them: one function per head dim ×
-// dtype, defined in the .cu files that cmake/fa4_sm90.cmake generates from its kernel table.
+// The forward kernel instances as the (host-only) backend sees them: one function per (head dim qk,
+// head dim v) × dtype, defined in the .cu files that cmake/fa4_sm90.cmake generates from its kernel table.
 #pragma once
 
 #include "fa4/attention.hpp"
@@ -8,7 +8,7 @@ namespace fa4::sm90 {
 
 // Launches the forward kernel on `stream` (a cudaStream_t). The problem has passed the backend's
 // can_implement and check_tensors. Asynchronous: no allocation, no host synchronization.
-template <int kHeadDim, DType kDType>
+template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_forward(const Problem& problem, const ForwardTensors& tensors, void* stream);
 
 }  // namespace fa4::sm90

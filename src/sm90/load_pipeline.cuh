@@ -1,7 +1,7 @@
 // The producer side of the forward kernel: one thread issues TMA loads of the query tile (once) and
 // of the key / value tiles into two multi-stage shared-memory rings, each guarded by CUTLASS's
 // PipelineTmaAsync (a full mbarrier completed by the TMA's byte count, an empty mbarrier completed by
-// the consumers' release). Out-of-range rows (past seqlen) arrive as zeros from the TMA unit.
+// the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -10,6 +10,7 @@
 
 #include "sm90/gmem_layout.cuh"
 #include "sm90/mask.cuh"
+#include "sm90/sequence.cuh"
 #include "sm90/tile_scheduler.cuh"
 
 namespace fa4::sm90 {
@@ -21,7 +22,8 @@ struct FwdLoad {
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
   using BlockN = typename Config::BlockN;
-  using HeadDim = typename Config::HeadDim;
+  using HeadDimQK = typename Config::HeadDimQK;
+  using HeadDimV = typename Config::HeadDimV;
   using SmemLayoutQ = typename Config::SmemLayoutQ;
   using SmemLayoutK = typename Config::SmemLayoutK;
   using SmemLayoutV = typename Config::SmemLayoutV;
@@ -29,42 +31,44 @@ struct FwdLoad {
   using Pipeline = cutlass::PipelineTmaAsync<Config::kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 
-  using TmaQ = decltype(make_tma_copy(
+  template <class SmemLayout, class Box>
+  using Tma = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
-      SmemLayoutQ{}, Shape<BlockM, HeadDim>{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
-      take<0, 2>(SmemLayoutK{}), Shape<BlockN, HeadDim>{}, _1{}));
+      SmemLayout{}, Box{}, _1{}));
+  using TmaQ = Tma<SmemLayoutQ, Shape<BlockM, HeadDimQK>>;
+  using TmaK = Tma<decltype(take<0, 2>(SmemLayoutK{})), Shape<BlockN, HeadDimQK>>;
+  using TmaV = Tma<decltype(take<0, 2>(SmemLayoutV{})), Shape<BlockN, HeadDimV>>;
 
   struct Params {
     TmaQ tma_q;
-    TmaKV tma_k;
-    TmaKV tma_v;
+    TmaK tma_k;
+    TmaV tma_v;
     GmemShape shape_q;
-    GmemShape shape_kv;
+    GmemShape shape_k;
+    GmemShape shape_v;
     int head_group;  // query heads per kv head (GQA)
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
-    const int64_t elem = sizeof(Element);
-    const GmemLayout q = gmem_layout(t.q, p.seqlen_q, p.head_dim_qk, p.heads_q, p.batch, elem);
-    const GmemLayout k = gmem_layout(t.k, p.seqlen_k, p.head_dim_qk, p.heads_kv, p.batch, elem);
-    const GmemLayout v = gmem_layout(t.v, p.seqlen_k, p.head_dim_v, p.heads_kv, p.batch, elem);
     // With no keys K and V may be empty views without memory; their descriptors are never used
     // but must be encodable, so they borrow Q's address.
     const void* k_data = p.seqlen_k > 0 ? t.k.data : t.q.data;
     const void* v_data = p.seqlen_k > 0 ? t.v.data : t.q.data;
-    auto gmem = [](const void* data, GmemLayout layout) {
-      return make_tensor(make_gmem_ptr(static_cast<Element const*>(data)), layout);
-    };
-    return {make_tma_copy(SM90_TMA_LOAD{}, gmem(t.q.data, q), SmemLayoutQ{},
-                          Shape<BlockM, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, gmem(k_data, k), take<0, 2>(SmemLayoutK{}),
-                          Shape<BlockN, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, gmem(v_data, v), take<0, 2>(SmemLayoutV{}),
-                          Shape<BlockN, HeadDim>{}, _1{}),
-            q.shape(),
-            k.shape(),
+    const auto q = gmem_view(static_cast<Element const*>(t.q.data), t.q, query_rows(p),
+                             p.head_dim_qk, p.heads_q);
+    const auto k = gmem_view(static_cast<Element const*>(k_data), t.k, key_rows(p), p.head_dim_qk,
+                             p.heads_kv);
+    const auto v = gmem_view(static_cast<Element const*>(v_data), t.v, key_rows(p), p.head_dim_v,
+                             p.heads_kv);
+    auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
+    return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), SmemLayoutQ{}, Shape<BlockM, HeadDimQK>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(k), take<0, 2>(SmemLayoutK{}),
+                          Shape<BlockN, HeadDimQK>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(v), take<0, 2>(SmemLayoutV{}),
+                          Shape<BlockN, HeadDimV>{}, _1{}),
+            q.layout.shape(),
+            k.layout.shape(),
+            v.layout.shape(),
             int(p.heads_q / p.heads_kv)};
   }
 
@@ -74,20 +78,32 @@ struct FwdLoad {
     prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
   }
 
-  // Runs on a single thread. Key tiles go from the last to the first (the order the consumers
-  // take them: with a causal mask the partly masked tiles come first); V trails K by one tile
-  // because the consumers need K of tile j together with V of tile j+1.
-  CUTE_DEVICE static void run(Params const& p, TileCoord tile, KeyTiles keys, Element* smem_q,
-                              Element* smem_k, Element* smem_v, uint64_t& q_full,
-                              Pipeline& pipeline_k, Pipeline& pipeline_v) {
-    const int kv_head = tile.head / p.head_group;
+  // The (rows, dim, tile) tiles of one head of one sequence, rows counted from the sequence's row 0.
+  template <class Tma, class Box>
+  CUTE_DEVICE static auto sequence_tiles(Tma const& tma, GmemShape const& shape, int head,
+                                         SeqRows rows, Box box) {
+    Tensor m = tma.get_tma_tensor(shape)(_, _, head, rows.shift, rows.batch);  // (row, dim)
+    return local_tile(domain_offset(make_coord(rows.offset, _0{}), m), box, make_coord(_, _0{}));
+  }
 
-    Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch),
-                           Shape<BlockM, HeadDim>{}, make_coord(tile.m_block, _0{}));
-    Tensor gK = local_tile(p.tma_k.get_tma_tensor(p.shape_kv)(_, _, kv_head, tile.batch),
-                           Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (N, D, n_block)
-    Tensor gV = local_tile(p.tma_v.get_tma_tensor(p.shape_kv)(_, _, kv_head, tile.batch),
-                           Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));
+  // Runs on a single thread, once per tile; `q_tile` counts the tiles before this one. Key tiles go
+  // from the last to the first (the order the consumers take them: with a causal mask the partly
+  // masked tiles come first); V trails K by one tile because the consumers need K of tile j
+  // together with V of tile j+1. Q's buffer holds the previous tile's O until its store has read
+  // it, so the first K tile is issued before waiting for that.
+  CUTE_DEVICE static void run(Params const& p, TileCoord tile, Sequence const& seq, KeyTiles keys,
+                              int q_tile, Element* smem_q, Element* smem_k, Element* smem_v,
+                              uint64_t& q_full, uint64_t& q_empty, Pipeline& pipeline_k,
+                              Pipeline& pipeline_v, PipelineState& write_k,
+                              PipelineState& write_v) {
+    const int kv_head = tile.head / p.head_group;
+    const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
+    const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
+
+    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head, q_rows,
+                               Shape<BlockM, HeadDimQK>{})(_, _, tile.m_block);
+    Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDimQK>{});
+    Tensor gV = sequence_tiles(p.tma_v, p.shape_v, kv_head, k_rows, Shape<BlockN, HeadDimV>{});
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});  // (N, D, stage)
     Tensor sV = make_tensor(make_smem_ptr(smem_v), SmemLayoutV{});
@@ -99,11 +115,6 @@ struct FwdLoad {
     auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
 
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
-    copy(p.tma_q.with(q_full), tQgQ, tQsQ);
-
-    PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
-    PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
     auto load = [](auto const& tma, Pipeline& pipeline, PipelineState& state, auto const& src,
                    auto& dst) {
       pipeline.producer_acquire(state);
@@ -112,7 +123,13 @@ struct FwdLoad {
     };
 
     int n_block = keys.end - 1;
-    load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block), tKsK);
+    if (!keys.empty()) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block), tKsK);
+
+    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
+    copy(p.tma_q.with(q_full), tQgQ, tQsQ);
+    if (keys.empty()) return;
+
     CUTE_NO_UNROLL
     for (; n_block > keys.begin; --n_block) {
       load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);

@@ -33,8 +33,18 @@ Status check_tma_view(const char* name, const TensorView& t, const Problem& p, b
     int64_t stride;
     int64_t extent;
   } strides[] = {{"batch_stride", p.is_varlen() ? 0 : t.batch_stride, p.is_varlen() ? 1 : p.batch},
-                 {"seq_stride", t.seq_stride, keys ? p.seqlen_k : p.seqlen_q},
+                 {"seq_stride", t.seq_stride,
+                  p.is_varlen() ? (keys ? p.varlen.total_k : p.varlen.total_q)
+                                : (keys ? p.seqlen_k : p.seqlen_q)},
                  {"head_stride", t.head_stride, keys ? p.heads_kv : p.heads_q}};
+  // The kernel addresses rows from a base R rows before the data (sm90/gmem_layout.cuh), R the
+  // longest sequence: it must not wrap below address 0.
+  const int64_t rows_before = keys ? p.seqlen_k : p.seqlen_q;
+  if (t.seq_stride > 0 &&
+      reinterpret_cast<uintptr_t>(t.data) / uintptr_t(t.seq_stride * elem) < uintptr_t(rows_before))
+    return not_supported("%s.data lies below %lld rows of %lld bytes from address 0, which the sm90 "
+                         "kernel's row addressing needs",
+                         name, (long long)rows_before, (long long)(t.seq_stride * elem));
   for (const auto& s : strides) {
     if ((s.stride * elem) % kTmaAlignBytes != 0)
       return invalid("%s.%s (%lld elements) is not a multiple of %lld bytes, which the sm90 backend "
@@ -71,7 +81,8 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
 using ForwardFn = Status (*)(const Problem&, const ForwardTensors&, void*);
 
 struct ForwardKernel {
-  int64_t head_dim;
+  int64_t head_dim_qk;
+  int64_t head_dim_v;
   DType dtype;
   ForwardFn run;
 };
@@ -79,15 +90,17 @@ struct ForwardKernel {
 // The forward kernels of this build, one per FA4_SM90_KERNELS entry, then an end marker.
 constexpr ForwardKernel kForwardKernels[] = {
 #if defined(FA4_WITH_CUDA)
-#define FA4_SM90_FWD_KERNEL(hdim, dtype) {hdim, DType::dtype, &sm90::run_forward<hdim, DType::dtype>},
+#define FA4_SM90_FWD_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>},
 #include "sm90/sm90_fwd_kernels.inc"
 #undef FA4_SM90_FWD_KERNEL
 #endif
-    {0, DType::kBF16, nullptr}};
+    {0, 0, DType::kBF16, nullptr}};
 
 const ForwardKernel* find_forward_kernel(const Problem& p) {
   for (const ForwardKernel& k : kForwardKernels)
-    if (k.run != nullptr && k.head_dim == p.head_dim_qk && k.dtype == p.dtype) return &k;
+    if (k.run != nullptr && k.head_dim_qk == p.head_dim_qk && k.head_dim_v == p.head_dim_v &&
+        k.dtype == p.dtype)
+      return &k;
   return nullptr;
 }
 
@@ -96,7 +109,9 @@ std::string built_forward_kernels() {
   for (const ForwardKernel& k : kForwardKernels) {
     if (k.run == nullptr) continue;
     if (!list.empty()) list += ", ";
-    list += std::to_string(k.head_dim) + (k.dtype == DType::kBF16 ? ":bf16" : ":fp16");
+    list += std::to_string(k.head_dim_qk);
+    if (k.head_dim_v != k.head_dim_qk) list += "x" + std::to_string(k.head_dim_v);
+    list += k.dtype == DType::kBF16 ? ":bf16" : ":fp16";
   }
   return list.empty() ? "none" : list;
 }
@@ -111,14 +126,6 @@ Status can_implement(const Problem& p, Pass pass) {
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
   if (pass == Pass::kBackward)
     return not_supported("the sm90 backend has no backward kernel in this version");
-  if (p.is_varlen())
-    return not_supported("the sm90 forward kernel does not take varlen batches yet "
-                         "(cu_seqlens); the CPU backend does");
-  if (p.seqused_k != nullptr)
-    return not_supported("the sm90 forward kernel does not take seqused_k yet");
-  if (p.head_dim_qk != p.head_dim_v)
-    return not_supported("the sm90 forward kernel needs head_dim_qk == head_dim_v (got %lld / %lld)",
-                         (long long)p.head_dim_qk, (long long)p.head_dim_v);
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the
   // scale is positive (with softcap the factor applied after the max is the cap itself).
   if (p.softcap == 0.0f && p.scale() < 0.0f)
@@ -134,14 +141,17 @@ Status can_implement(const Problem& p, Pass pass) {
                      "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
 #endif
   if (find_forward_kernel(p) == nullptr)
-    return not_supported("the sm90 backend has no forward kernel for head dim %lld with %s in this "
-                         "build (built: %s; see FA4_SM90_KERNELS)",
-                         (long long)p.head_dim_qk, p.dtype == DType::kBF16 ? "bf16" : "fp16",
-                         built_forward_kernels().c_str());
+    return not_supported("the sm90 backend has no forward kernel for head dims %lld / %lld (qk / v) "
+                         "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
+                         (long long)p.head_dim_qk, (long long)p.head_dim_v,
+                         p.dtype == DType::kBF16 ? "bf16" : "fp16", built_forward_kernels().c_str());
+  // Every extent below is one TMA dimension or one 32-bit index; the views' shift mode spans one
+  // row more than the tensor has (gmem_layout.cuh).
   const int64_t m_tiles = (p.seqlen_q + kQueryTileRows - 1) / kQueryTileRows;
-  if (p.seqlen_q > kMaxExtent || p.seqlen_k > kMaxExtent || p.batch > kMaxExtent ||
-      p.heads_q > kMaxExtent || m_tiles * p.heads_q > kMaxExtent / (p.batch > 0 ? p.batch : 1))
-    return not_supported("the sm90 forward kernel takes at most 2^31 - 1 rows, heads, batch "
+  if (p.seqlen_q >= kMaxExtent || p.seqlen_k >= kMaxExtent || p.varlen.total_q >= kMaxExtent ||
+      p.varlen.total_k >= kMaxExtent || p.batch > kMaxExtent || p.heads_q > kMaxExtent ||
+      m_tiles * p.heads_q > kMaxExtent / (p.batch > 0 ? p.batch : 1))
+    return not_supported("the sm90 forward kernel takes fewer than 2^31 - 1 rows, heads, batch "
                          "entries and query tiles");
   return Status::success();
 }

@@ -1,7 +1,8 @@
 // Takes turns between the two consumer warpgroups when issuing their GEMMs, so that one
 // warpgroup's softmax runs while the other's wgmma occupy the tensor cores (FA3's ping-pong).
 // Each warpgroup waits on its own named barrier, which the other warpgroup arrives at after
-// issuing; the first warpgroup starts by arriving at its own barrier.
+// issuing; the first warpgroup starts by arriving at its own barrier. Both warpgroups take the same
+// number of turns per tile, so the alternation carries over from one tile to the next.
 #pragma once
 
 #include <cute/config.hpp>
@@ -21,11 +22,14 @@ class WarpgroupTurns {
     if (wg_ == 0) cutlass::arch::NamedBarrier::arrive(kThreads, barrier(0));
   }
   CUTE_DEVICE void wait() const { cutlass::arch::NamedBarrier::sync(kThreads, barrier(wg_)); }
-  // After its last turn the second warpgroup does not pass on: nobody would wait for it, and an
-  // arrival nobody consumes would be left pending at exit.
-  CUTE_DEVICE void pass(bool last = false) const {
-    if (last && wg_ == 1) return;
+  CUTE_DEVICE void pass() const {
     cutlass::arch::NamedBarrier::arrive(kThreads, barrier(1 - wg_));
+  }
+  // Turns alternate across tiles. Warpgroup 0's barrier ends with one arrival more than it waited
+  // for (start's, or the second warpgroup's last pass): consume it, so that no arrival is left
+  // pending when the CTA exits.
+  CUTE_DEVICE void finish() const {
+    if (wg_ == 0) wait();
   }
 
  private:

@@ -226,6 +226,13 @@ void HostTensor::poison() {
   for (int64_t e = 0; e < size(); ++e) store_bits(offset(e), poison_bits(dtype_));
 }
 
+void HostTensor::poison_rows(int64_t batch, int64_t first, int64_t count) {
+  const int64_t per_row = dims_.heads * dims_.dim;
+  const int64_t start = (batch * dims_.seq + first) * per_row;
+  for (int64_t e = start; e < start + count * per_row; ++e)
+    store_bits(offset(e), poison_bits(dtype_));
+}
+
 bool HostTensor::is_poison(int64_t index) const { return bits(index) == poison_bits(dtype_); }
 
 int64_t HostTensor::stray_writes(const std::vector<const HostTensor*>& views) {
@@ -392,6 +399,26 @@ std::unique_ptr<CaseData> make_setup(const Case& c, std::mt19937_64& rng) {
   }
   s->v.fill_normal(rng);
   return s;
+}
+
+void poison_unused_rows(CaseData& s) {
+  const Problem& p = s.problem;
+  if (p.is_varlen()) {
+    const int64_t end_q = s.cu_q[size_t(p.batch)], end_k = s.cu_k[size_t(p.batch)];
+    s.q.poison_rows(0, end_q, p.varlen.total_q - end_q);
+    s.k.poison_rows(0, end_k, p.varlen.total_k - end_k);
+    s.v.poison_rows(0, end_k, p.varlen.total_k - end_k);
+  }
+  if (p.seqused_k == nullptr) return;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    // Fixed-length entries are batch entries of the view; varlen sequences are row ranges of it.
+    const int64_t entry = p.is_varlen() ? 0 : b;
+    const int64_t first = p.is_varlen() ? s.cu_k[size_t(b)] : 0;
+    const int64_t rows = p.is_varlen() ? s.cu_k[size_t(b) + 1] - first : p.seqlen_k;
+    const int64_t used = p.seqused_k[b];
+    s.k.poison_rows(entry, first + used, rows - used);
+    s.v.poison_rows(entry, first + used, rows - used);
+  }
 }
 
 namespace {

@@ -70,6 +70,8 @@ class HostTensor {
   // logits at random positions, so the online softmax meets new maxima late and must rescale.
   void fill_spiky(std::mt19937_64& rng, double fraction, double factor);
   void poison();  // every element of this view
+  // Every element of rows [first, first + count) of batch entry `batch` (all heads).
+  void poison_rows(int64_t batch, int64_t first, int64_t count);
   bool is_poison(int64_t index) const;
   uint64_t bits(int64_t index) const;  // the stored bit pattern, for bitwise comparisons
 
@@ -180,6 +182,12 @@ struct CaseData {
   CaseData& operator=(const CaseData&) = delete;
 };
 std::unique_ptr<CaseData> make_setup(const Case& c, std::mt19937_64& rng);
+
+// Overwrites with the poison (NaN) the input rows no query may read: rows of K and V at or beyond
+// seqused_k[b] inside sequence b, and varlen rows of Q, K and V past the last sequence. Any
+// arithmetic with them shows (a backend that multiplies P = 0 by such a V row gets NaN), so the
+// checks prove that they take no part; the reference never reads them.
+void poison_unused_rows(CaseData& s);
 
 // Dims of a tensor with the query rows (q, out, dout, dq) or the key rows (k, v, dk, dv).
 Dims query_dims(const Problem& p, int64_t heads, int64_t dim);

@@ -1,18 +1,24 @@
 // The sm90 forward kernel against the double reference (DESIGN.md §4's rule), on device copies of
 // the test utilities' inputs: the (sq, sk) pairs of §4, causal or not, GQA 1/4/8, sliding windows,
-// softcap, contiguous / head-major / packed-qkv inputs, normal and spiky values; outputs poisoned
-// (NaN) before every run, guard bytes around them. Plus: a repeated run (and a CUDA-graph replay)
-// must give bitwise-identical results, and problems without a kernel must be refused.
+// softcap, contiguous / head-major / packed-qkv inputs, normal and spiky values; varlen batches
+// (empty, single-token and tile-edge sequences, lens_q ≠ lens_k both ways, decode-like) and
+// seqused_k, fixed-length and varlen, with every input row no query may read set to NaN; outputs
+// poisoned (NaN) before every run, guard bytes around them. Every built kernel (head dims 64 … 256,
+// 192x128) gets a share; head dim 128 bf16 gets the full matrix. Plus: a repeated run (and a
+// CUDA-graph replay) must give bitwise-identical results, and problems without a kernel must be
+// refused.
 #include <gtest/gtest.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,22 +40,58 @@ namespace {
   } while (0)
 
 struct Kernel {
-  int64_t head_dim;
+  int64_t dim_qk, dim_v;
   DType dtype;
 };
 
-// FA4_SM90_BUILT_KERNELS: "128:bf16,64:fp16,..." (cmake/fa4_sm90.cmake's FA4_SM90_KERNELS).
-std::vector<Kernel> built_kernels() {
-  std::vector<Kernel> kernels;
-  std::stringstream list(FA4_SM90_BUILT_KERNELS);
-  std::string entry;
-  while (std::getline(list, entry, ',')) {
-    const size_t colon = entry.find(':');
-    if (colon == std::string::npos) continue;
-    kernels.push_back({std::stoll(entry.substr(0, colon)),
-                       entry.substr(colon + 1) == "fp16" ? DType::kFP16 : DType::kBF16});
-  }
+// A positive decimal number and nothing else.
+bool parse_dim(const std::string& text, int64_t* dim) {
+  constexpr size_t kMaxDigits = 6;
+  if (text.empty() || text.size() > kMaxDigits ||
+      !std::all_of(text.begin(), text.end(), [](unsigned char ch) { return std::isdigit(ch); }))
+    return false;
+  *dim = std::stoll(text);
+  return *dim > 0;
+}
+
+// FA4_SM90_BUILT_KERNELS: "128:bf16,64:fp16,192x128:bf16,..." (cmake/fa4_sm90.cmake's
+// FA4_SM90_KERNELS), head_dim[xhead_dim_v]:dtype. An entry this parser does not understand throws
+// at start-up: a silently skipped kernel would go untested.
+const std::vector<Kernel>& built_kernels() {
+  static const std::vector<Kernel> kernels = [] {
+    std::vector<Kernel> list;
+    std::stringstream text(FA4_SM90_BUILT_KERNELS);
+    std::string entry;
+    while (std::getline(text, entry, ',')) {
+      if (entry.empty()) continue;
+      const size_t colon = entry.find(':');
+      const std::string dims = entry.substr(0, colon);
+      const std::string dtype = colon == std::string::npos ? "" : entry.substr(colon + 1);
+      const size_t x = dims.find('x');
+      Kernel k{};
+      bool ok = parse_dim(dims.substr(0, x), &k.dim_qk);
+      k.dim_v = k.dim_qk;
+      if (x != std::string::npos) ok = ok && parse_dim(dims.substr(x + 1), &k.dim_v);
+      if (!ok || (dtype != "bf16" && dtype != "fp16"))
+        throw std::invalid_argument("FA4_SM90_BUILT_KERNELS: cannot read '" + entry +
+                                    "' (expected head_dim[xhead_dim_v]:bf16|fp16)");
+      k.dtype = dtype == "fp16" ? DType::kFP16 : DType::kBF16;
+      list.push_back(k);
+    }
+    return list;
+  }();
   return kernels;
+}
+
+bool is_built(int64_t dim_qk, int64_t dim_v, DType dtype) {
+  for (const Kernel& k : built_kernels())
+    if (k.dim_qk == dim_qk && k.dim_v == dim_v && k.dtype == dtype) return true;
+  return false;
+}
+
+// The kernel every feature is tested on in full; the others share every piece but the tile sizes.
+bool is_full_kernel(const Kernel& k) {
+  return k.dim_qk == 128 && k.dim_v == 128 && k.dtype == DType::kBF16;
 }
 
 struct Shape {
@@ -67,76 +109,282 @@ Case base_case(const Kernel& k, const Shape& s) {
   c.batch = s.batch;
   c.seqlen_q = s.sq;
   c.seqlen_k = s.sk;
-  c.dim_qk = c.dim_v = k.head_dim;
+  c.dim_qk = k.dim_qk;
+  c.dim_v = k.dim_v;
   c.dtype = k.dtype;
   return c;
 }
 
 std::string kernel_tag(const Kernel& k) {
-  return "d" + std::to_string(k.head_dim) + (k.dtype == DType::kBF16 ? "_bf16" : "_fp16");
+  std::string dims = std::to_string(k.dim_qk);
+  if (k.dim_v != k.dim_qk) dims += "x" + std::to_string(k.dim_v);
+  return "d" + dims + (k.dtype == DType::kBF16 ? "_bf16" : "_fp16");
 }
 
-// The full matrix for the first kernel (head dim 128, bf16, when built); a smaller one for the
-// others, which share every piece but the tile sizes.
-std::vector<Case> forward_cases() {
+// "L100R20", "L64" (no right bound), "R7" (no left bound).
+std::string window_tag(const Window& w) {
+  return (w.left >= 0 ? "L" + std::to_string(w.left) : "") +
+         (w.right >= 0 ? "R" + std::to_string(w.right) : "");
+}
+
+std::string gqa_tag(const Case& c) { return "_gqa" + std::to_string(c.heads_q / c.heads_kv); }
+
+// Packed qkv slices one token row into q, k and v heads of one width: only for dim_qk == dim_v.
+bool packable(const Kernel& k) { return k.dim_qk == k.dim_v; }
+
+// ---- Fixed-length shapes: DESIGN.md §4's (sq, sk) pairs and a few more.
+
+std::vector<Case> fixed_cases(const Kernel& k) {
   static const Shape kShapes[] = {
       {"q1_k1", 2, 1, 1},         {"q1_k4096", 1, 1, 4096},  {"q113_k203", 2, 113, 203},
       {"q128_k217", 1, 128, 217}, {"q512_k256", 1, 512, 256}, {"q2048_k1", 1, 2048, 1},
       {"q203_k113", 2, 203, 113}, {"q300_k300", 2, 300, 300}, {"q1000_k1500", 1, 1000, 1500},
   };
+  const bool full = is_full_kernel(k);
   std::vector<Case> cases;
-  for (const Kernel& k : built_kernels()) {
-    const bool full = k.head_dim == 128 && k.dtype == DType::kBF16;
-    int rotation = 0;
-    for (const Shape& s : kShapes) {
-      if (!full && std::string(s.tag) != "q113_k203" && std::string(s.tag) != "q512_k256" &&
-          std::string(s.tag) != "q1_k4096" && std::string(s.tag) != "q300_k300")
-        continue;
-      for (bool causal : {false, true}) {
-        Case c = base_case(k, s);
-        const int r = rotation++;
-        c.causal = causal;
-        c.heads_q = kGqa[r % 3].q;
-        c.heads_kv = kGqa[r % 3].kv;
-        c.spiky = r % 2 == 1;
-        if (s.sq == s.sk && r % 3 != 1) {
-          c.packed_qkv = true;
-        } else {
-          c.layout = r % 3 == 2 ? Layout::kHeadMajor : Layout::kContiguous;
+  int rotation = 0;
+  for (const Shape& s : kShapes) {
+    if (!full && std::string(s.tag) != "q113_k203" && std::string(s.tag) != "q512_k256" &&
+        std::string(s.tag) != "q1_k4096" && std::string(s.tag) != "q300_k300")
+      continue;
+    for (bool causal : {false, true}) {
+      Case c = base_case(k, s);
+      const int r = rotation++;
+      c.causal = causal;
+      c.heads_q = kGqa[r % 3].q;
+      c.heads_kv = kGqa[r % 3].kv;
+      c.spiky = r % 2 == 1;
+      if (s.sq == s.sk && r % 3 != 1 && packable(k)) {
+        c.packed_qkv = true;
+      } else {
+        c.layout = r % 3 == 2 ? Layout::kHeadMajor : Layout::kContiguous;
+      }
+      c.name = kernel_tag(k) + "_" + s.tag + (causal ? "_causal" : "") + gqa_tag(c) +
+               (c.packed_qkv ? "_packed" : "") +
+               (c.layout == Layout::kHeadMajor ? "_headmajor" : "") + (c.spiky ? "_spiky" : "");
+      cases.push_back(c);
+    }
+  }
+  // Band and score variants on shapes whose tiles the band cuts in several ways.
+  struct Variant {
+    const char* tag;
+    Shape shape;
+    Window window;
+    float softcap, scale;
+  };
+  const Variant variants[] = {
+      {"window100_20", {"", 2, 113, 203}, {100, 20}, 0.0f, 0.0f},
+      {"window300_0", {"", 1, 1000, 1500}, {300, 0}, 0.0f, 0.0f},
+      {"windowleft64", {"", 1, 512, 256}, {64, -1}, 0.0f, 0.0f},
+      {"softcap30", {"", 1, 128, 217}, {-1, -1}, 30.0f, 0.0f},
+      {"softcap5_scale2", {"", 2, 300, 300}, {-1, -1}, 5.0f, 2.0f},
+      {"scale0_5", {"", 2, 113, 203}, {-1, -1}, 0.0f, 0.5f},
+  };
+  for (const Variant& v : variants) {
+    if (!full && std::string(v.tag) != "softcap5_scale2" && std::string(v.tag) != "window100_20")
+      continue;
+    Case c = base_case(k, v.shape);
+    c.window = v.window;
+    c.softcap = v.softcap;
+    c.scale = v.scale;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.spiky = true;
+    c.name = kernel_tag(k) + "_" + v.tag;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// ---- Varlen batches and seqused_k. Every sequence is a separate problem packed into one token
+// axis: lengths of 0 and 1, odd ones, lengths around multiples of the 128-row query tile and of the
+// key tile (128 for d ≤ 128, 64 for d256; 64..128 in steps of 16 assumed for the others), and
+// lens_q ≠ lens_k both ways, with causal and window masks aligned to each sequence's bottom-right
+// corner (moved by seqused_k). Key rows past seqused_k and rows past the last sequence hold NaN
+// (poison_unused_rows).
+
+struct VarlenShape {
+  const char* tag;
+  std::vector<int32_t> lens_q, lens_k, used_k;
+};
+
+Case varlen_case(const Kernel& k, const VarlenShape& s) {
+  Case c = base_case(k, {"", 0, 0, 0});
+  c.lens_q = s.lens_q;
+  c.lens_k = s.lens_k;
+  c.seqused_k = s.used_k;
+  return c;
+}
+
+// The full kernel's varlen matrix: mask {none, causal, window, softcap} × GQA {1, 4, 8} × input
+// {normal, spiky}, the length sets rotating so that each meets every mask kind.
+std::vector<Case> varlen_matrix(const Kernel& k) {
+  static const VarlenShape kSets[] = {
+      {"odd", {177, 366, 479}, {257, 0, 766}, {}},
+      {"tiles", {127, 128, 129, 255, 256, 257}, {129, 128, 127, 257, 256, 255}, {}},
+      // Empty queries before keys, one-by-one, queries without keys, trailing empty sequence.
+      {"short", {0, 1, 1, 64, 2, 33, 0}, {5, 1, 300, 0, 129, 130, 0}, {}},
+      {"q_longer", {300, 513, 65, 129}, {100, 191, 1, 128}, {}},
+      {"k_longer", {63, 64, 65, 200}, {640, 1000, 1025, 383}, {}},
+      {"self", {177, 0, 383, 1, 128, 257}, {177, 0, 383, 1, 128, 257}, {}},
+  };
+  constexpr size_t kSetCount = std::size(kSets);
+  // Windows relative to each sequence's diagonal: a band, the diagonal alone, left only, right
+  // only, a long causal-like band, a wide right side.
+  static const Window kWindows[] = {{100, 20}, {0, 0}, {64, -1}, {-1, 7}, {200, 0}, {17, 130}};
+  enum Mask { kNone, kCausal, kWindow, kSoftcap };
+  static const char* const kMaskTags[] = {"nomask", "causal", "window", "softcap"};
+
+  std::vector<Case> cases;
+  int rotation = 0;
+  for (int mask : {kNone, kCausal, kWindow, kSoftcap})
+    for (int g = 0; g < 3; ++g)
+      for (int spiky = 0; spiky < 2; ++spiky) {
+        const int turn = g * 2 + spiky;
+        const VarlenShape& set = kSets[size_t(turn + mask) % kSetCount];
+        Case c = varlen_case(k, set);
+        c.heads_q = kGqa[g].q;
+        c.heads_kv = kGqa[g].kv;
+        c.spiky = spiky == 1;
+        std::string mask_tag = kMaskTags[mask];
+        if (mask == kCausal) c.causal = true;
+        if (mask == kWindow) {
+          c.window = kWindows[size_t(turn)];
+          mask_tag += window_tag(c.window);
         }
-        c.name = kernel_tag(k) + "_" + s.tag + (causal ? "_causal" : "") + "_gqa" +
-                 std::to_string(c.heads_q / c.heads_kv) + (c.packed_qkv ? "_packed" : "") +
+        if (mask == kSoftcap) {
+          c.softcap = spiky ? 5.0f : 30.0f;
+          c.causal = g == 1;
+          mask_tag += std::to_string(int(c.softcap)) + (c.causal ? "_causal" : "");
+        }
+        const int r = rotation++;
+        if (r % 3 == 2 && set.lens_q == set.lens_k && packable(k)) {
+          c.packed_qkv = true;
+        } else if (r % 3 == 1) {
+          c.layout = Layout::kHeadMajor;
+        }
+        c.name = kernel_tag(k) + "_varlen_" + set.tag + "_" + mask_tag + gqa_tag(c) +
+                 (c.packed_qkv ? "_packed" : "") +
                  (c.layout == Layout::kHeadMajor ? "_headmajor" : "") + (c.spiky ? "_spiky" : "");
         cases.push_back(c);
       }
-    }
-    // Band and score variants on shapes whose tiles the band cuts in several ways.
-    struct Variant {
-      const char* tag;
-      Shape shape;
-      Window window;
-      float softcap, scale;
-    };
-    const Variant variants[] = {
-        {"window100_20", {"", 2, 113, 203}, {100, 20}, 0.0f, 0.0f},
-        {"window300_0", {"", 1, 1000, 1500}, {300, 0}, 0.0f, 0.0f},
-        {"windowleft64", {"", 1, 512, 256}, {64, -1}, 0.0f, 0.0f},
-        {"softcap30", {"", 1, 128, 217}, {-1, -1}, 30.0f, 0.0f},
-        {"softcap5_scale2", {"", 2, 300, 300}, {-1, -1}, 5.0f, 2.0f},
-        {"scale0_5", {"", 2, 113, 203}, {-1, -1}, 0.0f, 0.5f},
-    };
-    for (const Variant& v : variants) {
-      if (!full && std::string(v.tag) != "softcap5_scale2" && std::string(v.tag) != "window100_20")
-        continue;
-      Case c = base_case(k, v.shape);
-      c.window = v.window;
-      c.softcap = v.softcap;
-      c.scale = v.scale;
-      c.heads_q = 8;
-      c.heads_kv = 2;
-      c.spiky = true;
-      c.name = kernel_tag(k) + "_" + v.tag;
-      cases.push_back(c);
+  return cases;
+}
+
+// Decode-like batches: one query per sequence against up to ~3000 keys, GQA 8.
+std::vector<Case> decode_cases(const Kernel& k) {
+  const std::vector<int32_t> lens_k = {1, 17, 127, 128, 129, 255, 256, 257, 1000, 2048, 2999, 0};
+  std::vector<Case> cases;
+  for (bool used : {false, true}) {
+    Case c = varlen_case(
+        k, {"", std::vector<int32_t>(lens_k.size(), 1), lens_k,
+            used ? std::vector<int32_t>{1, 0, 64, 128, 100, 255, 1, 200, 999, 2048, 1500, 0}
+                 : std::vector<int32_t>{}});
+    c.heads_q = 32;
+    c.heads_kv = 4;
+    c.causal = used;  // one query, bottom-right aligned: it sees every used key either way
+    c.spiky = used;
+    c.name = kernel_tag(k) + "_varlen_decode_q1" + (used ? "_seqused_causal" : "") + gqa_tag(c);
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// seqused_k of 0, 1, the full length and values in between, fixed-length and varlen, with the
+// masks it moves (causal, window) and without.
+std::vector<Case> seqused_cases(const Kernel& k) {
+  struct Used {
+    const char* tag;
+    Shape shape;                     // fixed-length when lens are empty
+    std::vector<int32_t> lens_q, lens_k, used;
+    bool causal;
+    Window window;
+  };
+  const std::vector<int32_t> lq = {150, 64, 1, 257, 100, 0, 129};
+  const std::vector<int32_t> lk = {300, 64, 500, 256, 0, 10, 128};
+  const std::vector<int32_t> uk = {0, 64, 1, 129, 0, 10, 127};
+  const Used kUsed[] = {
+      {"fixed_q200_k300_used", {"", 5, 200, 300}, {}, {}, {0, 1, 300, 150, 129}, false, {}},
+      {"fixed_q200_k300_used_causal", {"", 5, 200, 300}, {}, {}, {0, 1, 300, 150, 129}, true, {}},
+      {"fixed_q200_k300_used_windowL50R10", {"", 5, 200, 300}, {}, {}, {300, 150, 0, 1, 129},
+       false, {50, 10}},
+      {"fixed_q257_k129_used_causal", {"", 3, 257, 129}, {}, {}, {129, 64, 1}, true, {}},
+      {"fixed_decode_q1_k3000_used", {"", 8, 1, 3000}, {}, {},
+       {0, 1, 128, 129, 3000, 2999, 1024, 700}, false, {}},
+      {"varlen_used", {}, lq, lk, uk, false, {}},
+      {"varlen_used_causal", {}, lq, lk, uk, true, {}},
+      {"varlen_used_windowL30R0", {}, lq, lk, uk, false, {30, 0}},
+      {"varlen_used_windowR16", {}, lq, lk, uk, false, {-1, 16}},
+  };
+  std::vector<Case> cases;
+  int rotation = 0;
+  for (const Used& u : kUsed) {
+    Case c = u.lens_q.empty() ? base_case(k, u.shape)
+                              : varlen_case(k, {"", u.lens_q, u.lens_k, {}});
+    c.seqused_k = u.used;
+    c.causal = u.causal;
+    c.window = u.window;
+    const int r = rotation++;
+    const bool decode = u.shape.sq == 1;
+    c.heads_q = decode ? 32 : kGqa[r % 3].q;
+    c.heads_kv = decode ? 4 : kGqa[r % 3].kv;
+    c.spiky = r % 2 == 0;
+    if (r % 4 == 3) c.layout = Layout::kHeadMajor;
+    c.name = kernel_tag(k) + "_" + u.tag + gqa_tag(c) +
+             (c.layout == Layout::kHeadMajor ? "_headmajor" : "") + (c.spiky ? "_spiky" : "");
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// The other kernels: lengths around their key tiles, one causal varlen batch, one with seqused_k
+// and a window, one fixed-length batch with seqused_k.
+std::vector<Case> other_kernel_varlen_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  Case causal =
+      varlen_case(k, {"", {65, 127, 1, 200, 96, 33, 0}, {63, 129, 81, 193, 112, 145, 7}, {}});
+  causal.causal = true;
+  causal.heads_q = 8;
+  causal.heads_kv = 2;
+  causal.spiky = true;
+  causal.name = kernel_tag(k) + "_varlen_ktiles_causal" + gqa_tag(causal) + "_spiky";
+  cases.push_back(causal);
+
+  Case used = varlen_case(k, {"", {64, 100, 1, 130, 17, 250}, {192, 160, 97, 224, 0, 80},
+                              {64, 159, 96, 113, 0, 80}});
+  used.window = {40, 8};
+  used.heads_q = 4;
+  used.heads_kv = 4;
+  used.layout = Layout::kHeadMajor;
+  used.name = kernel_tag(k) + "_varlen_ktiles_used_windowL40R8" + gqa_tag(used) + "_headmajor";
+  cases.push_back(used);
+
+  Case fixed = base_case(k, {"", 4, 177, 241});
+  fixed.seqused_k = {241, 0, 1, 144};
+  fixed.causal = true;
+  fixed.heads_q = 8;
+  fixed.heads_kv = 1;
+  fixed.spiky = true;
+  fixed.name = kernel_tag(k) + "_fixed_q177_k241_used_causal" + gqa_tag(fixed) + "_spiky";
+  cases.push_back(fixed);
+  return cases;
+}
+
+// The full matrix for the full kernel (head dim 128, bf16, when built); a smaller one for the
+// others.
+std::vector<Case> forward_cases() {
+  std::vector<Case> cases;
+  auto append = [&](std::vector<Case> more) {
+    cases.insert(cases.end(), more.begin(), more.end());
+  };
+  for (const Kernel& k : built_kernels()) {
+    append(fixed_cases(k));
+    if (is_full_kernel(k)) {
+      append(varlen_matrix(k));
+      append(decode_cases(k));
+      append(seqused_cases(k));
+    } else {
+      append(other_kernel_varlen_cases(k));
     }
   }
   return cases;
@@ -148,10 +396,19 @@ std::vector<Case> forward_cases() {
     ASSERT_TRUE(err_.empty()) << err_;                            \
   } while (0)
 
-// Device copies of a case's inputs (one allocation for a packed qkv, else one per tensor) and its
-// outputs, and the forward call on them.
+// A host int32 array (cu_seqlens, seqused_k) as a DeviceMirror view.
+DeviceMirror::View array_view(const std::vector<int32_t>& a) {
+  const int64_t n = int64_t(a.size());
+  return {a.data(), {1, 1, 1, n}, {n, n, n, 1}};
+}
+
+// Device copies of a case's inputs (one allocation for a packed qkv, else one per tensor), of its
+// sequence arrays (the GPU backend reads cu_seqlens and seqused_k in device memory) and of its
+// outputs, and the forward call on them. `problem` is the case's problem with device arrays;
+// the reference reads the host ones.
 struct DeviceRun {
   const CaseData& setup;
+  Problem problem;
   HostTensor out;
   HostLse lse;
   std::vector<std::unique_ptr<DeviceMirror>> inputs;
@@ -160,6 +417,7 @@ struct DeviceRun {
 
   explicit DeviceRun(const CaseData& s)
       : setup(s),
+        problem(s.problem),
         out(s.problem.dtype, query_dims(s.problem, s.problem.heads_q, s.problem.head_dim_v),
             s.layout == Layout::kHeadMajor ? Layout::kHeadMajor : Layout::kContiguous),
         lse(make_lse(s.problem, /*padded=*/false)) {
@@ -180,6 +438,17 @@ struct DeviceRun {
       k_mirror = inputs[1].get();
       v_mirror = inputs[2].get();
     }
+    // The arrays the problem points at, each in device memory of its own.
+    auto device_array = [&](const std::vector<int32_t>& a) -> const int32_t* {
+      inputs.push_back(std::make_unique<DeviceMirror>(
+          std::vector<DeviceMirror::View>{array_view(a)}, sizeof(int32_t)));
+      return static_cast<const int32_t*>(inputs.back()->device(a.data()));
+    };
+    if (s.problem.is_varlen()) {
+      problem.varlen.cu_seqlens_q = device_array(s.cu_q);
+      problem.varlen.cu_seqlens_k = device_array(s.cu_k);
+    }
+    if (s.problem.seqused_k != nullptr) problem.seqused_k = device_array(s.used_k);
     d_out = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(out)}, elem);
     d_lse = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(lse)}, 4);
     tensors.q = q_mirror->device_view(s.q.view());
@@ -205,10 +474,16 @@ struct DeviceRun {
   }
 
   // Poisons the outputs, runs the forward on `stream` (directly, or captured in a CUDA graph and
-  // replayed), waits, and downloads the outputs into `out` / `lse`.
+  // replayed), waits, and downloads the outputs into `out` / `lse`. The poison is the host
+  // tensors' (a NaN payload check_written recognises, so that rows outside every sequence can be
+  // told from rows written with NaN); the guards around it are the mirrors' own.
   std::string run(cudaStream_t stream, bool graph, Status* status) {
+    out.poison();
+    lse.poison();
     std::string e = d_out->poison();
     if (e.empty()) e = d_lse->poison();
+    if (e.empty()) e = d_out->upload();
+    if (e.empty()) e = d_lse->upload();
     if (e.empty()) e = device_sync();
     if (!e.empty()) return e;
     if (graph) {
@@ -216,7 +491,7 @@ struct DeviceRun {
       cudaGraphExec_t exec = nullptr;
       if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
         return "cudaStreamBeginCapture failed";
-      *status = forward(setup.problem, tensors, {}, stream, Backend::kSm90);
+      *status = forward(problem, tensors, {}, stream, Backend::kSm90);
       if (cudaStreamEndCapture(stream, &g) != cudaSuccess) return "cudaStreamEndCapture failed";
       if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return "cudaGraphInstantiate failed";
       const cudaError_t launched = cudaGraphLaunch(exec, stream);
@@ -224,7 +499,7 @@ struct DeviceRun {
       cudaGraphDestroy(g);
       if (launched != cudaSuccess) return "cudaGraphLaunch failed";
     } else {
-      *status = forward(setup.problem, tensors, {}, stream, Backend::kSm90);
+      *status = forward(problem, tensors, {}, stream, Backend::kSm90);
     }
     const cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
@@ -250,11 +525,11 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   SCOPED_TRACE(describe(c));
   std::mt19937_64 rng = make_rng(c.name);
   const std::unique_ptr<CaseData> setup = make_setup(c, rng);
+  poison_unused_rows(*setup);
   const Problem& p = setup->problem;
-  const Status can = can_implement(p, Backend::kSm90, Pass::kForward);
-  ASSERT_TRUE(can.ok()) << to_string(can.code) << ": " << can.message;
-
   DeviceRun run(*setup);
+  const Status can = can_implement(run.problem, Backend::kSm90, Pass::kForward);
+  ASSERT_TRUE(can.ok()) << to_string(can.code) << ": " << can.message;
   ASSERT_CUDA(run.upload());
   Stream stream;
   Status status;
@@ -277,7 +552,7 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   const ref::ForwardResult lp = ref::forward(p, q, k, v, ref::Precision::kLowPrecision, sample);
   const FlashRule rule = flash_rule(p, Pass::kForward);
   const int64_t rows_checked =
-      sample.empty() ? p.batch * p.seqlen_q * p.heads_q : int64_t(sample.size());
+      sample.empty() ? std::count(rows.begin(), rows.end(), 1) * p.heads_q : int64_t(sample.size());
 
   const CheckResult o = check_flash_rule("out", tensor_shape(run.out.dims()), run.out.dense(),
                                          exact.out, lp.out, rule.multiplier, rule.atol);
@@ -333,10 +608,43 @@ TEST(Sm90ForwardLong, Seq4224CausalSampledRows) {
   }
 }
 
+// Long varlen sequences beside short ones, seqused_k cutting the long ones, causal: the tile
+// schedule walks many query tiles per sequence. Rows checked: each sequence's first and last, those
+// around query-tile boundaries, and random ones.
+TEST(Sm90ForwardLong, VarlenSequsedCausalSampledRows) {
+  for (const Kernel& k : built_kernels()) {
+    Case c = varlen_case(k, {"", {4224, 1, 2000, 129, 3001}, {4224, 3000, 4100, 0, 2900},
+                             {4100, 2999, 4100, 0, 2900}});
+    c.name = kernel_tag(k) + "_long_varlen_used_causal";
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.causal = true;
+    c.spiky = true;
+    std::mt19937_64 rng = make_rng(c.name + "/rows");
+    std::vector<ref::RowSample> sample;
+    for (size_t b = 0; b < c.lens_q.size(); ++b) {
+      const int64_t len = c.lens_q[b];
+      if (len == 0) continue;
+      std::uniform_int_distribution<int64_t> any_row(0, len - 1);
+      for (int64_t h = int64_t(b) % 3; h < c.heads_q; h += 3) {
+        std::vector<int64_t> picked = {0, 1, 127, 128, 129, 2047, 2048, len - 2, len - 1};
+        for (int n = 0; n < 6; ++n) picked.push_back(any_row(rng));
+        std::sort(picked.begin(), picked.end());
+        picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+        for (int64_t row : picked)
+          if (row >= 0 && row < len) sample.push_back({int64_t(b), h, row});
+      }
+    }
+    SCOPED_TRACE(c.name);
+    check_forward(c, sample);
+  }
+}
+
 // The same inputs must give the same bits: twice directly, and once replayed from a CUDA graph
 // (the launch captures without allocating or synchronizing). A difference means a race.
 TEST(Sm90Forward, RepeatedRunsAreBitwiseIdentical) {
   FA4_SKIP_WITHOUT_HOPPER();
+  std::vector<Case> cases;
   for (const Kernel& k : built_kernels()) {
     Case c = base_case(k, {"", 2, 1000, 1500});
     c.name = kernel_tag(k) + "_repeat";
@@ -344,10 +652,23 @@ TEST(Sm90Forward, RepeatedRunsAreBitwiseIdentical) {
     c.heads_q = 8;
     c.heads_kv = 2;
     c.spiky = true;
+    cases.push_back(c);
+    // Sequences of many lengths: the varlen tile schedule has more ways to race.
+    c = varlen_case(k,
+                    {"", {177, 0, 1000, 1, 129}, {257, 5, 1500, 0, 128}, {200, 5, 1400, 0, 128}});
+    c.name = kernel_tag(k) + "_repeat_varlen_used";
+    c.causal = true;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.spiky = true;
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) {
     SCOPED_TRACE(seed_note());
     SCOPED_TRACE(describe(c));
     std::mt19937_64 rng = make_rng(c.name);
     const std::unique_ptr<CaseData> setup = make_setup(c, rng);
+    poison_unused_rows(*setup);
     DeviceRun run(*setup);
     ASSERT_CUDA(run.upload());
     Stream stream;
@@ -373,8 +694,9 @@ TEST(Sm90Forward, RepeatedRunsAreBitwiseIdentical) {
   }
 }
 
-// Problems without a kernel get kNotSupported with a reason, never a wrong answer. These are
-// host-side answers: they hold with or without a GPU.
+// Problems without a kernel get kNotSupported with a reason, never a wrong answer; varlen batches,
+// seqused_k and every built kernel's head dims are accepted. These are host-side answers: they
+// hold with or without a GPU (without one, accepted problems get kBackendUnavailable).
 TEST(Sm90Forward, RefusesWhatItDoesNotImplement) {
   ASSERT_FALSE(built_kernels().empty()) << "FA4_SM90_KERNELS built no forward kernel";
   const Kernel k = built_kernels().front();
@@ -382,37 +704,69 @@ TEST(Sm90Forward, RefusesWhatItDoesNotImplement) {
   base.batch = 1;
   base.seqlen_q = base.seqlen_k = 64;
   base.heads_q = base.heads_kv = 2;
-  base.head_dim_qk = base.head_dim_v = k.head_dim;
+  base.head_dim_qk = k.dim_qk;
+  base.head_dim_v = k.dim_v;
   base.dtype = k.dtype;
 
   const Status ok = can_implement(base, Backend::kSm90, Pass::kForward);
   EXPECT_TRUE(ok.ok() || ok.code == StatusCode::kBackendUnavailable) << ok.message;
 
+  // can_implement must not read the arrays (they live in device memory): these are never read.
   int32_t cu[2] = {0, 64};
   int32_t used[1] = {32};
-  struct Refusal {
-    const char* what;
+  struct Variant {
+    std::string what;
     Problem p;
   };
-  std::vector<Refusal> refusals;
-  refusals.push_back({"varlen", base});
-  refusals.back().p.varlen = {cu, cu, 64, 64};
-  refusals.push_back({"seqused_k", base});
-  refusals.back().p.seqused_k = used;
-  refusals.push_back({"head dim 96", base});
-  refusals.back().p.head_dim_qk = refusals.back().p.head_dim_v = 96;
-  refusals.push_back({"head_dim_v != head_dim_qk", base});
-  refusals.back().p.head_dim_v = k.head_dim / 2;
+  std::vector<Variant> accepted;
+  accepted.push_back({"varlen", base});
+  accepted.back().p.varlen = {cu, cu, 64, 64};
+  accepted.push_back({"seqused_k", base});
+  accepted.back().p.seqused_k = used;
+  accepted.push_back({"varlen with seqused_k", accepted.front().p});
+  accepted.back().p.seqused_k = used;
+  for (const Kernel& built : built_kernels()) {
+    accepted.push_back({"built kernel " + kernel_tag(built), base});
+    accepted.back().p.head_dim_qk = built.dim_qk;
+    accepted.back().p.head_dim_v = built.dim_v;
+    accepted.back().p.dtype = built.dtype;
+  }
+  for (const Variant& a : accepted) {
+    SCOPED_TRACE(a.what);
+    const Status s = can_implement(a.p, Backend::kSm90, Pass::kForward);
+    EXPECT_EQ(s.code, ok.code) << to_string(s.code) << ": " << s.message;
+  }
+
+  std::vector<Variant> refusals;
   refusals.push_back({"fp32", base});
   refusals.back().p.dtype = DType::kFP32;
-  for (const Refusal& r : refusals) {
+  refusals.push_back({"fp32 varlen", accepted.front().p});
+  refusals.back().p.dtype = DType::kFP32;
+  // Head dims no table entry has, and table entries this build may have left out.
+  const struct {
+    int64_t qk, v;
+  } kDims[] = {{32, 32},   {80, 80},   {160, 160}, {128, 64},  {64, 128}, {96, 96},
+               {192, 192}, {192, 128}, {256, 128}, {128, 192}, {64, 64},  {128, 128}, {256, 256}};
+  for (DType dtype : {DType::kBF16, DType::kFP16})
+    for (const auto& d : kDims) {
+      if (is_built(d.qk, d.v, dtype)) continue;
+      const Kernel missing{d.qk, d.v, dtype};
+      refusals.push_back({"no kernel " + kernel_tag(missing), base});
+      refusals.back().p.head_dim_qk = d.qk;
+      refusals.back().p.head_dim_v = d.v;
+      refusals.back().p.dtype = dtype;
+    }
+  for (const Variant& r : refusals) {
     SCOPED_TRACE(r.what);
     const Status s = can_implement(r.p, Backend::kSm90, Pass::kForward);
     EXPECT_EQ(s.code, StatusCode::kNotSupported) << to_string(s.code) << ": " << s.message;
     EXPECT_FALSE(s.message.empty());
   }
-  const Status bwd = can_implement(base, Backend::kSm90, Pass::kBackward);
-  EXPECT_EQ(bwd.code, StatusCode::kNotSupported) << bwd.message;
+  for (const Variant& a : accepted) {
+    SCOPED_TRACE(a.what + ", backward");
+    const Status bwd = can_implement(a.p, Backend::kSm90, Pass::kBackward);
+    EXPECT_EQ(bwd.code, StatusCode::kNotSupported) << to_string(bwd.code) << ": " << bwd.message;
+  }
 }
 
 // Host pointers handed to the GPU backend are refused before any launch.
@@ -424,7 +778,7 @@ TEST(Sm90Forward, RefusesHostMemory) {
   c.heads_q = c.heads_kv = 2;
   std::mt19937_64 rng = make_rng(c.name);
   const std::unique_ptr<CaseData> setup = make_setup(c, rng);
-  HostTensor out(c.dtype, query_dims(setup->problem, 2, k.head_dim));
+  HostTensor out(c.dtype, query_dims(setup->problem, 2, k.dim_v));
   HostLse lse = make_lse(setup->problem, false);
   ForwardTensors t;
   t.q = setup->q.view();
