@@ -9,6 +9,16 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 
+#ifndef FA4_SM90_EXP2_POLY_NUM
+#define FA4_SM90_EXP2_POLY_NUM 0
+#endif
+#ifndef FA4_SM90_EXP2_POLY_DEN
+#define FA4_SM90_EXP2_POLY_DEN 1
+#endif
+#ifndef FA4_SM90_RESCALE_THRESHOLD_LOG2
+#define FA4_SM90_RESCALE_THRESHOLD_LOG2 0
+#endif
+
 namespace fa4::sm90 {
 
 using namespace cute;
@@ -64,6 +74,13 @@ struct FwdConfig {
   static constexpr int kConsumerRegisters = 240;
   static_assert(kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters <= 512,
                 "register budget exceeds the 64K registers of an SM");
+
+  // Softmax (softmax.cuh): kExp2PolyNum of every kExp2PolyDen exponentials on the FMA pipe (FA4's
+  // software exp2), and O rescaled only when a row max grows by more than 2^threshold (0: exact
+  // online softmax). The FA4_SM90_* macros exist to build A/B variants of the same tree.
+  static constexpr int kExp2PolyNum = FA4_SM90_EXP2_POLY_NUM;
+  static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
+  static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -171,8 +171,10 @@ struct FwdKernel {
     const auto out_coords =
         rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
 
-    OnlineSoftmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
-                                                                  p.score_scale * kLog2e);
+    OnlineSoftmax<decltype(size<0>(score_coords))::value, Config::kExp2PolyNum,
+                  Config::kExp2PolyDen, Config::kRescaleThresholdLog2>
+        softmax(p.score_scale, p.score_scale * kLog2e);
+    typename decltype(softmax)::RowVector rescale;
     using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
     Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
 
@@ -202,7 +204,7 @@ struct FwdKernel {
         ++read_k;
         prepare_scores(tSrS, n_block);
         auto scores = rowcol_view(tSrS);
-        softmax.update_max(scores);
+        softmax.update_max(scores, rescale);  // O is still empty: nothing to rescale
         softmax.exponentiate(scores);
         convert_fragment(tSrS, tOrP);
       }
@@ -222,14 +224,16 @@ struct FwdKernel {
         ++read_k;
         prepare_scores(tSrS, n_block - 1);
         auto scores = rowcol_view(tSrS);
-        const auto rescale = softmax.update_max(scores);
+        const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
         softmax.exponentiate(scores);
 
         warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
         pipeline_v.consumer_release(read_v);
         ++read_v;
-        auto o = rowcol_view(tOrO);
-        scale_rows(o, rescale);
+        if (rescale_o) {
+          auto o = rowcol_view(tOrO);
+          scale_rows(o, rescale);
+        }
         convert_fragment(tSrS, tOrP);
       }
 
