@@ -16,7 +16,7 @@
 #define FA4_SM90_EXP2_POLY_DEN 1
 #endif
 #ifndef FA4_SM90_RESCALE_THRESHOLD_LOG2
-#define FA4_SM90_RESCALE_THRESHOLD_LOG2 0
+#define FA4_SM90_RESCALE_THRESHOLD_LOG2 8
 #endif
 
 namespace fa4::sm90 {
@@ -77,7 +77,10 @@ struct FwdConfig {
 
   // Softmax (softmax.cuh): kExp2PolyNum of every kExp2PolyDen exponentials on the FMA pipe (FA4's
   // software exp2), and O rescaled only when a row max grows by more than 2^threshold (0: exact
-  // online softmax). The FA4_SM90_* macros exist to build A/B variants of the same tree.
+  // online softmax). The FA4_SM90_* macros exist to build A/B variants of the same tree
+  // (bench/ab_variants.sh). Measured on the H200 (bench/NOTES.md, v2): threshold 8 gains 2-6 % over
+  // 0; a polynomial share of 1/4 or 1/2 gains nothing at d64 and loses 4-10 % at d128 (the FMA pipe
+  // is not idle on Hopper), and its 8.6e-5 relative error fails the LSE rule: share 0 everywhere.
   static constexpr int kExp2PolyNum = FA4_SM90_EXP2_POLY_NUM;
   static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
   static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;
