@@ -16,7 +16,7 @@
 #define FA4_SM90_EXP2_POLY_DEN 1
 #endif
 #ifndef FA4_SM90_RESCALE_THRESHOLD_LOG2
-#define FA4_SM90_RESCALE_THRESHOLD_LOG2 8
+#define FA4_SM90_RESCALE_THRESHOLD_LOG2 0
 #endif
 
 namespace fa4::sm90 {
@@ -76,11 +76,13 @@ struct FwdConfig {
                 "register budget exceeds the 64K registers of an SM");
 
   // Softmax (softmax.cuh): kExp2PolyNum of every kExp2PolyDen exponentials on the FMA pipe (FA4's
-  // software exp2), and O rescaled only when a row max grows by more than 2^threshold (0: exact
-  // online softmax). The FA4_SM90_* macros exist to build A/B variants of the same tree
-  // (bench/ab_variants.sh). Measured on the H200 (bench/NOTES.md, v2): threshold 8 gains 2-6 % over
-  // 0; a polynomial share of 1/4 or 1/2 gains nothing at d64 and loses 4-10 % at d128 (the FMA pipe
-  // is not idle on Hopper), and its 8.6e-5 relative error fails the LSE rule: share 0 everywhere.
+  // software exp2), and O rescaled only when a row max grows by more than 2^threshold (0: whenever
+  // a row of the warp grows). The FA4_SM90_* macros build A/B variants of the same tree
+  // (bench/ab_variants.sh). Measured on the H200 (bench/NOTES.md, v2): threshold 8 is 2-6 % faster
+  // than 0 but fails DESIGN.md §4's rule on some inputs (the dominant probability is no longer
+  // exactly 1, so its bf16 rounding adds error the rule does not allow); a polynomial share of 1/4
+  // or 1/2 gains nothing at d64, loses 4-10 % at d128 and its 8.6e-5 relative error fails the LSE
+  // rule. Both stay off until they pass.
   static constexpr int kExp2PolyNum = FA4_SM90_EXP2_POLY_NUM;
   static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
   static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;
