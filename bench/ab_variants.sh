@@ -3,9 +3,13 @@
 # (bench/sweep.py with one --lib per variant). Runs on the device: each variant is the current tree
 # built with extra CUDA defines (e.g. the FA4_SM90_* tuning macros of src/sm90/fwd_config.cuh).
 #
-#   bench/ab_variants.sh OUT_DIR KERNELS "name=DEFINES" ... [-- sweep.py arguments]
+#   bench/ab_variants.sh OUT_DIR KERNELS "name[@SOURCE_DIR]=DEFINES" ... [-- sweep.py arguments]
 #   bench/ab_variants.sh $OUT "64:bf16;128:bf16" base= "thr8=-DFA4_SM90_RESCALE_THRESHOLD_LOG2=8" \
 #       -- --hdims 64,128 --seqlens 4096,16384 --rounds 2
+#
+# name@SOURCE_DIR builds another source tree instead of this one (e.g. an older commit exported
+# with `git archive REV | tar -x -C .devsrc/REV`, carried to the device), so that two versions of
+# the kernels are timed in the same process.
 #
 # FA4_AB_TESTS=name,... also builds and runs the GPU tests of those variants (FA4_AB_TEST_FILTER
 # narrows them). FA4_GTEST_SRC / FA4_CUTLASS_DIR as in scripts/gpu_check.sh.
@@ -17,6 +21,7 @@ shift 2
 variants=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do variants+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
+[ ${#variants[@]} -gt 0 ] || { echo "usage: see the header of $0" >&2; exit 2; }
 mkdir -p "$out"
 
 gtest_args=()
@@ -32,11 +37,16 @@ tested=",${FA4_AB_TESTS:-},"
 jobs=$(($(nproc) / ${#variants[@]} + 1))
 pids=() libs=()
 for v in "${variants[@]}"; do
-  name=${v%%=*} defines=${v#*=}
+  name=${v%%=*} defines=${v#*=} src=$root
+  if [[ $name == *@* ]]; then
+    src=${name#*@}
+    name=${name%%@*}
+    [[ $src == /* ]] || src="$root/$src"
+  fi
   dir="$root/build/ab_$name"
   targets=(fa4_shared)
   [[ $tested == *",$name,"* ]] && targets+=(fa4_gpu_tests)
-  (cmake -S "$root" -B "$dir" -G Ninja "-DFA4_SM90_KERNELS=$kernels" "-DCMAKE_CUDA_FLAGS=$defines" \
+  (cmake -S "$src" -B "$dir" -G Ninja "-DFA4_SM90_KERNELS=$kernels" "-DCMAKE_CUDA_FLAGS=$defines" \
      ${FA4_CUTLASS_DIR:+"-DFA4_CUTLASS_DIR=$FA4_CUTLASS_DIR"} "${gtest_args[@]}" &&
      cmake --build "$dir" -j "$jobs" --target "${targets[@]}") >"$out/build_$name.log" 2>&1 &
   pids+=($!)
@@ -46,6 +56,7 @@ failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
 for v in "${variants[@]}"; do
   name=${v%%=*}
+  name=${name%%@*}
   echo "build $name: $(tail -n 1 "$out/build_$name.log")"
 done
 [ $failed -eq 0 ] || exit 1
@@ -54,6 +65,7 @@ done
 tests=()
 for v in "${variants[@]}"; do
   name=${v%%=*}
+  name=${name%%@*}
   [[ $tested == *",$name,"* ]] || continue
   timeout 300 "$root/build/ab_$name/tests/gpu/fa4_gpu_tests" --gtest_brief=1 \
     --gtest_filter="${FA4_AB_TEST_FILTER:-*}" >"$out/tests_$name.log" 2>&1 &

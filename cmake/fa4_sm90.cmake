@@ -15,7 +15,7 @@ set(FA4_SM90_FWD_TABLE
 )
 string(REPLACE ";" " " _fa4_sm90_all "${FA4_SM90_FWD_TABLE}")
 set(FA4_SM90_KERNELS "${FA4_SM90_FWD_TABLE}" CACHE STRING
-    "sm90 forward kernels to build, head_dim:dtype separated by ';' (all: ${_fa4_sm90_all})")
+    "sm90 forward kernels to build, head_dim:dtype or head_dim_qk x head_dim_v:dtype, separated by ';' (all: ${_fa4_sm90_all})")
 option(FA4_SM90_PTXAS_VERBOSE "Print ptxas register / spill reports for the sm90 kernels" OFF)
 
 set(FA4_SM90_CUDA_FLAGS

@@ -76,8 +76,8 @@ struct FwdConfig {
                 "register budget exceeds the 64K registers of an SM");
 
   // Softmax (softmax.cuh): kExp2PolyNum of every kExp2PolyDen exponentials on the FMA pipe (FA4's
-  // software exp2), and O rescaled only when a row max grows by more than 2^threshold (0: whenever
-  // a row of the warp grows). The FA4_SM90_* macros build A/B variants of the same tree
+  // software exp2), and O rescaled only when a row's scaled max grows by more than `threshold`
+  // in log2 units, so P may reach 2^threshold (0: whenever a row of the warp grows). The FA4_SM90_* macros build A/B variants of the same tree
   // (bench/ab_variants.sh). Measured on the H200 (bench/NOTES.md, v2): threshold 8 is 2-6 % faster
   // than 0 but fails DESIGN.md §4's rule on some inputs (the dominant probability is no longer
   // exactly 1, so its bf16 rounding adds error the rule does not allow); a polynomial share of 1/4

@@ -1,12 +1,13 @@
 // The sm_90a forward kernel: a CTA computes O and LSE of 128-row query tiles, each of one head of
 // one sequence (fixed-length or varlen; sequence.cuh), one after the other (tile_scheduler.cuh).
 //
-//   warpgroup 0 (producer, 24 registers): one thread loads Q, then K and V tiles, by TMA.
+//   warpgroup 0 (producer, 24 registers): one thread loads, by TMA, each tile's first K tile, its Q
+//   (once the previous tile's O has left Q's buffer), then the other K and V tiles.
 //   warpgroups 1, 2 (consumers, 240 registers): 64 query rows each. Per key tile j, going down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
 //     S = softcap(S), mask(S)       only on tiles the band or seqlen_k cuts
 //     m, P = online softmax(S)      exp2, scale·log2e folded into one FFMA
-//     O *= exp2(m_old − m_new)      once O += P Vⱼ₊₁ has landed
+//     O *= exp2(m_old − m_new)      once O += P Vⱼ₊₁ has landed, when a row of the warp grew
 //   then O /= rowsum, LSE = m + log(rowsum), O and LSE stored.
 #pragma once
 

@@ -31,7 +31,9 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   using Config = FwdConfig<kHeadDimQK, kHeadDimV, typename CutlassElement<kDType>::type>;
   using Kernel = FwdKernel<Config>;
 
-  if (p.batch == 0 || p.seqlen_q == 0) return Status::success();  // nothing to write
+  // Nothing to write (and Q / O may be views without memory).
+  if (p.batch == 0 || p.seqlen_q == 0 || (p.is_varlen() && p.varlen.total_q == 0))
+    return Status::success();
 
   const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
                                        p.window.right);

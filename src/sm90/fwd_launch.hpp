@@ -1,5 +1,6 @@
 // The forward kernel instances as the (host-only) backend sees them: one function per (head dim qk,
-// head dim v) × dtype, defined in the .cu files that cmake/fa4_sm90.cmake generates from its kernel table.
+// head dim v) × dtype, defined in the .cu files that cmake/fa4_sm90.cmake generates from its
+// kernel table.
 #pragma once
 
 #include "fa4/attention.hpp"

@@ -18,7 +18,8 @@
 
 namespace fa4::sm90 {
 
-using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t, int32_t>;  // (row, dim, head, shift, batch)
+// (row, dim, head, shift, batch)
+using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t, int64_t>;
 using GmemLayout = cute::Layout<GmemShape, GmemStride>;
 

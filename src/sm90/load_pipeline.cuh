@@ -1,5 +1,5 @@
-// The producer side of the forward kernel: one thread issues TMA loads of the query tile (once) and
-// of the key / value tiles into two multi-stage shared-memory rings, each guarded by CUTLASS's
+// The producer side of the forward kernel: one thread issues TMA loads of each query tile and
+// of its key / value tiles into two multi-stage shared-memory rings, each guarded by CUTLASS's
 // PipelineTmaAsync (a full mbarrier completed by the TMA's byte count, an empty mbarrier completed by
 // the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh).
 #pragma once
@@ -50,10 +50,11 @@ struct FwdLoad {
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
-    // With no keys K and V may be empty views without memory; their descriptors are never used
-    // but must be encodable, so they borrow Q's address.
-    const void* k_data = p.seqlen_k > 0 ? t.k.data : t.q.data;
-    const void* v_data = p.seqlen_k > 0 ? t.v.data : t.q.data;
+    // With no key rows at all K and V may be empty views without memory; their descriptors are
+    // never used but must be encodable, so they borrow Q's address.
+    const bool has_keys = (p.is_varlen() ? p.varlen.total_k : p.seqlen_k) > 0;
+    const void* k_data = has_keys ? t.k.data : t.q.data;
+    const void* v_data = has_keys ? t.v.data : t.q.data;
     const auto q = gmem_view(static_cast<Element const*>(t.q.data), t.q, query_rows(p),
                              p.head_dim_qk, p.heads_q);
     const auto k = gmem_view(static_cast<Element const*>(k_data), t.k, key_rows(p), p.head_dim_qk,

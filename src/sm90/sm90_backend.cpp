@@ -37,14 +37,6 @@ Status check_tma_view(const char* name, const TensorView& t, const Problem& p, b
                   p.is_varlen() ? (keys ? p.varlen.total_k : p.varlen.total_q)
                                 : (keys ? p.seqlen_k : p.seqlen_q)},
                  {"head_stride", t.head_stride, keys ? p.heads_kv : p.heads_q}};
-  // The kernel addresses rows from a base R rows before the data (sm90/gmem_layout.cuh), R the
-  // longest sequence: it must not wrap below address 0.
-  const int64_t rows_before = keys ? p.seqlen_k : p.seqlen_q;
-  if (t.seq_stride > 0 &&
-      reinterpret_cast<uintptr_t>(t.data) / uintptr_t(t.seq_stride * elem) < uintptr_t(rows_before))
-    return not_supported("%s.data lies below %lld rows of %lld bytes from address 0, which the sm90 "
-                         "kernel's row addressing needs",
-                         name, (long long)rows_before, (long long)(t.seq_stride * elem));
   for (const auto& s : strides) {
     if ((s.stride * elem) % kTmaAlignBytes != 0)
       return invalid("%s.%s (%lld elements) is not a multiple of %lld bytes, which the sm90 backend "
@@ -58,6 +50,14 @@ Status check_tma_view(const char* name, const TensorView& t, const Problem& p, b
       return not_supported("%s.%s (%lld elements) exceeds the 2^40-byte stride limit of TMA", name,
                            s.what, (long long)s.stride);
   }
+  // The kernel addresses rows from a base R rows before the data (sm90/gmem_layout.cuh), R the
+  // longest sequence: it must not wrap below address 0. (Strides are below 2^40 bytes here.)
+  const int64_t rows_before = keys ? p.seqlen_k : p.seqlen_q;
+  if (t.seq_stride > 0 &&
+      reinterpret_cast<uintptr_t>(t.data) / uintptr_t(t.seq_stride * elem) < uintptr_t(rows_before))
+    return not_supported("%s.data lies below %lld rows of %lld bytes from address 0, which the sm90 "
+                         "kernel's row addressing needs",
+                         name, (long long)rows_before, (long long)(t.seq_stride * elem));
   return Status::success();
 }
 
@@ -118,6 +118,7 @@ std::string built_forward_kernels() {
 
 // Indices inside the kernel are 32-bit (rows, heads, tiles); TMA extents are too.
 constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
+constexpr int64_t kMaxTiles = int64_t(1) << 30;
 // FwdConfig::kBlockM of every forward instance (src/sm90/fwd_config.cuh, not includable here).
 constexpr int64_t kQueryTileRows = 128;
 
@@ -147,12 +148,13 @@ Status can_implement(const Problem& p, Pass pass) {
                          p.dtype == DType::kBF16 ? "bf16" : "fp16", built_forward_kernels().c_str());
   // Every extent below is one TMA dimension or one 32-bit index; the views' shift mode spans one
   // row more than the tensor has (gmem_layout.cuh).
+  // Tiles are counted in 32 bits, one grid stride past the last included (tile_scheduler.cuh).
   const int64_t m_tiles = (p.seqlen_q + kQueryTileRows - 1) / kQueryTileRows;
   if (p.seqlen_q >= kMaxExtent || p.seqlen_k >= kMaxExtent || p.varlen.total_q >= kMaxExtent ||
       p.varlen.total_k >= kMaxExtent || p.batch > kMaxExtent || p.heads_q > kMaxExtent ||
-      m_tiles * p.heads_q > kMaxExtent / (p.batch > 0 ? p.batch : 1))
-    return not_supported("the sm90 forward kernel takes fewer than 2^31 - 1 rows, heads, batch "
-                         "entries and query tiles");
+      m_tiles * p.heads_q > kMaxTiles / (p.batch > 0 ? p.batch : 1))
+    return not_supported("the sm90 forward kernel takes fewer than 2^31 - 1 rows, heads and batch "
+                         "entries, and at most 2^30 query tiles (128 rows x heads x batch)");
   return Status::success();
 }
 
@@ -206,8 +208,15 @@ Status check_device_memory(const Problem& p, const ForwardTensors& t) {
   const struct {
     const char* name;
     const void* data;
-  } views[] = {{"q", t.q.data}, {"k", t.k.data}, {"v", t.v.data}, {"out", t.out.data},
-               {"lse", p.return_lse ? t.lse.data : nullptr}};
+  } views[] = {{"q.data", t.q.data},
+               {"k.data", t.k.data},
+               {"v.data", t.v.data},
+               {"out.data", t.out.data},
+               {"lse.data", p.return_lse ? t.lse.data : nullptr},
+               // The kernel reads these too: a host array would fault the context.
+               {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
+               {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
+               {"seqused_k", p.seqused_k}};
   int current = 0;
 #if defined(FA4_WITH_CUDA)
   cudaGetDevice(&current);
@@ -217,10 +226,10 @@ Status check_device_memory(const Problem& p, const ForwardTensors& t) {
     int device = current;
     const Memory memory = memory_of(v.data, &device);
     if (memory == Memory::kHost)
-      return invalid("%s.data is not device memory, which the sm90 backend needs", v.name);
+      return invalid("%s is not device memory, which the sm90 backend needs", v.name);
     // Another device's memory would fault the context (a sticky error) rather than fail.
     if (memory == Memory::kDevice && device != current)
-      return invalid("%s.data is memory of device %d, but device %d is current (the kernel runs "
+      return invalid("%s is memory of device %d, but device %d is current (the kernel runs "
                      "on the current device)",
                      v.name, device, current);
   }

@@ -32,8 +32,6 @@
 
 namespace fa4::sm90 {
 
-// FA4's threshold: P ≤ 2^8 keeps bf16/fp16 P and fp32 O and row sums far from overflow.
-constexpr int kAdaptiveRescaleLog2 = 8;
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 CUTE_DEVICE float exp2_approx(float x) {
@@ -130,17 +128,6 @@ struct OnlineSoftmax {
     tally.adaptive_rescales += scale_o ? 1 : 0;
 #endif
     return scale_o;
-  }
-
-  // The same, for a caller that always rescales O: factors of 1 where O keeps its scale.
-  template <class Scores>
-  CUTE_DEVICE RowVector update_max(Scores const& scores) {
-    RowVector factor;
-    if (!update_max(scores, factor)) {
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) factor[i] = 1.0f;
-    }
-    return factor;
   }
 
   // scores ← exp2(scores·scale_log2 − held·scale_log2), accumulated into the row sums. A masked

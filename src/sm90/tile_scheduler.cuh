@@ -3,9 +3,9 @@
 //
 // Each CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... With one CTA per tile that is one
 // tile each and the hardware hands out CTAs as SMs free up, which balances tiles of unequal cost
-// (causal, windows, varlen). With one CTA per SM (persistent) a CTA overlaps one tile's epilogue
-// with the next tile's loads and pays the CTA start-up once; tiles of equal cost (no mask, fixed
-// lengths) lose nothing to the static order. With a mask that makes later rows see more keys
+// (causal, windows, varlen). With one CTA per SM (persistent) a CTA pays the CTA start-up once and
+// loads the next tile's first K tile during this tile's epilogue (its Q waits for O to leave the
+// shared buffer); tiles of equal cost (no mask, fixed lengths) lose nothing to the static order. With a mask that makes later rows see more keys
 // (causal), the heaviest query tiles come first so the short ones fill the tail.
 #pragma once
 

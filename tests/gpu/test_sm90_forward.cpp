@@ -790,5 +790,37 @@ TEST(Sm90Forward, RefusesHostMemory) {
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
 }
 
+// Device tensors with host cu_seqlens / seqused_k: the kernel would read host memory and fault the
+// context, so the call must be refused up front, naming the array, with nothing written.
+TEST(Sm90Forward, RefusesHostSequenceArrays) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  const Kernel k = built_kernels().front();
+  Case c = varlen_case(k, {"", {70, 0, 130}, {90, 5, 140}, {80, 5, 100}});
+  c.name = "host_sequence_arrays";
+  c.heads_q = c.heads_kv = 2;
+  std::mt19937_64 rng = make_rng(c.name);
+  const std::unique_ptr<CaseData> setup = make_setup(c, rng);
+  DeviceRun run(*setup);
+  ASSERT_CUDA(run.upload());
+  const std::vector<unsigned char> no_rows(rows_in_sequences(setup->problem, false).size(), 0);
+  for (const char* array : {"cu_seqlens_q", "cu_seqlens_k", "seqused_k"}) {
+    SCOPED_TRACE(array);
+    Problem p = run.problem;  // device arrays, but for the one under test
+    const std::string name = array;
+    if (name == "cu_seqlens_q") p.varlen.cu_seqlens_q = setup->cu_q.data();
+    if (name == "cu_seqlens_k") p.varlen.cu_seqlens_k = setup->cu_k.data();
+    if (name == "seqused_k") p.seqused_k = setup->used_k.data();
+    ASSERT_CUDA(run.d_out->poison());
+    ASSERT_CUDA(DeviceRun::device_sync());
+    const Status s = forward(p, run.tensors, {}, nullptr, Backend::kSm90);
+    EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+    EXPECT_NE(s.message.find(name), std::string::npos) << s.message;
+    ASSERT_CUDA(DeviceRun::device_sync());
+    ASSERT_CUDA(run.d_out->download(nullptr));
+    const CheckResult untouched = check_written("out", run.out, no_rows);
+    EXPECT_TRUE(untouched.ok) << untouched.message;
+  }
+}
+
 }  // namespace
 }  // namespace fa4::test
