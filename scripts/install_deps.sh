@@ -3,11 +3,16 @@
 #   CUTLASS/CuTe C++ headers: from the PyPI wheel nvidia-cutlass (pinned, sha256 checked).
 # GoogleTest and Google Benchmark come from the system (Debian: libgtest-dev, libbenchmark-dev);
 # this script installs them with apt-get when they are missing and it runs as root.
+# FA4_PYTHON_DEPS=1 (opt in): also the Python package's test environment, a venv in .venv/
+# (git-ignored) with the pinned torch, pytest and scikit-build-core; scripts/test.sh runs
+# tests/python with it when it exists. torch comes from PyPI with its CUDA libraries: about 3 GB
+# and two minutes on a fresh machine.
 set -euo pipefail
 
 CUTLASS_VERSION=4.2.0.0
 CUTLASS_WHEEL=nvidia_cutlass-${CUTLASS_VERSION}-py3-none-any.whl
 CUTLASS_SHA256=f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
+PYTHON_TEST_DEPS=(torch==2.11.0 pytest==8.4.2 scikit-build-core==1.1.2)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 third=$root/third_party
@@ -51,3 +56,10 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 echo "install_deps: CUTLASS $CUTLASS_VERSION headers in third_party/cutlass"
+
+if [ "${FA4_PYTHON_DEPS:-0}" = 1 ]; then
+  venv=$root/.venv
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet "${PYTHON_TEST_DEPS[@]}"
+  echo "install_deps: ${PYTHON_TEST_DEPS[*]} in .venv"
+fi

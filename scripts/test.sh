@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The test command: build (scripts/build.sh) and run every test with CTest. GPU tests skip, saying
+# The test command: build (scripts/build.sh) and run every test with CTest, then, when the Python
+# test environment .venv/ exists (FA4_PYTHON_DEPS=1 scripts/install_deps.sh makes it), the Python
+# package's tests (tests/python, pytest) against the library just built. GPU tests skip, saying
 # why, on a machine without a Hopper GPU. Extra arguments go to ctest (e.g. -R Forward).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 ./scripts/build.sh
 ctest --preset default -j "${FA4_TEST_JOBS:-$(nproc)}" "$@"
+if [ -x .venv/bin/python ]; then
+  FA4CPP_LIBRARY=$root/build/default/libfa4.so PYTHONPATH=$root/python \
+    .venv/bin/python -m pytest -p no:cacheprovider -q tests/python
+fi

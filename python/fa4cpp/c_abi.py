@@ -1,14 +1,40 @@
-"""A thin ctypes binding of fa4cpp's C ABI (include/fa4/fa4.h) over torch tensors (used by
-bench/sweep.py; the PyTorch package will grow around it): no copies, work enqueued on torch's
-current CUDA stream. The struct layouts here must
-match fa4.h (FA4_ABI_VERSION 1); fa4_*_init fills struct_size and the defaults."""
+"""ctypes binding of fa4cpp's C ABI (include/fa4/fa4.h) over torch tensors: no copies, work enqueued
+on torch's current CUDA stream, CPU tensors on the CPU backend.
+
+The struct layouts here must match fa4.h (FA4_ABI_VERSION 1); fa4_*_init fills struct_size and the
+defaults. This file imports nothing from the fa4cpp package: bench/sweep.py loads it as a plain
+module (`import c_abi`) so that the sweep needs no package install."""
 import ctypes
+import dataclasses
+from typing import Optional
 
 import torch
 
 ABI_VERSION = 1
+
+# fa4_status
+SUCCESS = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_NOT_SUPPORTED = 2
+ERROR_WORKSPACE_TOO_SMALL = 3
+ERROR_BACKEND_UNAVAILABLE = 4
+ERROR_DEVICE = 5
+ERROR_INTERNAL = 6
+
+# fa4_backend
+BACKEND_AUTO = 0
+BACKEND_CPU = 1
 BACKEND_SM90 = 2
+BACKEND_NAMES = {"cpu": BACKEND_CPU, "sm90": BACKEND_SM90}
+
+# fa4_pass
+PASS_FORWARD = 0
+PASS_BACKWARD = 1
+
 DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+
+# The C++ API's Workspace contract: 256-byte aligned memory of the backend.
+WORKSPACE_ALIGNMENT = 256
 
 
 class Problem(ctypes.Structure):
@@ -43,61 +69,250 @@ class ForwardTensors(ctypes.Structure):
                 ("out", Tensor), ("lse", Lse)]
 
 
-def _view(t):
-    """A (batch, seq, heads, dim) tensor as an fa4_tensor (strides in elements)."""
-    return Tensor(t.data_ptr(), *t.stride())
+class BackwardTensors(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("q", Tensor), ("k", Tensor), ("v", Tensor),
+                ("out", Tensor), ("dout", Tensor), ("lse", Lse),
+                ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
 
 
 class Fa4Error(RuntimeError):
-    pass
+    """A call the library refused or failed; the message is the library's. `status` is the
+    fa4_status code (None when the refusal came from the Python side)."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Everything of a problem that is not a q/k/v/out tensor. softmax_scale 0 = 1/sqrt(head dim);
+    window sides -1 = unbounded; softcap 0 = off. cu_seqlens_q non-None selects varlen mode."""
+    softmax_scale: float = 0.0
+    causal: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    deterministic: bool = False
+    cu_seqlens_q: Optional[torch.Tensor] = None
+    cu_seqlens_k: Optional[torch.Tensor] = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    seqused_k: Optional[torch.Tensor] = None
+
+    @property
+    def varlen(self):
+        return self.cu_seqlens_q is not None
+
+
+def _ptr(t):
+    return t.data_ptr() if t is not None and t.numel() > 0 else None
+
+
+def tensor_view(t):
+    """A (batch, seq, heads, dim) tensor — (total, heads, dim) in varlen mode — as an fa4_tensor
+    (strides in elements). A head dim of one element has no meaningful stride: report 1."""
+    strides = list(t.stride())
+    if t.shape[-1] == 1:
+        strides[-1] = 1
+    if t.dim() == 3:
+        strides = [0] + strides
+    return Tensor(_ptr(t), *strides)
+
+
+def lse_view(t):
+    """(batch, heads, seq) fp32, or (heads, total) in varlen mode."""
+    strides = list(t.stride())
+    if t.shape[-1] == 1:
+        strides[-1] = 1
+    if t.dim() == 2:
+        strides = [0] + strides
+    return Lse(_ptr(t), *strides)
+
+
+def backend_of(device):
+    """The backend the tensors' device selects: cuda -> sm90, cpu -> cpu, anything else None."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return BACKEND_SM90
+    if device.type == "cpu":
+        return BACKEND_CPU
+    return None
+
+
+class _DeviceScope:
+    """The CUDA device of the tensors made current for the call: the sm90 backend checks the current
+    device (availability, memory ownership) and launches on it."""
+
+    def __init__(self, device):
+        self.scope = torch.cuda.device(device) if device.type == "cuda" else None
+
+    def __enter__(self):
+        if self.scope is not None:
+            self.scope.__enter__()
+
+    def __exit__(self, *exc):
+        if self.scope is not None:
+            self.scope.__exit__(*exc)
+
+
+# can_implement only needs to know that varlen mode is on (a non-null cu_seqlens pointer); it never
+# reads the arrays, so shape-only queries (fake / meta tensors) point at this host word.
+_VARLEN_MARKER = (ctypes.c_int32 * 1)()
 
 
 class Library:
+    """One loaded libfa4.so. Thread-safe: the library keeps its last error per thread and ctypes
+    calls it with the GIL released."""
+
     def __init__(self, path):
+        self.path = path
         self.lib = ctypes.CDLL(path)
-        self.lib.fa4_last_error_message.restype = ctypes.c_char_p
-        self.lib.fa4_version.restype = ctypes.c_char_p
-        self.lib.fa4_forward.argtypes = [ctypes.POINTER(Problem), ctypes.POINTER(ForwardTensors),
-                                         ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                         ctypes.c_int]
-        self.lib.fa4_workspace_size.argtypes = [ctypes.POINTER(Problem), ctypes.c_int,
-                                                ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
-        if self.lib.fa4_abi_version() != ABI_VERSION:
+        lib = self.lib
+        lib.fa4_last_error_message.restype = ctypes.c_char_p
+        lib.fa4_version.restype = ctypes.c_char_p
+        lib.fa4_status_string.restype = ctypes.c_char_p
+        lib.fa4_status_string.argtypes = [ctypes.c_int]
+        lib.fa4_abi_version.restype = ctypes.c_int
+        lib.fa4_problem_init.argtypes = [ctypes.POINTER(Problem)]
+        lib.fa4_forward_tensors_init.argtypes = [ctypes.POINTER(ForwardTensors)]
+        lib.fa4_backward_tensors_init.argtypes = [ctypes.POINTER(BackwardTensors)]
+        lib.fa4_can_implement.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int]
+        lib.fa4_workspace_size.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int,
+                                           ctypes.POINTER(ctypes.c_size_t)]
+        lib.fa4_forward.argtypes = [ctypes.POINTER(Problem), ctypes.POINTER(ForwardTensors),
+                                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                    ctypes.c_int]
+        lib.fa4_backward.argtypes = [ctypes.POINTER(Problem), ctypes.POINTER(BackwardTensors),
+                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                     ctypes.c_int]
+        for fn in (lib.fa4_can_implement, lib.fa4_workspace_size, lib.fa4_forward,
+                   lib.fa4_backward):
+            fn.restype = ctypes.c_int
+        if lib.fa4_abi_version() != ABI_VERSION:
             raise Fa4Error("libfa4 ABI version %d, this binding speaks %d"
-                           % (self.lib.fa4_abi_version(), ABI_VERSION))
+                           % (lib.fa4_abi_version(), ABI_VERSION))
 
     def version(self):
         return self.lib.fa4_version().decode()
 
-    def _check(self, status):
-        if status != 0:
-            raise Fa4Error(self.lib.fa4_last_error_message().decode())
+    def _message(self, status):
+        message = self.lib.fa4_last_error_message().decode()
+        return message or self.lib.fa4_status_string(status).decode()
 
-    def forward_fn(self, q, k, v, out, lse=None, causal=False, window=(-1, -1), softcap=0.0):
-        """A closure that runs the forward on the current stream; raises Fa4Error (with the
-        library's message) when the problem is refused. Workspace is allocated here, once."""
+    def _check(self, status):
+        if status != SUCCESS:
+            raise Fa4Error(self._message(status), status)
+
+    # -- problems --------------------------------------------------------------------------------
+
+    def problem(self, q, k, v, params, *, pointers=True):
+        """The fa4_problem of q/k/v (shapes and dtype) and params. pointers=False describes the
+        problem without touching tensor memory (for can_implement on fake or meta tensors)."""
         p = Problem()
         self.lib.fa4_problem_init(ctypes.byref(p))
-        p.batch, p.seqlen_q, p.heads_q, p.head_dim_qk = q.shape
-        p.seqlen_k, p.heads_kv = k.shape[1], k.shape[2]
-        p.head_dim_v = v.shape[3]
+        if params.varlen:
+            p.batch = int(params.cu_seqlens_q.shape[0]) - 1
+            p.seqlen_q, p.seqlen_k = int(params.max_seqlen_q), int(params.max_seqlen_k)
+            p.total_q, p.total_k = int(q.shape[0]), int(k.shape[0])
+            if pointers:
+                p.cu_seqlens_q = params.cu_seqlens_q.data_ptr()
+                p.cu_seqlens_k = params.cu_seqlens_k.data_ptr()
+            else:
+                p.cu_seqlens_q = p.cu_seqlens_k = ctypes.addressof(_VARLEN_MARKER)
+        else:
+            p.batch, p.seqlen_q = int(q.shape[0]), int(q.shape[1])
+            p.seqlen_k = int(k.shape[1])
+        p.heads_q, p.heads_kv = int(q.shape[-2]), int(k.shape[-2])
+        p.head_dim_qk, p.head_dim_v = int(q.shape[-1]), int(v.shape[-1])
         p.dtype = DTYPES[q.dtype]
-        p.causal = int(causal)
-        p.window_left, p.window_right = window
-        p.softcap = softcap
+        p.causal = int(params.causal)
+        p.window_left, p.window_right = params.window_left, params.window_right
+        p.softcap = params.softcap
+        p.softmax_scale = params.softmax_scale
+        if params.seqused_k is not None:
+            p.seqused_k = (params.seqused_k.data_ptr() if pointers
+                           else ctypes.addressof(_VARLEN_MARKER))
+        p.return_lse = 1
+        p.deterministic = int(params.deterministic)
+        return p
+
+    def can_implement(self, pass_, q, k, v, params, backend):
+        """(status, message) of fa4_can_implement for the problem of q/k/v; shapes only."""
+        p = self.problem(q, k, v, params, pointers=False)
+        with _DeviceScope(q.device):
+            status = self.lib.fa4_can_implement(ctypes.byref(p), backend, pass_)
+        return status, ("" if status == SUCCESS else self._message(status))
+
+    def _workspace(self, p, backend, pass_, device):
+        nbytes = ctypes.c_size_t(0)
+        self._check(self.lib.fa4_workspace_size(ctypes.byref(p), backend, pass_,
+                                                ctypes.byref(nbytes)))
+        if nbytes.value == 0:
+            return None, None, 0
+        # Over-allocate so that an aligned start exists whatever alignment the allocator gives.
+        buf = torch.empty(nbytes.value + WORKSPACE_ALIGNMENT, dtype=torch.uint8, device=device)
+        start = -buf.data_ptr() % WORKSPACE_ALIGNMENT
+        return buf, buf.data_ptr() + start, nbytes.value
+
+    @staticmethod
+    def _stream(device):
+        if device.type != "cuda":
+            return None
+        return torch.cuda.current_stream(device).cuda_stream
+
+    def forward(self, q, k, v, out, lse, params):
+        """Runs the forward on the backend of q's device, on torch's current stream; raises
+        Fa4Error with the library's message. out and lse are written."""
+        backend = backend_of(q.device)
+        if backend is None:
+            raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % q.device.type)
+        p = self.problem(q, k, v, params)
+        t = ForwardTensors()
+        self.lib.fa4_forward_tensors_init(ctypes.byref(t))
+        t.q, t.k, t.v, t.out = tensor_view(q), tensor_view(k), tensor_view(v), tensor_view(out)
+        t.lse = lse_view(lse)
+        with _DeviceScope(q.device):
+            buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, q.device)
+            self._check(self.lib.fa4_forward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
+                                             self._stream(q.device), backend))
+        del buf  # the caching allocator keeps it valid for work already queued on this stream
+
+    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, params):
+        """Runs the backward like forward(); dq, dk and dv are written."""
+        backend = backend_of(q.device)
+        if backend is None:
+            raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % q.device.type)
+        p = self.problem(q, k, v, params)
+        t = BackwardTensors()
+        self.lib.fa4_backward_tensors_init(ctypes.byref(t))
+        t.q, t.k, t.v = tensor_view(q), tensor_view(k), tensor_view(v)
+        t.out, t.dout, t.lse = tensor_view(out), tensor_view(dout), lse_view(lse)
+        t.dq, t.dk, t.dv = tensor_view(dq), tensor_view(dk), tensor_view(dv)
+        with _DeviceScope(q.device):
+            buf, ws, nbytes = self._workspace(p, backend, PASS_BACKWARD, q.device)
+            self._check(self.lib.fa4_backward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
+                                              self._stream(q.device), backend))
+        del buf
+
+    # -- bench/sweep.py's entry point ------------------------------------------------------------
+
+    def forward_fn(self, q, k, v, out, lse=None, causal=False, window=(-1, -1), softcap=0.0):
+        """A closure that runs the sm90 forward on the current stream; raises Fa4Error (with the
+        library's message) when the problem is refused. Workspace is allocated here, once."""
+        p = self.problem(q, k, v, Params(causal=causal, window_left=window[0],
+                                         window_right=window[1], softcap=softcap))
         p.return_lse = int(lse is not None)
         t = ForwardTensors()
         self.lib.fa4_forward_tensors_init(ctypes.byref(t))
-        t.q, t.k, t.v, t.out = _view(q), _view(k), _view(v), _view(out)
+        t.q, t.k, t.v, t.out = tensor_view(q), tensor_view(k), tensor_view(v), tensor_view(out)
         if lse is not None:
-            t.lse = Lse(lse.data_ptr(), *lse.stride())
-        nbytes = ctypes.c_size_t(0)
-        self._check(self.lib.fa4_workspace_size(ctypes.byref(p), BACKEND_SM90, 0,
-                                                ctypes.byref(nbytes)))
-        ws = torch.empty(max(nbytes.value, 1), dtype=torch.uint8, device=q.device)
+            t.lse = lse_view(lse)
+        buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_FORWARD, q.device)
 
         def run():
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-            self._check(self.lib.fa4_forward(ctypes.byref(p), ctypes.byref(t), ws.data_ptr(),
-                                             nbytes.value, stream, BACKEND_SM90))
+            self._check(self.lib.fa4_forward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
+                                             stream, BACKEND_SM90))
+        run.workspace = buf  # keeps the workspace alive as long as the closure
         return run

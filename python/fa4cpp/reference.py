@@ -1,0 +1,319 @@
+"""Attention in plain torch ops, in fp32, with exactly the library's semantics (docs/semantics.md):
+S = scale·QKᵀ; softcap·tanh(S/softcap) when softcap > 0 (on the scaled score, before masking); the
+bottom-right aligned band mask; GQA (query head h reads kv head h // (heads_q / heads_kv)); varlen
+and seqused_k; a row that sees no key gets O = 0 and LSE = +inf.
+
+attention() / varlen_attention() are differentiable (autograd runs through them); the
+*_backward() functions compute the same gradients with the explicit formulas of the library's
+backward (dV = PᵀdO, dS = P∘(dO·Vᵀ − rowsum(dO∘O)), times 1 − tanh² under softcap, dQ = scale·dS·K,
+dK = scale·dSᵀ·Q), without autograd, so that they also run inside a custom op's body, where autograd
+is off. Used as the oracle of the tests, by fallback mode (when the library refuses a problem) and
+by verify mode (on a sample of query rows). Work is split per sequence and into chunks of kv heads
+and query rows so that no score matrix exceeds _SCORE_BUDGET elements: fallback may run real
+training sizes through it. float64 inputs are computed in float64."""
+import functools
+import math
+
+import torch
+
+# Elements of one score-matrix chunk (256 MiB in fp32); a chunk keeps a few such tensors alive.
+_SCORE_BUDGET = 1 << 26
+
+
+def _exact_matmul(fn):
+    """Runs fn with fp32 matmuls in full precision: a caller's
+    torch.set_float32_matmul_precision("high") (TF32 on GPUs) would make the oracle as inexact as
+    what it checks. The setting is process-wide; it is restored on return."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        previous = torch.get_float32_matmul_precision()
+        if previous == "highest":
+            return fn(*args, **kwargs)
+        torch.set_float32_matmul_precision("highest")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_float32_matmul_precision(previous)
+    return wrapper
+
+
+def _fp32(x):
+    """x rounded to fp32, as the library's float fields hold it."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def effective_scale(softmax_scale, head_dim):
+    """The library's Problem::scale(): softmax_scale, or (when 0) 1/sqrt(head_dim) in fp32."""
+    if softmax_scale != 0:
+        return _fp32(softmax_scale)
+    one = torch.tensor(1.0, dtype=torch.float32)
+    return float(one / torch.tensor(float(head_dim), dtype=torch.float32).sqrt())
+
+
+def _compute_dtype(t):
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _visible(rows, sq, sk, causal, left, right):
+    """(n, sk) bool: query row rows[i] of a sequence with sq queries sees key j of sk."""
+    if causal:
+        right = 0
+    keys = torch.arange(sk, device=rows.device)
+    diagonal = rows[:, None] + (sk - sq)  # the key the query is aligned with (bottom-right)
+    visible = torch.ones(rows.shape[0], sk, dtype=torch.bool, device=rows.device)
+    if left >= 0:
+        visible &= keys[None, :] >= diagonal - left
+    if right >= 0:
+        visible &= keys[None, :] <= diagonal + right
+    return visible
+
+
+def _expand_heads(t, group):
+    """(sk, hkv, d) -> (sk, hkv·group, d): query head h reads kv head h // group."""
+    return t.repeat_interleave(group, dim=1)
+
+
+def _softmax(q, k, visible, scale, softcap):
+    """q (n, hq, d), k (sk, hq, d), visible (n, sk). Returns P (hq, n, sk), LSE (hq, n) and, under
+    softcap, tanh(s/softcap) (for the backward's 1 − tanh²), else None."""
+    s = torch.einsum("nhd,khd->hnk", q, k) * scale
+    capped = None
+    if softcap > 0:
+        capped = torch.tanh(s / softcap)
+        s = softcap * capped
+    s = s.masked_fill(~visible, -math.inf)
+    sees_any = visible.any(dim=-1)  # (n,)
+    if s.shape[-1] > 0:
+        # The max only keeps exp() in range; softmax does not depend on it, so no gradient.
+        m = s.detach().amax(dim=-1, keepdim=True)
+        m = torch.where(sees_any[None, :, None], m, torch.zeros_like(m))
+    else:
+        m = s.new_zeros(s.shape[:-1] + (1,))
+    e = torch.exp(s - m)
+    denom = e.sum(dim=-1, keepdim=True)
+    # 1 where no key is seen: P = 0 there, and log stays finite (so does its gradient).
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    p = e / safe
+    lse = torch.where(sees_any[None, :], (m + safe.log()).squeeze(-1),
+                      torch.full_like(m.squeeze(-1), math.inf))
+    return p, lse, capped
+
+
+def _chunks(total, size):
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+def _tiles(n, sk, hkv, group):
+    """(kv-head range, row range) pairs covering one sequence within the score budget, row chunk
+    by row chunk (kv-head chunks inner)."""
+    rows_per_chunk = max(1, _SCORE_BUDGET // max(1, group * sk))
+    kv_per_chunk = max(1, _SCORE_BUDGET // max(1, group * sk * min(n, rows_per_chunk)))
+    return [(h, r) for r in _chunks(n, rows_per_chunk) for h in _chunks(hkv, kv_per_chunk)]
+
+
+def _sequence(q, k, v, rows, sq, scale, softcap, causal, left, right):
+    """One sequence: q (n, hq, d) holds its query rows `rows` (absolute indices among sq rows);
+    k, v its used keys. Returns O (n, hq, dv), LSE (hq, n), differentiable."""
+    dtype = _compute_dtype(q)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    n, hq, sk, hkv = q.shape[0], q.shape[1], k.shape[0], k.shape[1]
+    group = hq // hkv
+    out_rows, lse_rows = [], []  # per row chunk: per kv-head chunk pieces
+    for (h0, h1), (r0, r1) in _tiles(n, sk, hkv, group):
+        if h0 == 0:
+            out_rows.append([])
+            lse_rows.append([])
+        visible = _visible(rows[r0:r1], sq, sk, causal, left, right)
+        p, lse, _ = _softmax(q[r0:r1, h0 * group:h1 * group],
+                             _expand_heads(k[:, h0:h1], group), visible, scale, softcap)
+        out_rows[-1].append(torch.einsum("hnk,khd->nhd", p, _expand_heads(v[:, h0:h1], group)))
+        lse_rows[-1].append(lse)
+    if n == 0:
+        return q.new_zeros(0, hq, v.shape[2]), q.new_zeros(hq, 0)
+    out = torch.cat([torch.cat(pieces, dim=1) for pieces in out_rows], dim=0)
+    lse = torch.cat([torch.cat(pieces, dim=0) for pieces in lse_rows], dim=1)
+    return out, lse
+
+
+def _sequence_backward(dout, q, k, v, rows, sq, scale, softcap, causal, left, right,
+                       magnitudes=False):
+    """Gradients of sum(O ∘ dout) for _sequence's rows: dq (n, hq, d), dk, dv (sk, hkv, ·), in the
+    compute dtype; dk and dv hold only these rows' contributions. With magnitudes, also the same
+    sums taken over absolute values (|dQ| ≤ |scale|·(P∘(|dO|·|V|ᵀ + rowsum|dO∘O|))·|K|, ...):
+    the size of the terms a gradient element is made of, which its rounding error scales with,
+    even where the terms cancel to (nearly) 0."""
+    dtype = _compute_dtype(q)
+    q, k, v, dout = q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype)
+    n, hq, sk, hkv = q.shape[0], q.shape[1], k.shape[0], k.shape[1]
+    group = hq // hkv
+    grads = [torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)]
+    sizes = [torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)] if magnitudes else None
+
+    def add(results, factor, heads, rows_, ds, p, qc, kc, doc):
+        dq, dk, dv = results
+        h0, h1 = heads
+        dq[rows_, h0 * group:h1 * group] = factor * torch.einsum("hnk,khd->nhd", ds, kc)
+        dk_heads = factor * torch.einsum("hnk,nhd->khd", ds, qc)
+        dv_heads = torch.einsum("hnk,nhe->khe", p, doc)
+        # Expanded heads g·group .. g·group + group − 1 all belong to kv head g: sum them.
+        dk[:, h0:h1] += dk_heads.reshape(sk, h1 - h0, group, k.shape[2]).sum(dim=2)
+        dv[:, h0:h1] += dv_heads.reshape(sk, h1 - h0, group, v.shape[2]).sum(dim=2)
+
+    for (h0, h1), (r0, r1) in _tiles(n, sk, hkv, group):
+        qc, doc = q[r0:r1, h0 * group:h1 * group], dout[r0:r1, h0 * group:h1 * group]
+        kc, vc = _expand_heads(k[:, h0:h1], group), _expand_heads(v[:, h0:h1], group)
+        visible = _visible(rows[r0:r1], sq, sk, causal, left, right)
+        p, _, capped = _softmax(qc, kc, visible, scale, softcap)
+        out = torch.einsum("hnk,khd->nhd", p, vc)
+        d_row = (doc * out).sum(dim=-1).transpose(0, 1)  # D = rowsum(dO ∘ O): (h, n)
+        dp = torch.einsum("nhe,khe->hnk", doc, vc)
+        cap_factor = 1 if capped is None else 1 - capped * capped
+        ds = p * (dp - d_row[..., None]) * cap_factor
+        add(grads, scale, (h0, h1), slice(r0, r1), ds, p, qc, kc, doc)
+        if magnitudes:
+            dp_abs = torch.einsum("nhe,khe->hnk", doc.abs(), vc.abs())
+            d_abs = (doc.abs() * out.abs()).sum(dim=-1).transpose(0, 1)
+            ds_abs = p * (dp_abs + d_abs[..., None]) * cap_factor
+            add(sizes, abs(scale), (h0, h1), slice(r0, r1), ds_abs, p, qc.abs(), kc.abs(),
+                doc.abs())
+    return (grads, sizes) if magnitudes else grads
+
+
+def _mask_args(q, softmax_scale, causal, window, softcap):
+    left, right = window
+    return dict(scale=effective_scale(softmax_scale, q.shape[-1]), softcap=_fp32(softcap),
+                causal=bool(causal), left=int(left), right=int(right))
+
+
+def _as_rows(rows, n, device):
+    if rows is None:
+        return torch.arange(n, device=device)
+    return torch.as_tensor(rows, dtype=torch.long, device=device)
+
+
+def _key_counts(seqused_k, batch, default):
+    return [default] * batch if seqused_k is None else [int(x) for x in seqused_k.tolist()]
+
+
+@_exact_matmul
+def attention(q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0,
+              seqused_k=None, rows=None):
+    """Fixed-length attention. q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv).
+    Returns O (b, n, hq, dv) and LSE (b, hq, n) in fp32 (float64 for float64 inputs), n = sq,
+    or len(rows) when rows (query row indices) selects a subset."""
+    args = _mask_args(q, softmax_scale, causal, window, softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    row_idx = _as_rows(rows, sq, q.device)
+    used = _key_counts(seqused_k, q.shape[0], sk)
+    results = [_sequence(q[b, row_idx], k[b, :used[b]], v[b, :used[b]], row_idx, sq, **args)
+               for b in range(q.shape[0])]
+    if not results:
+        dtype, n = _compute_dtype(q), row_idx.shape[0]
+        return (q.new_zeros(0, n, q.shape[2], v.shape[3], dtype=dtype),
+                q.new_zeros(0, q.shape[2], n, dtype=dtype))
+    return torch.stack([o for o, _ in results]), torch.stack([l for _, l in results])
+
+
+@torch.no_grad()
+@_exact_matmul
+def attention_backward(dout, q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1),
+                       softcap=0.0, seqused_k=None, rows=None, magnitudes=False):
+    """Gradients of sum(O ∘ dout) for attention(), by the explicit formulas: (dq, dk, dv) in
+    fp32 (float64 for float64 inputs). With rows, dout holds those query rows only (b, n, hq, dv)
+    and the result is (dq of those rows, None, None): dk and dv sum over every row. With
+    magnitudes, returns (gradients, magnitudes): the second the same sums over absolute values
+    (what a gradient's rounding error scales with; see _sequence_backward)."""
+    args = _mask_args(q, softmax_scale, causal, window, softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    row_idx = _as_rows(rows, sq, q.device)
+    used = _key_counts(seqused_k, q.shape[0], sk)
+    dtype = _compute_dtype(q)
+
+    def buffers():
+        return [q.new_zeros(q.shape[0], row_idx.shape[0], *q.shape[2:], dtype=dtype),
+                k.new_zeros(k.shape, dtype=dtype), v.new_zeros(v.shape, dtype=dtype)]
+    results = [buffers(), buffers() if magnitudes else None]
+    for b in range(q.shape[0]):
+        parts = _sequence_backward(dout[b], q[b, row_idx], k[b, :used[b]], v[b, :used[b]],
+                                   row_idx, sq, magnitudes=magnitudes, **args)
+        for result, part in zip(results, parts if magnitudes else [parts]):
+            result[0][b], result[1][b, :used[b]], result[2][b, :used[b]] = part
+    return _backward_result(results, rows, magnitudes)
+
+
+def _backward_result(results, rows, magnitudes):
+    if rows is not None:  # dk, dv would miss the rows not sampled
+        results = [[r[0], None, None] if r is not None else None for r in results]
+    grads = tuple(results[0])
+    return (grads, tuple(results[1])) if magnitudes else grads
+
+
+def _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows):
+    """Per sequence with sampled rows: (positions in rows, local row indices, query count,
+    key slice); plus the sampled row indices."""
+    cq = [int(x) for x in cu_seqlens_q.tolist()]
+    ck = [int(x) for x in cu_seqlens_k.tolist()]
+    used = _key_counts(seqused_k, len(cq) - 1, None)
+    row_idx = _as_rows(rows, q.shape[0], q.device)
+    sequences = []
+    for b in range(len(cq) - 1):
+        where = ((row_idx >= cq[b]) & (row_idx < cq[b + 1])).nonzero().flatten()
+        if where.numel() == 0:
+            continue
+        n_keys = ck[b + 1] - ck[b] if used[b] is None else used[b]
+        sequences.append((where, row_idx[where] - cq[b], cq[b + 1] - cq[b],
+                          slice(ck[b], ck[b] + n_keys)))
+    return sequences, row_idx
+
+
+@_exact_matmul
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale=0.0, causal=False,
+                     window=(-1, -1), softcap=0.0, seqused_k=None, rows=None):
+    """Variable-length attention over packed (total, heads, dim) tensors, sequence b in rows
+    cu_seqlens[b] .. cu_seqlens[b+1]. Returns O (n, hq, dv) and LSE (hq, n) in fp32 for the token
+    rows `rows` (default: all total_q rows; rows outside every sequence — left unwritten by the
+    library — get O = 0 and LSE = +inf)."""
+    args = _mask_args(q, softmax_scale, causal, window, softcap)
+    sequences, row_idx = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows)
+    dtype = _compute_dtype(q)
+    n, hq, dv = row_idx.shape[0], q.shape[1], v.shape[2]
+    outs, lses, positions = [], [], []
+    for where, local, sq, keys in sequences:
+        o, l = _sequence(q[row_idx[where]], k[keys], v[keys], local, sq, **args)
+        outs.append(o)
+        lses.append(l)
+        positions.append(where)
+    outside = torch.ones(n, dtype=torch.bool, device=q.device)
+    for where in positions:
+        outside[where] = False
+    outside = outside.nonzero().flatten()
+    outs.append(q.new_zeros(outside.shape[0], hq, dv, dtype=dtype))
+    lses.append(q.new_full((hq, outside.shape[0]), math.inf, dtype=dtype))
+    # Pieces come sequence by sequence; put every row back at its position in `rows`.
+    order = torch.cat(positions + [outside]).argsort()
+    return torch.cat(outs, dim=0)[order], torch.cat(lses, dim=1)[:, order]
+
+
+@torch.no_grad()
+@_exact_matmul
+def varlen_attention_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale=0.0,
+                              causal=False, window=(-1, -1), softcap=0.0, seqused_k=None,
+                              rows=None, magnitudes=False):
+    """Gradients of sum(O ∘ dout) for varlen_attention(), as attention_backward(): rows outside
+    every sequence (and keys beyond seqused_k) get zero gradients; with rows, dout holds those
+    rows only and the result is (dq of those rows, None, None)."""
+    args = _mask_args(q, softmax_scale, causal, window, softcap)
+    sequences, row_idx = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows)
+    dtype = _compute_dtype(q)
+
+    def buffers():
+        return [q.new_zeros(row_idx.shape[0], *q.shape[1:], dtype=dtype),
+                k.new_zeros(k.shape, dtype=dtype), v.new_zeros(v.shape, dtype=dtype)]
+    results = [buffers(), buffers() if magnitudes else None]
+    for where, local, sq, keys in sequences:
+        parts = _sequence_backward(dout[where], q[row_idx[where]], k[keys], v[keys], local, sq,
+                                   magnitudes=magnitudes, **args)
+        for result, part in zip(results, parts if magnitudes else [parts]):
+            result[0][where], result[1][keys], result[2][keys] = part
+    return _backward_result(results, rows, magnitudes)
