@@ -7,7 +7,7 @@
 # in minutes; GoogleTest is built from the sources FA4_GTEST_SRC points to when the device has none).
 # Logs are written to a work folder and packed into $OUT/gpu_check_logs.tgz (the device returns at
 # most 8 files); a short table is printed last and saved as $OUT/summary.txt.
-#   usage: scripts/gpu_check.sh [build] [tests|sanitize|sass|bench]...   (default: all four)
+#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench]...   (default: all)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,7 +47,7 @@ if [ "${steps[0]:-}" = build ]; then
   steps=("${steps[@]:1}")
   run_build || { printf '%s\n' "${summary[@]}"; exit 1; }
 fi
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize sass bench)
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize python sass bench)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   >"$out/gpu.txt" 2>&1
@@ -113,6 +113,13 @@ run_sanitize() {
   fi
 }
 
+run_python() {
+  # The PyTorch package's tests against this build (its GPU tests need the H200; torch is there).
+  FA4CPP_LIBRARY="$bin/libfa4.so" PYTHONPATH="$root/python" timeout 420 python3 -m pytest -q \
+    -p no:cacheprovider "$root/tests/python" >"$out/python.log" 2>&1
+  note python "rc $? $(tail -n 1 "$out/python.log")"
+}
+
 run_sass() {
   cuobjdump --dump-sass "$bin/libfa4.so" >"$out/sass.txt" 2>&1
   local fn
@@ -128,6 +135,7 @@ run_bench() {
     --sha "${FA4_GIT_SHA:-unknown}" --out "$out" --name fwd_sweep >"$out/bench.log" 2>&1
   note bench "rc $? (table below; log in bench.log)"
   [ -f "$out/fwd_sweep.md" ] && cp "$out/fwd_sweep.md" "$out/bench.txt"
+  [ -f "$out/fwd_sweep.json" ] && python3 "$root/bench/plot.py" "$out/fwd_sweep.json" >/dev/null 2>&1
   if [ -n "${OUT:-}" ]; then cp "$out"/fwd_sweep.* "$OUT/" 2>/dev/null; fi
 }
 
