@@ -54,6 +54,12 @@ def _check_params(params):
     if not math.isfinite(params.softmax_scale):
         _fail("softmax_scale is %r; it must be finite (0 selects 1/sqrt(head_dim))",
               params.softmax_scale)
+    # The library holds the scale in fp32: a value that rounds to 0 there would silently become
+    # the default scale, one that rounds to inf is not finite.
+    scale32 = float(torch.tensor(params.softmax_scale, dtype=torch.float32))
+    if params.softmax_scale != 0 and (scale32 == 0 or not math.isfinite(scale32)):
+        _fail("softmax_scale is %r, which is %r in fp32 (the library's precision); give one "
+              "that fp32 represents as a finite non-zero value", params.softmax_scale, scale32)
 
 
 def _check_common(q, k, v, rank, layout):
@@ -108,6 +114,8 @@ def _check_varlen(q, k, v, params):
 
 def _check(q, k, v, params):
     _check_params(params)
+    if (params.cu_seqlens_q is None) != (params.cu_seqlens_k is None):
+        _fail("varlen needs both cu_seqlens_q and cu_seqlens_k (one of them is None)")
     if params.varlen:
         _check_varlen(q, k, v, params)
     else:

@@ -13,6 +13,7 @@ and query rows so that no score matrix exceeds _SCORE_BUDGET elements: fallback 
 training sizes through it. float64 inputs are computed in float64."""
 import functools
 import math
+import threading
 
 import torch
 
@@ -20,21 +21,40 @@ import torch
 _SCORE_BUDGET = 1 << 26
 
 
+# One lock for the process-wide matmul precision the reference switches (autograd runs backward
+# passes on its own threads: two reference calls must not interleave their save / restore).
+_PRECISION_LOCK = threading.RLock()
+
+
+def _matmul_precision_scope():
+    """Saves the fp32 matmul precision and sets full precision; returns the restore function.
+    torch >= 2.9 has the per-backend `fp32_precision` setting, and once a program has used it the
+    older global getter raises: use the new setting where it exists."""
+    cuda_matmul = getattr(torch.backends.cuda, "matmul", None)
+    if cuda_matmul is not None and hasattr(cuda_matmul, "fp32_precision"):
+        previous = cuda_matmul.fp32_precision
+        cuda_matmul.fp32_precision = "ieee"
+
+        def restore():
+            cuda_matmul.fp32_precision = previous
+        return restore
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    return lambda: torch.set_float32_matmul_precision(previous)
+
+
 def _exact_matmul(fn):
-    """Runs fn with fp32 matmuls in full precision: a caller's
-    torch.set_float32_matmul_precision("high") (TF32 on GPUs) would make the oracle as inexact as
-    what it checks. The setting is process-wide; it is restored on return."""
+    """Runs fn with fp32 matmuls in full precision: a caller's TF32 setting would make the oracle
+    as inexact as what it checks. The setting is process-wide; it is restored on return."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        previous = torch.get_float32_matmul_precision()
-        if previous == "highest":
-            return fn(*args, **kwargs)
-        torch.set_float32_matmul_precision("highest")
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_float32_matmul_precision(previous)
+        with _PRECISION_LOCK:
+            restore = _matmul_precision_scope()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                restore()
     return wrapper
 
 

@@ -240,9 +240,13 @@ def test_packed_variants_equal_unpacked():
 # -- GPU (sm90) ------------------------------------------------------------------------------------
 
 def _require_forward(q, k, v, **kwargs):
+    # A problem without a kernel in this build (FA4_SM90_KERNELS) skips; any other refusal (no
+    # CUDA in the library, backend unavailable) is a broken GPU path and fails.
     reason = ops.support("fwd", q, k, v, **kwargs)
     if reason is not None:
-        pytest.skip("this build's sm90 backend refuses the problem: " + reason)
+        if "has no forward kernel" not in reason:
+            pytest.fail("the sm90 backend refuses a problem it has kernels for: " + reason)
+        pytest.skip("this build's sm90 backend has no kernel for the problem: " + reason)
 
 
 GPU_CASES = [
