@@ -54,6 +54,14 @@ def shapes(hdims, seqlens):
     return out
 
 
+def repo_relative(path):
+    """A build's path as results record it: relative to the repository when inside it (results
+    are committed, and the machine's own folders are nobody else's business)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.abspath(path)
+    return os.path.relpath(path, root) if path.startswith(root + os.sep) else os.path.basename(path)
+
+
 def flops(b, s, hq, d, causal):
     f = 4.0 * b * hq * s * s * d
     return f / 2 if causal else f
@@ -262,7 +270,7 @@ def main():
     result = {
         "benchmark": "forward sweep, DESIGN.md §5",
         "git_sha": args.sha,
-        "libs": [{"name": x.name, "path": x.path, "version": x.version,
+        "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
                   "rescale_counts": x.has_rescale_counts()} for x in builds],
         "started_utc": started,
         "gpu_before": facts_before,

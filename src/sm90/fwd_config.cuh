@@ -26,34 +26,42 @@ using namespace cute;
 // Key-tile rows per (head dim qk, head dim v), bf16/fp16. The query tile is always 128 rows: one
 // 64-row slice per consumer warpgroup. The key tile shrinks as the head dims grow so that Q, two K
 // stages and two V stages fit in shared memory (227 KB) and S, P and O fit in 240 registers per
-// thread (O takes dv/2, S N/2 and P N/4 registers).
+// thread (O takes dv/2, S N/2 and P N/4 registers). kSoftmaxChains: independent max / sum chains
+// per row in the softmax (softmax.cuh); 4 measured +2-6 % at d128, -3-4 % at d64 (bench/NOTES.md,
+// v3); the other head dims keep 1 until measured.
 template <int kHeadDimQK, int kHeadDimV>
 struct FwdTileSize;
 template <>
 struct FwdTileSize<64, 64> {
   static constexpr int kBlockN = 128;
+  static constexpr int kSoftmaxChains = 1;
 };
 template <>
 struct FwdTileSize<96, 96> {
   static constexpr int kBlockN = 128;
+  static constexpr int kSoftmaxChains = 1;
 };
 template <>
 struct FwdTileSize<128, 128> {
   static constexpr int kBlockN = 128;
+  static constexpr int kSoftmaxChains = 4;
 };
 // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
 template <>
 struct FwdTileSize<192, 192> {
   static constexpr int kBlockN = 96;
+  static constexpr int kSoftmaxChains = 1;
 };
 template <>
 struct FwdTileSize<192, 128> {
   static constexpr int kBlockN = 128;
+  static constexpr int kSoftmaxChains = 1;
 };
 // FA3 uses 80 here; with this kernel's register budget 80 spills 16 bytes (measured), 64 does not.
 template <>
 struct FwdTileSize<256, 256> {
   static constexpr int kBlockN = 64;
+  static constexpr int kSoftmaxChains = 1;
 };
 
 template <int kHeadDimQK_, int kHeadDimV_, class Element_>
@@ -77,8 +85,8 @@ struct FwdConfig {
 
   // Softmax (softmax.cuh): kExp2PolyNum of every kExp2PolyDen exponentials on the FMA pipe (FA4's
   // software exp2), and O rescaled only when a row's scaled max grows by more than `threshold`
-  // in log2 units, so P may reach 2^threshold (0: whenever a row of the warp grows). The FA4_SM90_* macros build A/B variants of the same tree
-  // (bench/ab_variants.sh). Measured on the H200 (bench/NOTES.md, v2): threshold 8 is 2-6 % faster
+  // in log2 units, so P may reach 2^threshold (0: the exact online softmax, O rescaled on every
+  // tile). The FA4_SM90_* macros build A/B variants of the same tree (bench/ab_variants.sh). Measured on the H200 (bench/NOTES.md, v2): threshold 8 is 2-6 % faster
   // than 0 but fails DESIGN.md §4's rule on some inputs (the dominant probability is no longer
   // exactly 1, so its bf16 rounding adds error the rule does not allow); a polynomial share of 1/4
   // or 1/2 gains nothing at d64, loses 4-10 % at d128 and its 8.6e-5 relative error fails the LSE
@@ -86,6 +94,7 @@ struct FwdConfig {
   static constexpr int kExp2PolyNum = FA4_SM90_EXP2_POLY_NUM;
   static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
   static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;
+  static constexpr int kSoftmaxChains = FwdTileSize<kHeadDimQK, kHeadDimV>::kSoftmaxChains;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -7,7 +7,7 @@
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
 //     S = softcap(S), mask(S)       only on tiles the band or seqlen_k cuts
 //     m, P = online softmax(S)      exp2, scale·log2e folded into one FFMA
-//     O *= exp2(m_old − m_new)      once O += P Vⱼ₊₁ has landed, when a row of the warp grew
+//     O *= exp2(m_old − m_new)      once O += P Vⱼ₊₁ has landed
 //   then O /= rowsum, LSE = m + log(rowsum), O and LSE stored.
 #pragma once
 
@@ -173,7 +173,7 @@ struct FwdKernel {
         rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
 
     OnlineSoftmax<decltype(size<0>(score_coords))::value, Config::kExp2PolyNum,
-                  Config::kExp2PolyDen, Config::kRescaleThresholdLog2>
+                  Config::kExp2PolyDen, Config::kRescaleThresholdLog2, Config::kSoftmaxChains>
         softmax(p.score_scale, p.score_scale * kLog2e);
     typename decltype(softmax)::RowVector rescale;
     using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));

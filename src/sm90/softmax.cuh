@@ -14,7 +14,14 @@
 // probabilities may reach 2^threshold — harmless for fp32 sums and bf16/fp16 P — and O keeps its
 // scale. The check is per warp: if any row of the warp needs a move, every row of the warp moves to
 // its true max, so that the O rescale is one warp-uniform branch. Threshold 0 is the exact online
-// softmax (the held max is the running max). finish() is exact whatever the held max is.
+// softmax (the held max is the running max); it rescales O on every tile without a vote, as the
+// vote and the branch it guards cost more than the multiplies they save (5-8 % at d64, measured:
+// bench/NOTES.md, v3). finish() is exact whatever the held max is.
+//
+// Chains: a row's max and sum over a thread's columns are kChains independent chains, combined at
+// the end. One chain is a dependency chain of N/4 FMNMX (and FADD) per row, whose latency the two
+// consumer warps of a scheduler cannot hide at d128; at d64, where MUFU bounds the loop, the extra
+// registers and instructions of more chains cost more than they save (both measured, v3).
 //
 // NaN: a NaN score (only NaN inputs make one) makes its row's max NaN (the max propagates NaN), the
 // row then always moves, its factor and row sum become NaN, and finish() leaves O and LSE NaN —
@@ -62,12 +69,14 @@ struct Exp2Split {
   static constexpr bool on_fma_pipe(int j) { return j % kDen >= kDen - kNum; }
 };
 
-template <int kRows, int kPolyNum = 0, int kPolyDen = 1, int kRescaleThresholdLog2 = 0>
+template <int kRows, int kPolyNum = 0, int kPolyDen = 1, int kRescaleThresholdLog2 = 0,
+          int kChains = 1>
 struct OnlineSoftmax {
   using RowVector = cute::array<float, kRows>;
   using Split = Exp2Split<kPolyNum, kPolyDen>;
   static_assert(kRescaleThresholdLog2 >= 0 && kRescaleThresholdLog2 <= 15,
                 "P may reach 2^threshold, and fp16 P overflows at 2^16");
+  static_assert(kChains >= 1);
 
   float scale;       // natural-log logit per raw score unit (softmax scale, or cap with softcap)
   float scale_log2;  // scale·log2(e)
@@ -92,7 +101,8 @@ struct OnlineSoftmax {
 
   // Moves the held max where the rule above says so (row sums rescaled here). Returns, uniformly
   // over the warp, whether O must be rescaled: then O(i, ·) *= factor[i]; otherwise `factor` is
-  // not to be used. Call before exponentiate(); the scores stay untouched. All 32 lanes must call.
+  // not to be used (always true at threshold 0, a compile-time constant once inlined). Call
+  // before exponentiate(); the scores stay untouched. All 32 lanes must call.
   template <class Scores>
   CUTE_DEVICE bool update_max(Scores const& scores, RowVector& factor) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);
@@ -101,9 +111,14 @@ struct OnlineSoftmax {
     bool would_scale_o = false;  // moving would change the scale of a row whose O is not 0
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      float m = row_max[i];
+      cute::array<float, kChains> chain;
+      chain[0] = row_max[i];
       CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) m = max_keep_nan(m, scores(i, j));
+      for (int c = 1; c < kChains; ++c) chain[c] = -INFINITY;
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j)
+        chain[j % kChains] = max_keep_nan(chain[j % kChains], scores(i, j));
+      float m = combine(chain, [](float a, float b) { return max_keep_nan(a, b); });
       m = quad_allreduce(m, [](float a, float b) { return max_keep_nan(a, b); });
       new_max[i] = m;
       const float held = row_max[i];
@@ -115,7 +130,8 @@ struct OnlineSoftmax {
 #if FA4_SM90_RESCALE_STATS
     count_tile(new_max);
 #endif
-    if (!__any_sync(kFullWarp, must_move)) return false;
+    constexpr bool kExact = kRescaleThresholdLog2 == 0;
+    if (!kExact && !__any_sync(kFullWarp, must_move)) return false;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       // exp2(−inf) = 0 covers a row that saw no key before; a row that still sees none keeps O = 0.
@@ -123,7 +139,7 @@ struct OnlineSoftmax {
       row_max[i] = new_max[i];
       row_sum[i] *= factor[i];
     }
-    const bool scale_o = __any_sync(kFullWarp, would_scale_o);
+    const bool scale_o = kExact || __any_sync(kFullWarp, would_scale_o);
 #if FA4_SM90_RESCALE_STATS
     tally.adaptive_rescales += scale_o ? 1 : 0;
 #endif
@@ -138,7 +154,9 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const float max_scaled = max_or_zero(row_max[i]) * scale_log2;
-      float sum = 0.0f;
+      cute::array<float, kChains> sum;
+      CUTE_UNROLL
+      for (int c = 0; c < kChains; ++c) sum[c] = 0.0f;
       cute::for_each(cute::make_int_sequence<kCols>{}, [&](auto j) {
         const float x = fmaf(scores(i, j), scale_log2, -max_scaled);
         float p;
@@ -148,9 +166,9 @@ struct OnlineSoftmax {
           p = exp2_approx(x);
         }
         scores(i, j) = p;
-        sum += p;
+        sum[decltype(j)::value % kChains] += p;
       });
-      row_sum[i] += sum;
+      row_sum[i] += combine(sum, [](float a, float b) { return a + b; });
     }
   }
 
@@ -173,6 +191,18 @@ struct OnlineSoftmax {
   }
 
  private:
+  // Pairwise, so that kChains partial results combine in log2(kChains) dependent steps.
+  template <class Op>
+  CUTE_DEVICE static float combine(cute::array<float, kChains> const& chain, Op op) {
+    cute::array<float, kChains> v = chain;
+    CUTE_UNROLL
+    for (int width = kChains; width > 1; width = (width + 1) / 2) {
+      CUTE_UNROLL
+      for (int c = 0; c < width / 2; ++c) v[c] = op(v[c], v[width - 1 - c]);
+    }
+    return v[0];
+  }
+
   // A row whose max is still −inf subtracts 0 instead, so that −inf − (−inf) never makes a NaN.
   CUTE_DEVICE static float max_or_zero(float m) { return m == -INFINITY ? 0.0f : m; }
 

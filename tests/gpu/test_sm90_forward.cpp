@@ -810,7 +810,8 @@ TEST(Sm90Forward, RefusesHostSequenceArrays) {
     if (name == "cu_seqlens_q") p.varlen.cu_seqlens_q = setup->cu_q.data();
     if (name == "cu_seqlens_k") p.varlen.cu_seqlens_k = setup->cu_k.data();
     if (name == "seqused_k") p.seqused_k = setup->used_k.data();
-    ASSERT_CUDA(run.d_out->poison());
+    run.out.poison();  // the host pattern check_written recognises, uploaded
+    ASSERT_CUDA(run.d_out->upload());
     ASSERT_CUDA(DeviceRun::device_sync());
     const Status s = forward(p, run.tensors, {}, nullptr, Backend::kSm90);
     EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
