@@ -216,6 +216,70 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal):
     return row
 
 
+def sdpa_backward_fn(backend, q, k, v, causal, dout):
+    """SDPA's backward alone: the forward runs once here (its kernel choice made under `backend`),
+    each call of the closure runs autograd's backward of it."""
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel(backend):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+    go = dout.transpose(1, 2)
+
+    def run():
+        return torch.autograd.grad(o, (qt, kt, vt), go, retain_graph=True)
+    return run
+
+
+def measure_row_backward(builds, rounds, q, k, v, out, lse, causal):
+    """A backward row: per build the forward once (its out and LSE), a checked backward run (dQ,
+    dK, dV NaN-poisoned, dQ compared with cuDNN's), then the timing rounds as measure_row's."""
+    row = {"libs": {}}
+    dout = torch.randn_like(q)
+    try:
+        cudnn = sdpa_backward_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, dout)
+        ref_dq = cudnn()[0].transpose(1, 2)
+    except RuntimeError as e:  # no anchor: nothing to compare with in this row
+        row["cudnn_refused"] = str(e).splitlines()[0]
+        return row
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    runs = {}
+    for bld in builds:
+        entry = row["libs"][bld.name] = {}
+        try:
+            bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)()
+            run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal)
+            for g in (dq, dk, dv):
+                g.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+        except fa4_ctypes.Fa4Error as e:
+            entry["refused"] = str(e)
+            continue
+        entry["max_abs_diff_vs_cudnn"] = (dq.float() - ref_dq.float()).abs().max().item()
+        runs[bld.name] = run
+    try:
+        fa2 = sdpa_backward_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, dout)
+    except RuntimeError as e:
+        fa2, row["fa2_refused"] = None, str(e).splitlines()[0]
+    times = {"cudnn": [], "fa2": []}
+    times.update({name: [] for name in runs})
+    names = list(runs)
+    for r in range(rounds):
+        times["cudnn"].append(median_ms(cudnn))
+        shift = r % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            times[name].append(median_ms(runs[name]))
+        if fa2 is not None:
+            times["fa2"].append(median_ms(fa2))
+    row["cudnn_ms"] = statistics.median(times["cudnn"])
+    if times["fa2"]:
+        row["fa2_ms"] = statistics.median(times["fa2"])
+    for name in names:
+        row["libs"][name]["ms_rounds"] = times[name]
+        row["libs"][name]["ms"] = statistics.median(times[name])
+    return row
+
+
 def add_rates(row, fl):
     for key in ("cudnn", "fa2"):
         if key + "_ms" in row:
@@ -223,7 +287,8 @@ def add_rates(row, fl):
     for entry in row["libs"].values():
         if "ms" in entry:
             entry["tflops"] = fl / (entry["ms"] * 1e-3) / 1e12
-            entry["vs_cudnn"] = entry["tflops"] / row["cudnn_tflops"]
+            if "cudnn_tflops" in row:
+                entry["vs_cudnn"] = entry["tflops"] / row["cudnn_tflops"]
 
 
 def main():
@@ -232,7 +297,9 @@ def main():
                     help="a libfa4.so built with CUDA; repeat with NAME= to compare builds")
     ap.add_argument("--sha", required=True, help="git sha of the fa4cpp tree the builds come from")
     ap.add_argument("--out", required=True, help="folder for the .json and .md")
-    ap.add_argument("--name", default="fwd_sweep")
+    ap.add_argument("--name", default=None, help="file name (default fwd_sweep / bwd_sweep)")
+    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"),
+                    help="time the forward, or the backward alone (FLOPs 2.5x the forward's)")
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlens", default=",".join(map(str, SEQLENS)))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -241,6 +308,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every implementation this many times per row (median reported)")
     args = ap.parse_args()
+    args.name = args.name or args.pass_ + "_sweep"
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
 
@@ -261,14 +329,16 @@ def main():
         for causal in causals:
             row = {"batch": b, "seqlen": s, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
                    "causal": causal, "dtype": args.dtype, "inputs": args.inputs}
-            row.update(measure_row(builds, args.rounds, q, k, v, out, lse, causal))
-            add_rates(row, flops(b, s, hq, d, causal))
+            measure = measure_row if args.pass_ == "fwd" else measure_row_backward
+            row.update(measure(builds, args.rounds, q, k, v, out, lse, causal))
+            add_rates(row, flops(b, s, hq, d, causal) * (1.0 if args.pass_ == "fwd" else 2.5))
             rows.append(row)
             print(json.dumps(row), flush=True)
         del q, k, v, out, lse
 
     result = {
-        "benchmark": "forward sweep, DESIGN.md §5",
+        "benchmark": ("forward" if args.pass_ == "fwd" else "backward") + " sweep, DESIGN.md §5",
+        "pass": args.pass_,
         "git_sha": args.sha,
         "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
                   "rescale_counts": x.has_rescale_counts()} for x in builds],
@@ -282,7 +352,8 @@ def main():
         "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
                   + ("; median of %d rounds, builds in rotated order" % args.rounds
                      if args.rounds > 1 else ""),
-        "flops": "4*b*h*s*s*d, halved for causal",
+        "flops": "4*b*h*s*s*d, halved for causal" + (", x2.5 (backward)" if args.pass_ == "bwd"
+                                                      else ""),
         "rows": rows,
     }
     os.makedirs(args.out, exist_ok=True)
@@ -300,14 +371,16 @@ def markdown(r):
     builds = "; ".join("%s = fa4cpp %s (%s)" % (x["name"], x["version"], x["path"])
                        for x in r["libs"])
     lines = [
-        "# Forward, TFLOP/s (%s)" % r["benchmark"], "",
+        "# %s, TFLOP/s (%s)" % ("Backward" if r.get("pass") == "bwd" else "Forward",
+                                r["benchmark"]), "",
         "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "
         "%s inputs; %s; FLOPs %s. Ratio = fa4cpp build / cuDNN, same run, same tensors."
         % (builds, r["git_sha"], g.get("name"), g.get("driver_version"), g.get("clocks.sm"),
            g.get("clocks.max.sm"), r["torch"], r["cudnn"], r.get("inputs", "normal"),
            r["timing"], r["flops"]), "",
-        "| d | seqlen | b | hq/hkv | causal | %s | cuDNN | torch FA2 | %s | max abs diff vs cuDNN |"
-        % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names)),
+        "| d | seqlen | b | hq/hkv | causal | %s | cuDNN | torch FA2 | %s | max abs diff%s vs cuDNN |"
+        % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names),
+           " of dQ" if r.get("pass") == "bwd" else ""),
         "|---" * (8 + 2 * len(names)) + "|",
     ]
     for x in r["rows"]:

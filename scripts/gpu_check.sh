@@ -7,7 +7,7 @@
 # in minutes; GoogleTest is built from the sources FA4_GTEST_SRC points to when the device has none).
 # Logs are written to a work folder and packed into $OUT/gpu_check_logs.tgz (the device returns at
 # most 8 files); a short table is printed last and saved as $OUT/summary.txt.
-#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench]...   (default: all)
+#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd]...  (default: all)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,7 +47,7 @@ if [ "${steps[0]:-}" = build ]; then
   steps=("${steps[@]:1}")
   run_build || { printf '%s\n' "${summary[@]}"; exit 1; }
 fi
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize python sass bench)
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize python sass bench bench_bwd)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   >"$out/gpu.txt" 2>&1
@@ -62,6 +62,13 @@ smoke_ok() {
   local rc=$?
   note smoke "rc $rc $(grep -E '^\[  (PASSED|FAILED) ' "$out/smoke.log" | head -n 1)"
   [ $rc -eq 0 ] || return 1
+  # The backward on one small case (its kernels' first run).
+  timeout 60 "$bin/fa4_gpu_tests" --gtest_brief=1 \
+    --gtest_filter='Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_q113_k203_gqa4_causal' \
+    >"$out/smoke_backward.log" 2>&1
+  rc=$?
+  note smoke "backward: rc $rc $(grep -E '^\[  (PASSED|FAILED) ' "$out/smoke_backward.log" | head -n 1)"
+  [ $rc -eq 0 ] || { tail -n 30 "$out/smoke_backward.log"; return 1; }
   # Many tiles per CTA (persistent schedule): a hang in the tile loop shows here, in seconds.
   if [ -x "$bin/fa4-bench" ]; then
     timeout 60 "$bin/fa4-bench" --backend sm90 --batch 4 --seqlen 4096 --heads 16 --head-dim 128 \
@@ -92,8 +99,12 @@ run_tests() {
 }
 
 run_sanitize() {
-  # A fixed-length causal case and a varlen + seqused_k one (the per-sequence TMA addressing).
+  # Forward: a fixed-length causal case and a varlen + seqused_k one (the per-sequence TMA
+  # addressing);
   local small='Matrix/Sm90Forward.MatchesReference/d128_bf16_q113_k203_causal_*:Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_used_*'
+  # and the backward: a causal GQA case and a varlen one.
+  small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_q113_k203_gqa4_causal*'
+  small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_varlen_*causal*'
   local tool rc
   for tool in memcheck racecheck synccheck; do
     timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
@@ -134,11 +145,20 @@ run_sass() {
 run_bench() {
   # The project's side-by-side sweep (bench/sweep.py): fa4cpp beside cuDNN and torch FA2, one run.
   PYTHONUNBUFFERED=1 timeout 420 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
-    --sha "${FA4_GIT_SHA:-unknown}" --out "$out" --name fwd_sweep >"$out/bench.log" 2>&1
+    --sha "${FA4_GIT_SHA:-unknown}" --out "$out" --pass fwd >"$out/bench.log" 2>&1
   note bench "rc $? (table below; log in bench.log)"
   [ -f "$out/fwd_sweep.md" ] && cp "$out/fwd_sweep.md" "$out/bench.txt"
   [ -f "$out/fwd_sweep.json" ] && python3 "$root/bench/plot.py" "$out/fwd_sweep.json" >/dev/null 2>&1
   if [ -n "${OUT:-}" ]; then cp "$out"/fwd_sweep.* "$OUT/" 2>/dev/null; fi
+}
+
+run_bench_bwd() {
+  # The backward alone, beside cuDNN's and torch FA2's (the head dims with a backward kernel).
+  PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
+    --pass bwd --hdims 64,128 --sha "${FA4_GIT_SHA:-unknown}" --out "$out" >"$out/bench_bwd.log" 2>&1
+  note bench_bwd "rc $? (bwd_sweep.md; log in bench_bwd.log)"
+  [ -f "$out/bwd_sweep.json" ] && python3 "$root/bench/plot.py" "$out/bwd_sweep.json" >/dev/null 2>&1
+  if [ -n "${OUT:-}" ]; then cp "$out"/bwd_sweep.* "$OUT/" 2>/dev/null; fi
 }
 
 if smoke_ok; then

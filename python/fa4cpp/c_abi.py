@@ -316,3 +316,20 @@ class Library:
                                              stream, BACKEND_SM90))
         run.workspace = buf  # keeps the workspace alive as long as the closure
         return run
+
+    def backward_fn(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False):
+        """The backward's closure, like forward_fn (out and lse as the forward wrote them)."""
+        p = self.problem(q, k, v, Params(causal=causal))
+        t = BackwardTensors()
+        self.lib.fa4_backward_tensors_init(ctypes.byref(t))
+        t.q, t.k, t.v = tensor_view(q), tensor_view(k), tensor_view(v)
+        t.out, t.dout, t.lse = tensor_view(out), tensor_view(dout), lse_view(lse)
+        t.dq, t.dk, t.dv = tensor_view(dq), tensor_view(dk), tensor_view(dv)
+        buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_BACKWARD, q.device)
+
+        def run():
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            self._check(self.lib.fa4_backward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
+                                              stream, BACKEND_SM90))
+        run.workspace = buf
+        return run

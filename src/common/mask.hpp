@@ -42,6 +42,14 @@ struct BandMask {
     *lo = b < 0 ? 0 : b;
     *hi = e > seqlen_k ? seqlen_k : e;
   }
+  // The same band seen from key j (the backward walks keys): first query row that sees j (may be
+  // ≤ 0) and one past the last (may exceed seqlen_q); clamp as above.
+  FA4_HD int64_t query_begin(int64_t j) const {
+    return right < 0 ? 0 : j - (seqlen_k - seqlen_q) - right;
+  }
+  FA4_HD int64_t query_end(int64_t j) const {
+    return left < 0 ? seqlen_q : j - (seqlen_k - seqlen_q) + left + 1;
+  }
   FA4_HD bool visible(int64_t i, int64_t j) const {
     return j >= 0 && j < seqlen_k && j >= key_begin(i) && j < key_end(i);
   }

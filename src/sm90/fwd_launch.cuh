@@ -12,6 +12,7 @@
 #include "sm90/fwd_config.cuh"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_launch.hpp"
+#include "sm90/launch.cuh"
 
 namespace fa4::sm90 {
 
@@ -68,11 +69,9 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Kernel::kSmemBytes);
-  if (err == cudaSuccess) {
-    kernel<<<dim3(unsigned(ctas)), dim3(Kernel::kThreads), Kernel::kSmemBytes,
-             static_cast<cudaStream_t>(stream)>>>(params);
-    err = cudaGetLastError();
-  }
+  if (err == cudaSuccess)
+    err = launch_kernel(kernel, dim3(unsigned(ctas)), dim3(Kernel::kThreads),
+                        size_t(Kernel::kSmemBytes), stream, params);
   if (err != cudaSuccess)
     return detail::make_status(StatusCode::kDeviceError,
                                "sm90 forward kernel (head dims %d / %d) failed to launch: %s",

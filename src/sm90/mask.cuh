@@ -20,6 +20,26 @@ struct KeyTiles {
   CUTE_HOST_DEVICE int count() const { return end - begin; }
 };
 
+// Sets scores(i, j) to −inf unless column col0 + j' lies in [lo[i], hi[i]), where j' is column j's
+// offset from the thread's first column. `coords` is the (rows, cols) view of the tile's identity
+// tensor as this thread holds it. Columns are compared relative to the thread's first one: the
+// offsets are then compile-time constants, where absolute columns would be hoisted out of the
+// tile loop as one register each.
+template <class Scores, class Coords>
+CUTE_DEVICE void mask_outside_columns(Scores& scores, Coords const& coords, int const* lo,
+                                      int const* hi, int col0) {
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size<0>(scores); ++i) {
+    const int col_lo = lo[i] - col0;
+    const int col_hi = hi[i] - col0;
+    CUTE_UNROLL
+    for (int j = 0; j < cute::size<1>(scores); ++j) {
+      const int col = cute::get<1>(coords(0, j)) - cute::get<1>(coords(0, 0));
+      if (col < col_lo || col >= col_hi) scores(i, j) = -INFINITY;
+    }
+  }
+}
+
 template <int kBlockM, int kBlockN>
 struct TileMask {
   BandMask band;  // seqlen_k is the number of keys used (seqused_k applied)
@@ -74,23 +94,12 @@ struct TileMask {
   }
 
   // Sets the scores of keys a row may not see to −inf. `scores` is a (rows, cols) fragment view,
-  // `coords` the same view of the tile's identity tensor. Columns are compared relative to the
-  // thread's first one: the offsets are then compile-time constants, where absolute columns would
-  // be hoisted out of the key loop as one register each.
+  // `coords` the same view of the tile's identity tensor.
   template <class Scores, class Coords, class Keys>
   CUTE_DEVICE void apply(Scores& scores, Coords const& coords, Keys const& keys,
                          int n_block) const {
-    const int n0 = n_block * kBlockN + cute::get<1>(coords(0, 0));
-    CUTE_UNROLL
-    for (int i = 0; i < cute::size<0>(scores); ++i) {
-      const int col_lo = keys.lo[i] - n0;
-      const int col_hi = keys.hi[i] - n0;
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) {
-        const int col = cute::get<1>(coords(0, j)) - cute::get<1>(coords(0, 0));
-        if (col < col_lo || col >= col_hi) scores(i, j) = -INFINITY;
-      }
-    }
+    mask_outside_columns(scores, coords, keys.lo, keys.hi,
+                         n_block * kBlockN + cute::get<1>(coords(0, 0)));
   }
 };
 

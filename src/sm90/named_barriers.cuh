@@ -1,4 +1,4 @@
-// Named barriers (bar.sync ids) of the forward kernel's consumer warpgroups, after the ids CUTLASS
+// Named barriers (bar.sync ids) of the kernels' consumer warpgroups, after the ids CUTLASS
 // reserves for itself.
 #pragma once
 
@@ -11,5 +11,8 @@ enum class ConsumerBarrier : uint32_t {
   kTurn1 = 1,     // consumer warpgroup 1 may issue its GEMMs
   kEpilogue = 2,  // all consumers: Q's buffer is free for O / O is staged for the TMA store
 };
+
+// The backward kernel's one named barrier: dS of both MMA warpgroups is in shared memory.
+constexpr uint32_t kBwdDsReadyBarrier = 0;
 
 }  // namespace fa4::sm90

@@ -11,8 +11,10 @@
 #if defined(FA4_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "sm90/bwd_launch.hpp"
 #include "sm90/fwd_launch.hpp"
 #endif
+#include "sm90/bwd_workspace.hpp"
 
 namespace fa4::detail {
 namespace {
@@ -116,17 +118,78 @@ std::string built_forward_kernels() {
   return list.empty() ? "none" : list;
 }
 
+using BackwardFn = Status (*)(const Problem&, const BackwardTensors&, Workspace, void*);
+
+struct BackwardKernel {
+  int64_t head_dim;  // qk = v
+  DType dtype;
+  BackwardFn run;
+};
+
+// The backward kernels of this build: the FA4_SM90_KERNELS entries that are in the backward table.
+constexpr BackwardKernel kBackwardKernels[] = {
+#if defined(FA4_WITH_CUDA)
+#define FA4_SM90_BWD_KERNEL(d, dtype) {d, DType::dtype, &sm90::run_backward<d, DType::dtype>},
+#include "sm90/sm90_bwd_kernels.inc"
+#undef FA4_SM90_BWD_KERNEL
+#endif
+    {0, DType::kBF16, nullptr}};
+
+const BackwardKernel* find_backward_kernel(const Problem& p) {
+  for (const BackwardKernel& k : kBackwardKernels)
+    if (k.run != nullptr && k.head_dim == p.head_dim_qk && k.head_dim == p.head_dim_v &&
+        k.dtype == p.dtype)
+      return &k;
+  return nullptr;
+}
+
+std::string built_backward_kernels() {
+  std::string list;
+  for (const BackwardKernel& k : kBackwardKernels) {
+    if (k.run == nullptr) continue;
+    if (!list.empty()) list += ", ";
+    list += std::to_string(k.head_dim) + (k.dtype == DType::kBF16 ? ":bf16" : ":fp16");
+  }
+  return list.empty() ? "none" : list;
+}
+
 // Indices inside the kernel are 32-bit (rows, heads, tiles); TMA extents are too.
 constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
 constexpr int64_t kMaxTiles = int64_t(1) << 30;
 // FwdConfig::kBlockM of every forward instance (src/sm90/fwd_config.cuh, not includable here).
 constexpr int64_t kQueryTileRows = 128;
+// BwdConfig::kBlockN, and the y / z extent of a CUDA grid (the backward's row kernels).
+constexpr int64_t kKeyTileRowsBwd = 128;
+constexpr int64_t kMaxGridYZ = 65535;
+
+// The backward's own limits, after the checks both passes share.
+Status can_implement_backward(const Problem& p) {
+  if (find_backward_kernel(p) == nullptr)
+    return not_supported("the sm90 backend has no backward kernel for head dims %lld / %lld (qk / v) "
+                         "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
+                         (long long)p.head_dim_qk, (long long)p.head_dim_v,
+                         p.dtype == DType::kBF16 ? "bf16" : "fp16", built_backward_kernels().c_str());
+  if (p.deterministic)
+    return not_supported("the sm90 backward is not deterministic in this version (dQ is summed over "
+                         "key tiles with atomics); the CPU backend is");
+  if (p.seqused_k != nullptr)
+    return not_supported("the sm90 backward does not take seqused_k in this version");
+  // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key
+  // tile (128 keys) x query head x batch entry.
+  const int64_t n_tiles = (p.seqlen_k + kKeyTileRowsBwd - 1) / kKeyTileRowsBwd;
+  if (p.seqlen_q >= kMaxExtent || p.seqlen_k >= kMaxExtent || p.varlen.total_q >= kMaxExtent ||
+      p.varlen.total_k >= kMaxExtent || p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ ||
+      n_tiles * p.heads_q > kMaxExtent / (p.batch > 0 ? p.batch : 1))
+    return not_supported("the sm90 backward takes fewer than 2^31 - 1 rows, at most %lld heads "
+                         "and batch entries, and fewer than 2^31 - 1 CTAs (128-key tiles x heads "
+                         "x batch)",
+                         (long long)kMaxGridYZ);
+  return Status::success();
+}
 
 Status can_implement(const Problem& p, Pass pass) {
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
-  if (pass == Pass::kBackward)
-    return not_supported("the sm90 backend has no backward kernel in this version");
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the
   // scale is positive (with softcap the factor applied after the max is the cap itself).
   if (p.softcap == 0.0f && p.scale() < 0.0f)
@@ -141,6 +204,7 @@ Status can_implement(const Problem& p, Pass pass) {
   return make_status(StatusCode::kBackendUnavailable,
                      "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
 #endif
+  if (pass == Pass::kBackward) return can_implement_backward(p);
   if (find_forward_kernel(p) == nullptr)
     return not_supported("the sm90 backend has no forward kernel for head dims %lld / %lld (qk / v) "
                          "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
@@ -158,7 +222,9 @@ Status can_implement(const Problem& p, Pass pass) {
   return Status::success();
 }
 
-size_t workspace_size(const Problem&, Pass) { return 0; }
+size_t workspace_size(const Problem& p, Pass pass) {
+  return pass == Pass::kBackward ? sm90::BwdWorkspace::layout(p).bytes : 0;
+}
 
 Status available() {
 #if defined(FA4_WITH_CUDA)
@@ -203,20 +269,15 @@ Memory memory_of(const void* ptr, int* device = nullptr) {
   return Memory::kHost;
 }
 
-// The kernels read and write through TMA descriptors: host memory would fault on the device.
-Status check_device_memory(const Problem& p, const ForwardTensors& t) {
-  const struct {
-    const char* name;
-    const void* data;
-  } views[] = {{"q.data", t.q.data},
-               {"k.data", t.k.data},
-               {"v.data", t.v.data},
-               {"out.data", t.out.data},
-               {"lse.data", p.return_lse ? t.lse.data : nullptr},
-               // The kernel reads these too: a host array would fault the context.
-               {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
-               {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
-               {"seqused_k", p.seqused_k}};
+struct NamedPointer {
+  const char* name;
+  const void* data;
+};
+
+// The kernels read and write through TMA descriptors and plain loads: host memory would fault on
+// the device.
+template <size_t kCount>
+Status check_device_memory(const NamedPointer (&views)[kCount]) {
   int current = 0;
 #if defined(FA4_WITH_CUDA)
   cudaGetDevice(&current);
@@ -238,13 +299,41 @@ Status check_device_memory(const Problem& p, const ForwardTensors& t) {
 
 Status run_forward(const Problem& p, const ForwardTensors& t, Workspace, void* stream) {
   Status s = can_implement(p, Pass::kForward);
-  if (s.ok()) s = check_device_memory(p, t);
+  // The kernel reads the sequence arrays too: a host array would fault the context.
+  const NamedPointer views[] = {{"q.data", t.q.data},
+                                {"k.data", t.k.data},
+                                {"v.data", t.v.data},
+                                {"out.data", t.out.data},
+                                {"lse.data", p.return_lse ? t.lse.data : nullptr},
+                                {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
+                                {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
+                                {"seqused_k", p.seqused_k}};
+  if (s.ok()) s = check_device_memory(views);
   if (!s.ok()) return s;
   return find_forward_kernel(p)->run(p, t, stream);
 }
 
-Status run_backward(const Problem& p, const BackwardTensors&, Workspace, void*) {
-  return can_implement(p, Pass::kBackward);
+Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
+                    void* stream) {
+  Status s = can_implement(p, Pass::kBackward);
+  const NamedPointer views[] = {{"q.data", t.q.data},
+                                {"k.data", t.k.data},
+                                {"v.data", t.v.data},
+                                {"out.data", t.out.data},
+                                {"dout.data", t.dout.data},
+                                {"lse.data", t.lse.data},
+                                {"dq.data", t.dq.data},
+                                {"dk.data", t.dk.data},
+                                {"dv.data", t.dv.data},
+                                {"workspace.data", workspace.data},
+                                {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
+                                {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k}};
+  if (s.ok()) s = check_device_memory(views);
+  // The kernels add float pairs into it with 8-byte atomics.
+  if (s.ok() && reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0)
+    s = invalid("workspace.data is not 256-byte aligned");
+  if (!s.ok()) return s;
+  return find_backward_kernel(p)->run(p, t, workspace, stream);
 }
 
 }  // namespace

@@ -11,20 +11,18 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/numeric.hpp"
 #include "common/test_util.hpp"
 #include "device_buffer.hpp"
+#include "sm90_test_support.hpp"
 
 #ifndef FA4_SM90_BUILT_KERNELS
 #error "tests/gpu/CMakeLists.txt passes the built kernel list"
@@ -33,101 +31,21 @@
 namespace fa4::test {
 namespace {
 
-#define FA4_SKIP_WITHOUT_HOPPER()                                   \
-  do {                                                              \
-    std::string why_;                                               \
-    if (!hopper_present(&why_)) GTEST_SKIP() << "sm90 tests need a Hopper GPU: " << why_; \
-  } while (0)
-
-struct Kernel {
-  int64_t dim_qk, dim_v;
-  DType dtype;
-};
-
-// A positive decimal number and nothing else.
-bool parse_dim(const std::string& text, int64_t* dim) {
-  constexpr size_t kMaxDigits = 6;
-  if (text.empty() || text.size() > kMaxDigits ||
-      !std::all_of(text.begin(), text.end(), [](unsigned char ch) { return std::isdigit(ch); }))
-    return false;
-  *dim = std::stoll(text);
-  return *dim > 0;
-}
-
-// FA4_SM90_BUILT_KERNELS: "128:bf16,64:fp16,192x128:bf16,..." (cmake/fa4_sm90.cmake's
-// FA4_SM90_KERNELS), head_dim[xhead_dim_v]:dtype. An entry this parser does not understand throws
-// at start-up: a silently skipped kernel would go untested.
+// FA4_SM90_BUILT_KERNELS: cmake/fa4_sm90.cmake's FA4_SM90_KERNELS, entries separated by ','.
 const std::vector<Kernel>& built_kernels() {
-  static const std::vector<Kernel> kernels = [] {
-    std::vector<Kernel> list;
-    std::stringstream text(FA4_SM90_BUILT_KERNELS);
-    std::string entry;
-    while (std::getline(text, entry, ',')) {
-      if (entry.empty()) continue;
-      const size_t colon = entry.find(':');
-      const std::string dims = entry.substr(0, colon);
-      const std::string dtype = colon == std::string::npos ? "" : entry.substr(colon + 1);
-      const size_t x = dims.find('x');
-      Kernel k{};
-      bool ok = parse_dim(dims.substr(0, x), &k.dim_qk);
-      k.dim_v = k.dim_qk;
-      if (x != std::string::npos) ok = ok && parse_dim(dims.substr(x + 1), &k.dim_v);
-      if (!ok || (dtype != "bf16" && dtype != "fp16"))
-        throw std::invalid_argument("FA4_SM90_BUILT_KERNELS: cannot read '" + entry +
-                                    "' (expected head_dim[xhead_dim_v]:bf16|fp16)");
-      k.dtype = dtype == "fp16" ? DType::kFP16 : DType::kBF16;
-      list.push_back(k);
-    }
-    return list;
-  }();
+  static const std::vector<Kernel> kernels =
+      parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS");
   return kernels;
 }
 
 bool is_built(int64_t dim_qk, int64_t dim_v, DType dtype) {
-  for (const Kernel& k : built_kernels())
-    if (k.dim_qk == dim_qk && k.dim_v == dim_v && k.dtype == dtype) return true;
-  return false;
+  return kernel_listed(built_kernels(), dim_qk, dim_v, dtype);
 }
-
-// The kernel every feature is tested on in full; the others share every piece but the tile sizes.
-bool is_full_kernel(const Kernel& k) {
-  return k.dim_qk == 128 && k.dim_v == 128 && k.dtype == DType::kBF16;
-}
-
-struct Shape {
-  const char* tag;
-  int64_t batch, sq, sk;
-};
 
 struct Heads {
   int64_t q, kv;
 };
 constexpr Heads kGqa[] = {{4, 4}, {8, 2}, {8, 1}};  // ratios 1, 4, 8
-
-Case base_case(const Kernel& k, const Shape& s) {
-  Case c;
-  c.batch = s.batch;
-  c.seqlen_q = s.sq;
-  c.seqlen_k = s.sk;
-  c.dim_qk = k.dim_qk;
-  c.dim_v = k.dim_v;
-  c.dtype = k.dtype;
-  return c;
-}
-
-std::string kernel_tag(const Kernel& k) {
-  std::string dims = std::to_string(k.dim_qk);
-  if (k.dim_v != k.dim_qk) dims += "x" + std::to_string(k.dim_v);
-  return "d" + dims + (k.dtype == DType::kBF16 ? "_bf16" : "_fp16");
-}
-
-// "L100R20", "L64" (no right bound), "R7" (no left bound).
-std::string window_tag(const Window& w) {
-  return (w.left >= 0 ? "L" + std::to_string(w.left) : "") +
-         (w.right >= 0 ? "R" + std::to_string(w.right) : "");
-}
-
-std::string gqa_tag(const Case& c) { return "_gqa" + std::to_string(c.heads_q / c.heads_kv); }
 
 // Packed qkv slices one token row into q, k and v heads of one width: only for dim_qk == dim_v.
 bool packable(const Kernel& k) { return k.dim_qk == k.dim_v; }
@@ -390,135 +308,6 @@ std::vector<Case> forward_cases() {
   return cases;
 }
 
-#define ASSERT_CUDA(expr)                                         \
-  do {                                                            \
-    const std::string err_ = (expr);                              \
-    ASSERT_TRUE(err_.empty()) << err_;                            \
-  } while (0)
-
-// A host int32 array (cu_seqlens, seqused_k) as a DeviceMirror view.
-DeviceMirror::View array_view(const std::vector<int32_t>& a) {
-  const int64_t n = int64_t(a.size());
-  return {a.data(), {1, 1, 1, n}, {n, n, n, 1}};
-}
-
-// Device copies of a case's inputs (one allocation for a packed qkv, else one per tensor), of its
-// sequence arrays (the GPU backend reads cu_seqlens and seqused_k in device memory) and of its
-// outputs, and the forward call on them. `problem` is the case's problem with device arrays;
-// the reference reads the host ones.
-struct DeviceRun {
-  const CaseData& setup;
-  Problem problem;
-  HostTensor out;
-  HostLse lse;
-  std::vector<std::unique_ptr<DeviceMirror>> inputs;
-  std::unique_ptr<DeviceMirror> d_out, d_lse;
-  ForwardTensors tensors;
-
-  explicit DeviceRun(const CaseData& s)
-      : setup(s),
-        problem(s.problem),
-        out(s.problem.dtype, query_dims(s.problem, s.problem.heads_q, s.problem.head_dim_v),
-            s.layout == Layout::kHeadMajor ? Layout::kHeadMajor : Layout::kContiguous),
-        lse(make_lse(s.problem, /*padded=*/false)) {
-    const size_t elem = dtype_size(s.problem.dtype);
-    const DeviceMirror* q_mirror;
-    const DeviceMirror* k_mirror;
-    const DeviceMirror* v_mirror;
-    if (s.packed) {
-      inputs.push_back(std::make_unique<DeviceMirror>(
-          std::vector<DeviceMirror::View>{mirror_view(s.q), mirror_view(s.k), mirror_view(s.v)},
-          elem));
-      q_mirror = k_mirror = v_mirror = inputs[0].get();
-    } else {
-      for (const HostTensor* t : {&s.q, &s.k, &s.v})
-        inputs.push_back(std::make_unique<DeviceMirror>(
-            std::vector<DeviceMirror::View>{mirror_view(*t)}, elem));
-      q_mirror = inputs[0].get();
-      k_mirror = inputs[1].get();
-      v_mirror = inputs[2].get();
-    }
-    // The arrays the problem points at, each in device memory of its own.
-    auto device_array = [&](const std::vector<int32_t>& a) -> const int32_t* {
-      inputs.push_back(std::make_unique<DeviceMirror>(
-          std::vector<DeviceMirror::View>{array_view(a)}, sizeof(int32_t)));
-      return static_cast<const int32_t*>(inputs.back()->device(a.data()));
-    };
-    if (s.problem.is_varlen()) {
-      problem.varlen.cu_seqlens_q = device_array(s.cu_q);
-      problem.varlen.cu_seqlens_k = device_array(s.cu_k);
-    }
-    if (s.problem.seqused_k != nullptr) problem.seqused_k = device_array(s.used_k);
-    d_out = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(out)}, elem);
-    d_lse = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(lse)}, 4);
-    tensors.q = q_mirror->device_view(s.q.view());
-    tensors.k = k_mirror->device_view(s.k.view());
-    tensors.v = v_mirror->device_view(s.v.view());
-    tensors.out = d_out->device_view(out.view());
-    if (s.problem.return_lse) tensors.lse = d_lse->device_view(lse.view());
-  }
-
-  std::string upload() {
-    for (auto& m : inputs) {
-      const std::string e = m->upload();
-      if (!e.empty()) return e;
-    }
-    return device_sync();
-  }
-
-  // The copies and memsets run on the legacy stream, the kernel on a non-blocking one: without a
-  // device-wide wait, a pageable upload or the poison could land after the kernel has started.
-  static std::string device_sync() {
-    const cudaError_t err = cudaDeviceSynchronize();
-    return err == cudaSuccess ? "" : std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(err);
-  }
-
-  // Poisons the outputs, runs the forward on `stream` (directly, or captured in a CUDA graph and
-  // replayed), waits, and downloads the outputs into `out` / `lse`. The poison is the host
-  // tensors' (a NaN payload check_written recognises, so that rows outside every sequence can be
-  // told from rows written with NaN); the guards around it are the mirrors' own.
-  std::string run(cudaStream_t stream, bool graph, Status* status) {
-    out.poison();
-    lse.poison();
-    std::string e = d_out->poison();
-    if (e.empty()) e = d_lse->poison();
-    if (e.empty()) e = d_out->upload();
-    if (e.empty()) e = d_lse->upload();
-    if (e.empty()) e = device_sync();
-    if (!e.empty()) return e;
-    if (graph) {
-      cudaGraph_t g = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-        return "cudaStreamBeginCapture failed";
-      *status = forward(problem, tensors, {}, stream, Backend::kSm90);
-      if (cudaStreamEndCapture(stream, &g) != cudaSuccess) return "cudaStreamEndCapture failed";
-      if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return "cudaGraphInstantiate failed";
-      const cudaError_t launched = cudaGraphLaunch(exec, stream);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(g);
-      if (launched != cudaSuccess) return "cudaGraphLaunch failed";
-    } else {
-      *status = forward(problem, tensors, {}, stream, Backend::kSm90);
-    }
-    const cudaError_t err = cudaStreamSynchronize(stream);
-    if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
-    e = d_out->download(nullptr);
-    if (e.empty()) e = d_lse->download(nullptr);
-    return e;
-  }
-};
-
-class Stream {
- public:
-  Stream() { cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
 void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}) {
   FA4_SKIP_WITHOUT_HOPPER();
   SCOPED_TRACE(seed_note());
@@ -762,11 +551,7 @@ TEST(Sm90Forward, RefusesWhatItDoesNotImplement) {
     EXPECT_EQ(s.code, StatusCode::kNotSupported) << to_string(s.code) << ": " << s.message;
     EXPECT_FALSE(s.message.empty());
   }
-  for (const Variant& a : accepted) {
-    SCOPED_TRACE(a.what + ", backward");
-    const Status bwd = can_implement(a.p, Backend::kSm90, Pass::kBackward);
-    EXPECT_EQ(bwd.code, StatusCode::kNotSupported) << to_string(bwd.code) << ": " << bwd.message;
-  }
+  // What the backward accepts: Sm90Backward.CanImplementAnswers.
 }
 
 // Host pointers handed to the GPU backend are refused before any launch.

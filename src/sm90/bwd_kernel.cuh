@@ -1,0 +1,272 @@
+// The sm90 backward kernel (docs/sm90_backward.md): one CTA per (key tile, query head, batch entry).
+//   warpgroup 0, one thread: TMA loads (bwd_load.cuh)
+//   warpgroups 1, 2 (MMA, 240 registers): 64 keys each. Per query tile m that sees the keys:
+//     Sᵀ = K Qᵀ                        wgmma
+//     P = exp2(Sᵀ·scale·log2e − LSE·log2e)   from the forward's LSE: no max, no sum
+//     dPᵀ = V dOᵀ, dV += Pᵀ dO         wgmma, Pᵀ from registers
+//     dS = P ∘ (dP − D)                (∘ (1 − tanh²) with softcap)
+//     dS → shared memory; dQ = dS K     (half the head dim per warpgroup), added to the fp32 dQ
+//                                       accumulator in the workspace (bwd_store.cuh)
+//     dK += dSᵀ Q                      wgmma, dSᵀ from registers
+//   then dK ·= scale, and dK, dV written (or added to the GQA accumulators).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/math_constants.hpp"
+#include "sm90/bwd_load.cuh"
+#include "sm90/bwd_mask.cuh"
+#include "sm90/bwd_store.cuh"
+#include "sm90/fragment.cuh"
+#include "sm90/named_barriers.cuh"
+#include "sm90/sequence.cuh"
+#include "sm90/softcap.cuh"
+#include "sm90/softmax.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct BwdKernel {
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using BlockN = typename Config::BlockN;
+  using HeadDim = typename Config::HeadDim;
+  using Load = BwdLoad<Config>;
+  using Store = BwdStore<Config>;
+  using Pipeline = typename Load::Pipeline;
+  using PipelineState = typename Load::PipelineState;
+  using Mask = KeyTileMask<Config::kBlockN, Config::kBlockM>;
+  static constexpr int kThreads = Config::kThreads;
+
+  struct Params {
+    typename Load::Params load;
+    typename Store::Params store;
+    SequenceParams sequences;
+    BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
+    SoftcapScores softcap;
+    float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
+    int n_blocks;            // key tiles of the longest sequence
+    int heads_q;
+  };
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutDs>, 1024> ds;
+    typename Pipeline::SharedStorage pipeline_q;
+    typename Pipeline::SharedStorage pipeline_do;
+    alignas(8) uint64_t kv_full;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  // What this CTA works on; false when the key tile is past its sequence's keys or the sequence's
+  // entries are invalid (nothing is written then).
+  struct Work {
+    int n_block, head, batch;
+    Sequence seq;
+    Mask mask;
+    QueryTiles queries;
+  };
+  CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
+    const int tile = int(blockIdx.x);
+    w.n_block = tile % p.n_blocks;
+    w.head = (tile / p.n_blocks) % p.heads_q;
+    w.batch = tile / p.n_blocks / p.heads_q;
+    w.seq = load_sequence(sequences, w.batch);
+    if (!w.seq.valid || w.n_block * Config::kBlockN >= w.seq.len_k) return false;
+    w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right)};
+    w.queries = w.mask.query_tiles(w.n_block);
+    return true;
+  }
+
+  CUTE_DEVICE void operator()(Params const& p, char* smem_raw) const {
+    auto& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    const int warpgroup = cutlass::canonical_warp_group_idx();
+    const bool leader = warp == 0 && cute::elect_one_sync();
+
+    if (leader) {
+      Load::prefetch_descriptors(p.load);
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
+    }
+    typename Pipeline::Params pipe;
+    pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                               : Pipeline::ThreadCategory::Consumer;
+    pipe.is_leader = leader;
+    pipe.num_consumers = Config::kMmaThreads;
+    pipe.transaction_bytes = Config::kBytesQ;
+    Pipeline pipeline_q(smem.pipeline_q, pipe, Shape<_1, _1, _1>{});
+    Pipeline pipeline_do(smem.pipeline_do, pipe, Shape<_1, _1, _1>{});
+    cutlass::arch::fence_barrier_init();
+    __syncthreads();
+
+    Work w;
+    const bool has_work = find_work(p, p.sequences, w);
+    if (warpgroup == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+      if (!leader || !has_work || w.queries.empty()) return;
+      Load::run(p.load, w.head, w.n_block, w.seq, w.queries.begin, w.queries.end, smem.q.data(),
+                smem.dout.data(), smem.k.data(), smem.v.data(), smem.kv_full, pipeline_q,
+                pipeline_do);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
+      if (has_work) mma(p, smem, w, pipeline_q, pipeline_do);
+    }
+  }
+
+ private:
+  CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, Work const& w,
+                              Pipeline& pipeline_q, Pipeline& pipeline_do) {
+    const int thread = int(threadIdx.x) - 128;  // among the MMA threads
+    typename Config::TiledMmaSdP mma_sdp;
+    typename Config::TiledMmaKV mma_kv;
+    typename Config::TiledMmaQ mma_q;
+    auto thr_sdp = mma_sdp.get_thread_slice(thread);
+    auto thr_kv = mma_kv.get_thread_slice(thread);
+    auto thr_q = mma_q.get_thread_slice(thread);
+
+    // The wgmma operands' shared-memory descriptors are made where each GEMM is issued, from an
+    // address the compiler cannot see through: made once, the 40-odd descriptors of the five
+    // GEMMs' k-blocks would be hoisted out of the loop and held in registers dK and dV need.
+    auto smem_tensor = [](auto* data, auto layout) {
+      asm volatile("" : "+l"(data));
+      return make_tensor(make_smem_ptr(data), layout);
+    };
+    using LayoutQ = typename Config::SmemLayoutQ;  // also dO's
+    using LayoutQt = typename Config::SmemLayoutQt;
+    using LayoutK = typename Config::SmemLayoutK;
+    using LayoutKt = typename Config::SmemLayoutKt;
+    using LayoutV = typename Config::SmemLayoutV;
+    using LayoutDs = typename Config::SmemLayoutDs;
+    Tensor sDst = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutDst{});
+
+    Tensor dV = partition_fragment_C(mma_kv, Shape<BlockN, HeadDim>{});
+    Tensor dK = partition_fragment_C(mma_kv, Shape<BlockN, HeadDim>{});
+    clear(dV);
+    clear(dK);
+    // (key, query) of this thread's Sᵀ values, as (rows, cols).
+    const auto score_coords =
+        rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<BlockN, BlockM>{})));
+    using ScoreFrag = decltype(partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{}));
+    Tensor tKVrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+    Tensor tKVrDs = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+    // P written value by value, in the accumulator's register order (= the operand's).
+    auto p_rc = rowcol_view(make_tensor(tKVrP.data(), ScoreFrag{}.layout()));
+
+    const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
+    const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
+    const typename Store::QueryRows rows = Store::query_rows(p.store, w.head, w.seq);
+    const bool softcap = p.softcap.enabled();
+
+    if (!w.queries.empty()) {
+      cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
+      PipelineState read;  // the Q and dO rings advance together
+      CUTE_NO_UNROLL
+      for (int m = w.queries.begin; m < w.queries.end; ++m) {
+        const int stage = read.index();
+        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+        pipeline_q.consumer_wait(read);
+        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
+                          thr_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
+                              _, _, _, stage),
+                          tSrS);
+        auto s = rowcol_view(tSrS);
+        // LSE and D are read per column where they are used (L1 hits after the first row): held
+        // in registers for the whole tile they would push dK and dV out of the register file.
+        const float* lse_row = Store::row_values(rows, p.store.lse_log2, m);
+        const float* dpsum_row = Store::row_values(rows, p.store.dpsum, m);
+        const int valid_cols = rows.len - m * Config::kBlockM;
+
+        warpgroup_wait<0>();  // Sᵀ is ready
+        if (softcap) p.softcap.apply(tSrS);
+        if (m < unmasked.begin || m >= unmasked.end)
+          Mask::apply(s, score_coords, row_queries, m);
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(s); ++j) {
+          const int col = get<1>(score_coords(0, j));
+          const float lse = col < valid_cols ? __ldg(lse_row + col) : INFINITY;
+          CUTE_UNROLL
+          for (int i = 0; i < size<0>(s); ++i) {
+            const float t = s(i, j);
+            const float prob = exp2_approx(fmaf(t, p.score_scale_log2, -lse));
+            p_rc(i, j) = Element(prob);
+            // With softcap, dS carries d tanh / d(its argument) = 1 − t² (t = −inf is masked and
+            // its probability 0).
+            s(i, j) = softcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
+          }
+        }
+        // dPᵀ and dV are issued only now: with dPᵀ's accumulator in flight during the
+        // exponentials, dK and dV would not fit in the register file beside them.
+        Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+        pipeline_do.consumer_wait(read);
+        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
+                          thr_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
+                              _, _, _, stage),
+                          tSrDp);
+        wgmma_issue<false>(mma_kv, tKVrP,
+                           thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
+                               _, _, _, stage),
+                           dV);
+        auto dp = rowcol_view(tSrDp);
+        warpgroup_wait<0>();  // dPᵀ is ready, and dV: P's registers are free
+        pipeline_do.consumer_release(read);  // dPᵀ and dV were dO's readers
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(s); ++j) {
+          const int col = get<1>(score_coords(0, j));
+          const float dpsum = col < valid_cols ? __ldg(dpsum_row + col) : 0.0f;
+          CUTE_UNROLL
+          for (int i = 0; i < size<0>(s); ++i) s(i, j) *= dp(i, j) - dpsum;
+        }
+        convert_fragment(tSrS, tKVrDs);
+        // dS of both warpgroups into shared memory for dQ. Its two stages alternate: a warpgroup
+        // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,
+        // since each waits for its own dQ before the next step's barrier.
+        copy(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()),
+             thr_sdp.partition_C(sDst(_, _, m & 1)));
+
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
+
+        Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
+        wgmma_issue<true>(mma_q,
+                          thr_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
+                              _, _, _, m & 1),
+                          thr_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+        wgmma_issue<false>(mma_kv, tKVrDs,
+                           thr_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
+                               _, _, _, stage),
+                           dK);
+        warpgroup_wait<1>();  // dQ is done
+        Store::add_dq(p.store, rows, thr_q, dQ, m);
+        warpgroup_wait<0>();  // dK is done: Q's stage is free
+        pipeline_q.consumer_release(read);
+        ++read;
+      }
+    }
+    // The sequence is read again rather than held through the loop (registers): the empty asm
+    // keeps the compiler from reusing the first reads.
+    SequenceParams again = p.sequences;
+    asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
+    Work done;
+    find_work(p, again, done);
+    Store::store_dkv(p.store, done.head, done.n_block, done.seq, thr_kv, dK, dV);
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    bwd_kernel(__grid_constant__ const typename Kernel::Params params) {
+  extern __shared__ __align__(1024) char smem[];
+  Kernel{}(params, smem);
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,154 @@
+// Problem → the backward's kernels on the caller's stream, in order: (GQA: clear the dK / dV
+// accumulators) → prepare (D, LSE·log2e, clear dQ's accumulator) → the main kernel → dQ (→ dK,
+// dV) rounded into the outputs. Nothing allocates or waits, so the sequence can be captured in a
+// graph; the workspace (bwd_workspace.hpp) is the caller's.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "api/validate.hpp"
+#include "sm90/bwd_config.cuh"
+#include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_rows.cuh"
+#include "sm90/bwd_workspace.hpp"
+#include "sm90/fwd_launch.cuh"
+#include "sm90/launch.cuh"
+
+namespace fa4::sm90 {
+
+inline Status launch_error(const char* what, int head_dim, cudaError_t err) {
+  return detail::make_status(StatusCode::kDeviceError,
+                             "sm90 backward %s (head dim %d) failed to launch: %s", what, head_dim,
+                             cudaGetErrorString(err));
+}
+
+template <int kHeadDim, DType kDType>
+Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
+                    void* stream) {
+  using Element = typename CutlassElement<kDType>::type;
+  using Config = BwdConfig<kHeadDim, Element>;
+  using Kernel = BwdKernel<Config>;
+  using Store = BwdStore<Config>;
+
+  // Rows inside some sequence: a varlen tensor may have rows but every sequence be empty.
+  const int64_t q_total =
+      p.seqlen_q == 0 ? 0 : p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q;
+  const int64_t k_total =
+      p.seqlen_k == 0 ? 0 : p.is_varlen() ? p.varlen.total_k : p.batch * p.seqlen_k;
+  if (q_total == 0 && k_total == 0) return Status::success();
+
+  const BwdWorkspace ws = BwdWorkspace::layout(p);
+  auto* base = static_cast<char*>(workspace.data);
+  float* dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  float* lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
+  float* dpsum = reinterpret_cast<float*>(base + ws.dpsum);
+  float* dk_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
+  float* dv_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
+
+  const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
+                                 int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
+                                 int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
+  const int32_t q_per_batch = p.is_varlen() ? 0 : int32_t(p.seqlen_q);
+  const int32_t k_per_batch = p.is_varlen() ? 0 : int32_t(p.seqlen_k);
+  auto row_tensor = [&](const TensorView& v) {
+    return RowTensor<Element>{static_cast<Element*>(v.data), p.is_varlen() ? 0 : v.batch_stride,
+                              v.seq_stride, v.head_stride};
+  };
+  auto const_rows = [&](const TensorView& v) {
+    return RowTensor<const Element>{static_cast<const Element*>(v.data),
+                                    p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
+                                    v.head_stride};
+  };
+  const dim3 row_block(32 * kRowWarps);
+  auto row_grid = [&](int64_t rows, int64_t heads) {
+    return dim3(unsigned((rows + kRowWarps - 1) / kRowWarps), unsigned(heads), unsigned(p.batch));
+  };
+
+  cudaError_t err = cudaSuccess;
+  if (ws.gqa && k_total > 0)
+    err = cudaMemsetAsync(base + ws.dk_accum, 0, ws.bytes - ws.dk_accum,
+                          static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return launch_error("clearing the GQA accumulators", kHeadDim, err);
+
+  if (q_total > 0) {
+    const PrepareParams prepare{sequences,
+                                t.lse.data,
+                                p.is_varlen() ? 0 : t.lse.batch_stride,
+                                t.lse.head_stride,
+                                t.lse.seq_stride,
+                                lse_log2,
+                                dpsum,
+                                dq_accum,
+                                q_total,
+                                q_per_batch,
+                                int(p.head_dim_qk),
+                                int(p.head_dim_v)};
+    err = launch_kernel(&bwd_prepare_kernel<Element>, row_grid(p.seqlen_q, p.heads_q), row_block,
+                        0, stream, prepare, const_rows(t.out), const_rows(t.dout));
+    if (err != cudaSuccess) return launch_error("prepare kernel", kHeadDim, err);
+  }
+
+  const int n_blocks = int((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN);
+  // With no query rows Q and dO may be views without memory; their descriptors are never used
+  // but must be encodable, so they borrow K's address.
+  BackwardTensors tt = t;
+  if (q_total == 0) tt.q.data = tt.dout.data = t.k.data;
+  // Also without query rows: every key tile then writes dK = dV = 0.
+  if (k_total > 0) {
+    const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
+                                         p.window.right);
+    const SoftcapScores softcap = SoftcapScores::make(Softcap{p.softcap}, p.scale());
+    auto output = [&](const TensorView& v) {
+      return typename Store::Output{static_cast<Element*>(v.data),
+                                    p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
+                                    v.head_stride};
+    };
+    const typename Store::Params store{dq_accum,       lse_log2,    dpsum,
+                                       q_total,        q_per_batch, output(t.dk),
+                                       output(t.dv),   dk_accum,    dv_accum,
+                                       k_total,        k_per_batch, int(p.heads_q / p.heads_kv),
+                                       p.scale()};
+    const typename Kernel::Params params{
+        Kernel::Load::make_params(p, tt),
+        store,
+        sequences,
+        band,
+        softcap,
+        (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
+        n_blocks,
+        int(p.heads_q)};
+    auto* kernel = &bwd_kernel<Kernel>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Kernel::kSmemBytes);
+    if (err == cudaSuccess)
+      err = launch_kernel(kernel, dim3(unsigned(int64_t(n_blocks) * p.heads_q * p.batch)),
+                          dim3(Kernel::kThreads), size_t(Kernel::kSmemBytes), stream, params);
+    if (err != cudaSuccess) return launch_error("kernel", kHeadDim, err);
+  }
+
+  // dQ: scaled and rounded (rows that see no key get 0: their accumulator stayed cleared).
+  if (q_total > 0) {
+    const FinishParams finish{sequences, dq_accum, q_total, q_per_batch, int(p.head_dim_qk),
+                              p.scale()};
+    err = launch_kernel(&bwd_finish_kernel<Element>, row_grid(p.seqlen_q, p.heads_q), row_block,
+                        0, stream, finish, row_tensor(t.dq), false);
+    if (err != cudaSuccess) return launch_error("dQ kernel", kHeadDim, err);
+  }
+  if (ws.gqa && k_total > 0) {
+    const FinishParams finish_k{sequences, dk_accum, k_total, k_per_batch, int(p.head_dim_qk),
+                                1.0f};
+    const FinishParams finish_v{sequences, dv_accum, k_total, k_per_batch, int(p.head_dim_v),
+                                1.0f};
+    err = launch_kernel(&bwd_finish_kernel<Element>, row_grid(p.seqlen_k, p.heads_kv), row_block,
+                        0, stream, finish_k, row_tensor(t.dk), true);
+    if (err == cudaSuccess)
+      err = launch_kernel(&bwd_finish_kernel<Element>, row_grid(p.seqlen_k, p.heads_kv),
+                          row_block, 0, stream, finish_v, row_tensor(t.dv), true);
+    if (err != cudaSuccess) return launch_error("dK / dV kernel", kHeadDim, err);
+  }
+  return Status::success();
+}
+
+}  // namespace fa4::sm90

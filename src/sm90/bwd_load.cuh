@@ -1,0 +1,130 @@
+// The producer side of the backward kernel: one thread loads the CTA's K and V tiles once (one
+// mbarrier for both), then Q and dO of each query tile the keys are seen by, into two rings guarded
+// by CUTLASS's PipelineTmaAsync. Rows past a sequence's end arrive as zeros (gmem_layout.cuh).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "sm90/gmem_layout.cuh"
+#include "sm90/sequence.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct BwdLoad {
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using BlockN = typename Config::BlockN;
+  using HeadDim = typename Config::HeadDim;
+  using SmemLayoutQ = typename Config::SmemLayoutQ;  // also dO's
+  using SmemLayoutK = typename Config::SmemLayoutK;
+  using SmemLayoutV = typename Config::SmemLayoutV;
+
+  using Pipeline = cutlass::PipelineTmaAsync<Config::kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  template <class SmemLayout, class Box>
+  using Tma = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+      SmemLayout{}, Box{}, _1{}));
+  using TmaQ = Tma<decltype(take<0, 2>(SmemLayoutQ{})), Shape<BlockM, HeadDim>>;
+  using TmaK = Tma<SmemLayoutK, Shape<BlockN, HeadDim>>;
+  using TmaV = Tma<SmemLayoutV, Shape<BlockN, HeadDim>>;
+
+  struct Params {
+    TmaQ tma_q;
+    TmaQ tma_do;
+    TmaK tma_k;
+    TmaV tma_v;
+    GmemShape shape_q;  // also dO's
+    GmemShape shape_k;  // also V's
+    int head_group;     // query heads per kv head (GQA)
+  };
+
+  static Params make_params(const Problem& p, const BackwardTensors& t) {
+    auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
+    const auto q = gmem_view(static_cast<Element const*>(t.q.data), t.q, query_rows(p),
+                             p.head_dim_qk, p.heads_q);
+    const auto dout = gmem_view(static_cast<Element const*>(t.dout.data), t.dout, query_rows(p),
+                                p.head_dim_v, p.heads_q);
+    const auto k = gmem_view(static_cast<Element const*>(t.k.data), t.k, key_rows(p),
+                             p.head_dim_qk, p.heads_kv);
+    const auto v = gmem_view(static_cast<Element const*>(t.v.data), t.v, key_rows(p), p.head_dim_v,
+                             p.heads_kv);
+    const auto q_box = Shape<BlockM, HeadDim>{};
+    const auto k_box = Shape<BlockN, HeadDim>{};
+    return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), take<0, 2>(SmemLayoutQ{}), q_box, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(dout), take<0, 2>(SmemLayoutQ{}), q_box, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutK{}, k_box, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutV{}, k_box, _1{}),
+            q.layout.shape(),
+            k.layout.shape(),
+            int(p.heads_q / p.heads_kv)};
+  }
+
+  CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+  }
+
+  // The (rows, dim, tile) tiles of one head of one sequence, rows counted from the sequence's row 0.
+  template <class Tma, class Box>
+  CUTE_DEVICE static auto sequence_tiles(Tma const& tma, GmemShape const& shape, int head,
+                                         SeqRows rows, Box box) {
+    Tensor m = tma.get_tma_tensor(shape)(_, _, head, rows.shift, rows.batch);  // (row, dim)
+    return local_tile(domain_offset(make_coord(rows.offset, _0{}), m), box, make_coord(_, _0{}));
+  }
+
+  // Runs on a single thread. Query tiles [m_begin, m_end) in increasing order, Q before dO (Sᵀ,
+  // which needs Q, is issued before dPᵀ).
+  CUTE_DEVICE static void run(Params const& p, int head, int n_block, Sequence const& seq,
+                              int m_begin, int m_end, Element* smem_q, Element* smem_do,
+                              Element* smem_k, Element* smem_v, uint64_t& kv_full,
+                              Pipeline& pipeline_q, Pipeline& pipeline_do) {
+    const int kv_head = head / p.head_group;
+    const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
+    const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
+
+    Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDim>{});
+    Tensor gV = sequence_tiles(p.tma_v, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDim>{});
+    Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem_v), SmemLayoutV{});
+    auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                      group_modes<0, 2>(gV));
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&kv_full, Config::kBytesKV);
+    copy(p.tma_k.with(kv_full), tKgK(_, n_block), tKsK);
+    copy(p.tma_v.with(kv_full), tVgV(_, n_block), tVsV);
+
+    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, head, q_rows, Shape<BlockM, HeadDim>{});
+    Tensor gDo = sequence_tiles(p.tma_do, p.shape_q, head, q_rows, Shape<BlockM, HeadDim>{});
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});  // (M, D, stage)
+    Tensor sDo = make_tensor(make_smem_ptr(smem_do), SmemLayoutQ{});
+    auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                      group_modes<0, 2>(gQ));
+    auto [tDgDo, tDsDo] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDo),
+                                        group_modes<0, 2>(gDo));
+    PipelineState write_q = cutlass::make_producer_start_state<Pipeline>();
+    PipelineState write_do = cutlass::make_producer_start_state<Pipeline>();
+    CUTE_NO_UNROLL
+    for (int m = m_begin; m < m_end; ++m) {
+      pipeline_q.producer_acquire(write_q);
+      copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ(_, m),
+           tQsQ(_, write_q.index()));
+      ++write_q;
+      pipeline_do.producer_acquire(write_do);
+      copy(p.tma_do.with(*pipeline_do.producer_get_barrier(write_do)), tDgDo(_, m),
+           tDsDo(_, write_do.index()));
+      ++write_do;
+    }
+  }
+};
+
+}  // namespace fa4::sm90

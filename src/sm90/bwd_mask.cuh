@@ -1,0 +1,103 @@
+// The band mask (causal / sliding window, bottom-right aligned) seen from a key tile, for the
+// backward's transposed scores Sᵀ (rows = keys, columns = queries). The rule is BandMask's
+// (common/mask.hpp), the one the forward and the CPU backend use.
+//
+// Keys past the sequence's end and query rows past its end need no mask here: their K / Q / dO
+// rows load as zeros and their LSE is +inf, so their probabilities and dS are 0 or multiply zero
+// rows, and their dK / dV rows are never stored (bwd_store.cuh).
+#pragma once
+
+#include <cstdint>
+#include <climits>
+
+#include <cute/tensor.hpp>
+
+#include "common/mask.hpp"
+#include "sm90/mask.cuh"
+
+namespace fa4::sm90 {
+
+// Query tiles [begin, end) that see a key tile; empty when no query sees any of its keys.
+struct QueryTiles {
+  int begin = 0;
+  int end = 0;
+  CUTE_HOST_DEVICE bool empty() const { return end <= begin; }
+};
+
+template <int kBlockN, int kBlockM>
+struct KeyTileMask {
+  BandMask band;  // this sequence's lengths
+
+  CUTE_DEVICE int64_t first_key(int n_block) const { return int64_t(n_block) * kBlockN; }
+  CUTE_DEVICE int64_t last_key(int n_block) const {
+    const int64_t end = first_key(n_block) + kBlockN;
+    return (end < band.seqlen_k ? end : band.seqlen_k) - 1;
+  }
+
+  // Keys see queries in windows that only move down as the key grows, so the tile's queries lie
+  // in [query_begin(first key), query_end(last key)).
+  CUTE_DEVICE QueryTiles query_tiles(int n_block) const {
+    int64_t lo = band.query_begin(first_key(n_block));
+    int64_t hi = band.query_end(last_key(n_block));
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > band.seqlen_q ? band.seqlen_q : hi;
+    if (hi <= lo) return {};
+    return {int(lo / kBlockM), int((hi + kBlockM - 1) / kBlockM)};
+  }
+
+  // The query tiles whose every (query, key) pair with this key tile is inside the band: a
+  // contiguous range (the right side of the band bounds it below, the left side above), computed
+  // once so that the tile loop holds two integers rather than the band.
+  CUTE_DEVICE QueryTiles unmasked_tiles(int n_block) const {
+    const int64_t n0 = first_key(n_block);
+    const int64_t shift = band.seqlen_k - band.seqlen_q;
+    QueryTiles t{0, INT32_MAX};
+    if (band.right >= 0) {
+      // key_end(m0) ≥ n0 + kBlockN  ⇔  m0 ≥ n0 + kBlockN − 1 − shift − right
+      const int64_t first = n0 + kBlockN - 1 - shift - band.right;
+      t.begin = first <= 0 ? 0 : int((first + kBlockM - 1) / kBlockM);
+    }
+    if (band.left >= 0) {
+      // key_begin(last row) ≤ n0  ⇔  last row ≤ n0 − shift + left, the last row being
+      // min(m0 + kBlockM, seqlen_q) − 1
+      const int64_t last = n0 - shift + band.left;
+      if (last < band.seqlen_q - 1) {
+        const int64_t m_max = last + 1 - kBlockM;  // m0 ≤ m_max
+        t.end = m_max < 0 ? 0 : int(m_max / kBlockM) + 1;
+      }
+    }
+    return t;
+  }
+
+  // Queries [lo, hi) that see the thread's first key; its other keys' bounds are these moved by
+  // their (compile-time) row offsets. Two integers held through the tile loop, not two per row.
+  // Clamped into [−kBlockN, seqlen_q], which keeps every comparison with a query in
+  // [0, seqlen_q) as it was; an unbounded side becomes a bound no query crosses.
+  struct RowQueries {
+    int lo, hi;
+  };
+  template <class Coords>
+  CUTE_DEVICE RowQueries row_queries(Coords const& coords, int n_block) const {
+    const int64_t key = first_key(n_block) + cute::get<0>(coords(0, 0));
+    const int64_t lowest = -kBlockN;
+    auto clamp = [&](int64_t x) { return int(cute::max(cute::min(x, band.seqlen_q), lowest)); };
+    return {band.right < 0 ? int(lowest) : clamp(band.query_begin(key)),
+            band.left < 0 ? int(band.seqlen_q) : clamp(band.query_end(key))};
+  }
+
+  template <class Scores, class Coords>
+  CUTE_DEVICE static void apply(Scores& scores, Coords const& coords, RowQueries queries,
+                                int m_block) {
+    constexpr int kRows = decltype(cute::size<0>(coords))::value;
+    int lo[kRows], hi[kRows];
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const int below = cute::get<0>(coords(i, 0)) - cute::get<0>(coords(0, 0));
+      lo[i] = queries.lo + below;
+      hi[i] = queries.hi + below;
+    }
+    mask_outside_columns(scores, coords, lo, hi, m_block * kBlockM + cute::get<1>(coords(0, 0)));
+  }
+};
+
+}  // namespace fa4::sm90

@@ -1,0 +1,111 @@
+// The backward's row-wise kernels, before and after the main one: one warp per row of one head.
+//   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0
+//   finish_q: dQ = scale · accumulator, rounded to the output dtype
+//   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
+// Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
+// every sequence are never touched.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/config.hpp>
+
+#include "common/math_constants.hpp"
+#include "sm90/sequence.cuh"
+
+namespace fa4::sm90 {
+
+constexpr int kRowWarps = 8;  // rows per block of the row-wise kernels
+
+template <class Element>
+struct RowTensor {  // (batch, seq, head, dim) element strides; varlen: batch unused
+  Element* data;
+  int64_t batch_stride, seq_stride, head_stride;
+
+  CUTE_DEVICE Element* row(Sequence const& s, int64_t i, int head) const {
+    return data + int64_t(s.batch) * batch_stride + (s.start_q + i) * seq_stride +
+           int64_t(head) * head_stride;
+  }
+};
+
+// The rows of one head of one sequence this warp handles; false when there is none.
+struct RowWork {
+  Sequence seq;
+  int64_t row;  // within the sequence
+  int head;
+  int lane;
+};
+CUTE_DEVICE bool find_row(SequenceParams const& sequences, bool keys, RowWork& w) {
+  w.lane = int(threadIdx.x) % 32;
+  w.head = int(blockIdx.y);
+  w.row = int64_t(blockIdx.x) * kRowWarps + int(threadIdx.x) / 32;
+  w.seq = load_sequence(sequences, int(blockIdx.z));
+  if (keys) {  // walk key rows: the sequence's key rows stand in for its query rows
+    w.seq.start_q = w.seq.start_k;
+    w.seq.len_q = w.seq.len_k;
+  }
+  return w.seq.valid && w.row < w.seq.len_q;
+}
+
+struct PrepareParams {
+  SequenceParams sequences;
+  const float* lse;  // the forward's LSE
+  int64_t lse_batch_stride, lse_head_stride, lse_seq_stride;
+  float* lse_log2;  // workspace, [heads_q][query rows]
+  float* dpsum;
+  float* dq_accum;  // [heads_q][query rows][dim]
+  int64_t q_rows;   // query rows per head in the workspace
+  int32_t q_rows_per_batch;
+  int dim, dim_v;
+};
+
+template <class Element>
+__global__ void __launch_bounds__(32 * kRowWarps)
+    bwd_prepare_kernel(const PrepareParams p, const RowTensor<const Element> out,
+                       const RowTensor<const Element> dout) {
+  RowWork w;
+  if (!find_row(p.sequences, false, w)) return;
+  const Element* o = out.row(w.seq, w.row, w.head);
+  const Element* d = dout.row(w.seq, w.row, w.head);
+  float sum = 0.0f;
+  for (int c = w.lane; c < p.dim_v; c += 32) sum += float(o[c]) * float(d[c]);
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const int64_t ws_row = int64_t(w.head) * p.q_rows + w.seq.start_q +
+                         int64_t(w.seq.batch) * p.q_rows_per_batch + w.row;
+  float* dq = p.dq_accum + ws_row * p.dim;
+  for (int c = w.lane; c < p.dim; c += 32) dq[c] = 0.0f;
+  if (w.lane == 0) {
+    p.dpsum[ws_row] = sum;
+    const float lse = p.lse[int64_t(w.seq.batch) * p.lse_batch_stride +
+                            int64_t(w.head) * p.lse_head_stride +
+                            (w.seq.start_q + w.row) * p.lse_seq_stride];
+    // −inf cannot come from the forward (a row that sees no key has +inf); read it the same way,
+    // so that no probability becomes exp2(+inf).
+    p.lse_log2[ws_row] = lse == -INFINITY ? INFINITY : lse * float(kLog2e);
+  }
+}
+
+struct FinishParams {
+  SequenceParams sequences;
+  const float* accum;  // [heads][rows][dim]
+  int64_t rows;        // rows per head in the workspace
+  int32_t rows_per_batch;
+  int dim;
+  float scale;
+};
+
+// dst = scale · accumulator, one row of one head per warp; `keys` walks key rows (dK, dV).
+template <class Element>
+__global__ void __launch_bounds__(32 * kRowWarps)
+    bwd_finish_kernel(const FinishParams p, const RowTensor<Element> dst, bool keys) {
+  RowWork w;
+  if (!find_row(p.sequences, keys, w)) return;
+  const float* src = p.accum + (int64_t(w.head) * p.rows + w.seq.start_q +
+                                int64_t(w.seq.batch) * p.rows_per_batch + w.row) *
+                                   p.dim;
+  Element* out = dst.row(w.seq, w.row, w.head);
+  for (int c = w.lane; c < p.dim; c += 32) out[c] = Element(src[c] * p.scale);
+}
+
+}  // namespace fa4::sm90

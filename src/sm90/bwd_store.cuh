@@ -1,0 +1,130 @@
+// Where the backward kernel reads its per-row statistics and writes its gradients:
+//   - LSE·log2e and D of the query rows, from the workspace (bwd_workspace.hpp), per column of Sᵀ;
+//   - dQ of each (query tile, key tile) pair, added to the fp32 accumulator in the workspace with
+//     vector atomics (the key tiles of a query tile run in different CTAs);
+//   - dK, dV once per CTA: rounded and written to the outputs, or, with GQA, added to the fp32
+//     accumulators of the kv head (its query heads run in different CTAs).
+// Only rows inside the sequence are touched.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "sm90/sequence.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct BwdStore {
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using BlockN = typename Config::BlockN;
+  using HeadDim = typename Config::HeadDim;
+  static constexpr int kDim = Config::kHeadDim;
+
+  struct Output {  // dK or dV: (batch, seq, head, dim) element strides; varlen: batch unused
+    Element* data;
+    int64_t batch_stride, seq_stride, head_stride;
+  };
+
+  struct Params {
+    float* dq_accum;        // [heads_q][query rows][dim]
+    const float* lse_log2;  // [heads_q][query rows]
+    const float* dpsum;     // [heads_q][query rows]
+    int64_t q_rows;         // query rows per head in the workspace
+    int32_t q_rows_per_batch;  // seqlen_q (fixed length), 0 (varlen: rows start at cu_seqlens_q)
+    Output dk, dv;
+    float* dk_accum;        // GQA: [heads_kv][key rows][dim]; null without GQA
+    float* dv_accum;
+    int64_t k_rows;
+    int32_t k_rows_per_batch;
+    int head_group;  // query heads per kv head
+    float dk_scale;  // the softmax scale (dS is the gradient of the scaled score)
+  };
+
+  // One query head of one sequence in the workspace.
+  struct QueryRows {
+    int64_t first;  // workspace row of the sequence's row 0, this head
+    int32_t len;
+  };
+  CUTE_DEVICE static QueryRows query_rows(Params const& p, int head, Sequence const& seq) {
+    return {int64_t(head) * p.q_rows + seq.start_q + int64_t(seq.batch) * p.q_rows_per_batch,
+            seq.len_q};
+  }
+
+  // The workspace values of query tile m's rows (valid below rows.len − m·kBlockM).
+  CUTE_DEVICE static const float* row_values(QueryRows const& rows, const float* values, int m) {
+    return values + rows.first + int64_t(m) * Config::kBlockM;
+  }
+
+  // Adds consecutive value pairs of an accumulator (two adjacent columns of one row: the wgmma
+  // accumulator's order) to rows[row · kDim + col], for rows below `len`. Each address is this
+  // thread's first element's plus a compile-time offset; the base goes through an empty asm so
+  // that the compiler computes the addresses here instead of hoisting one 64-bit pointer per pair
+  // out of the tile loop (32 registers, spilled).
+  template <class Acc, class Coords>
+  CUTE_DEVICE static void add_pairs(Acc const& acc, Coords const& coords, int len, float* rows) {
+    static_assert(decltype(size(acc))::value % 2 == 0);
+    const int row0 = get<0>(coords(0)), col0 = get<1>(coords(0));
+    float* base = rows + row0 * kDim + col0;
+    asm volatile("" : "+l"(base));
+    CUTE_UNROLL
+    for (int k = 0; k < size(acc); k += 2) {
+      const int row = get<0>(coords(k));
+      const int offset = (row - row0) * kDim + (get<1>(coords(k)) - col0);
+      if (row < len)
+        atomicAdd(reinterpret_cast<float2*>(base + offset), make_float2(acc(k), acc(k + 1)));
+    }
+  }
+
+  template <class ThrMma, class Acc>
+  CUTE_DEVICE static void add_dq(Params const& p, QueryRows const& rows, ThrMma const& thr,
+                                 Acc const& dq, int m) {
+    const auto coords = thr.partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{}));
+    add_pairs(dq, coords, rows.len - m * Config::kBlockM,
+              p.dq_accum + (rows.first + int64_t(m) * Config::kBlockM) * kDim);
+  }
+
+  template <class ThrMma, class Acc>
+  CUTE_DEVICE static void store_dkv(Params const& p, int head, int n_block, Sequence const& seq,
+                                    ThrMma const& thr, Acc& dk, Acc const& dv) {
+    CUTE_UNROLL
+    for (int k = 0; k < size(dk); ++k) dk(k) *= p.dk_scale;
+    const auto coords = thr.partition_C(make_identity_tensor(Shape<BlockN, HeadDim>{}));
+    const int len = seq.len_k - n_block * Config::kBlockN;  // rows of this tile that exist
+    const int64_t first_key = int64_t(n_block) * Config::kBlockN;
+    if (p.dk_accum != nullptr) {
+      const int64_t first = int64_t(head / p.head_group) * p.k_rows + seq.start_k +
+                            int64_t(seq.batch) * p.k_rows_per_batch + first_key;
+      add_pairs(dk, coords, len, p.dk_accum + first * kDim);
+      add_pairs(dv, coords, len, p.dv_accum + first * kDim);
+      return;
+    }
+    store_pairs(p.dk, dk, coords, len, seq, head, first_key);
+    store_pairs(p.dv, dv, coords, len, seq, head, first_key);
+  }
+
+ private:
+  template <class Acc, class Coords>
+  CUTE_DEVICE static void store_pairs(Output const& o, Acc const& acc, Coords const& coords,
+                                      int len, Sequence const& seq, int head, int64_t first_key) {
+    Element* base = o.data + int64_t(seq.batch) * o.batch_stride +
+                    (seq.start_k + first_key) * o.seq_stride + int64_t(head) * o.head_stride;
+    CUTE_UNROLL
+    for (int k = 0; k < size(acc); k += 2) {
+      const int row = get<0>(coords(k));
+      if (row < len) {
+        cutlass::Array<Element, 2> pair;
+        pair[0] = Element(acc(k));
+        pair[1] = Element(acc(k + 1));
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(base + row * o.seq_stride +
+                                                       get<1>(coords(k))) = pair;
+      }
+    }
+  }
+};
+
+}  // namespace fa4::sm90

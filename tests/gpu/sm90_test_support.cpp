@@ -1,0 +1,174 @@
+#include "sm90_test_support.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/numeric.hpp"
+
+namespace fa4::test {
+namespace {
+
+// A positive decimal number and nothing else.
+bool parse_dim(const std::string& text, int64_t* dim) {
+  constexpr size_t kMaxDigits = 6;
+  if (text.empty() || text.size() > kMaxDigits ||
+      !std::all_of(text.begin(), text.end(), [](unsigned char ch) { return std::isdigit(ch); }))
+    return false;
+  *dim = std::stoll(text);
+  return *dim > 0;
+}
+
+}  // namespace
+
+std::vector<Kernel> parse_kernel_list(const std::string& list, const std::string& what) {
+  std::vector<Kernel> kernels;
+  std::stringstream text(list);
+  std::string entry;
+  while (std::getline(text, entry, ',')) {
+    if (entry.empty()) continue;
+    const size_t colon = entry.find(':');
+    const std::string dims = entry.substr(0, colon);
+    const std::string dtype = colon == std::string::npos ? "" : entry.substr(colon + 1);
+    const size_t x = dims.find('x');
+    Kernel k{};
+    bool ok = parse_dim(dims.substr(0, x), &k.dim_qk);
+    k.dim_v = k.dim_qk;
+    if (x != std::string::npos) ok = ok && parse_dim(dims.substr(x + 1), &k.dim_v);
+    if (!ok || (dtype != "bf16" && dtype != "fp16"))
+      throw std::invalid_argument(what + ": cannot read '" + entry +
+                                  "' (expected head_dim[xhead_dim_v]:bf16|fp16)");
+    k.dtype = dtype == "fp16" ? DType::kFP16 : DType::kBF16;
+    kernels.push_back(k);
+  }
+  return kernels;
+}
+
+bool kernel_listed(const std::vector<Kernel>& list, int64_t dim_qk, int64_t dim_v, DType dtype) {
+  for (const Kernel& k : list)
+    if (k.dim_qk == dim_qk && k.dim_v == dim_v && k.dtype == dtype) return true;
+  return false;
+}
+
+bool is_full_kernel(const Kernel& k) {
+  return k.dim_qk == 128 && k.dim_v == 128 && k.dtype == DType::kBF16;
+}
+
+Case base_case(const Kernel& k, const Shape& s) {
+  Case c;
+  c.batch = s.batch;
+  c.seqlen_q = s.sq;
+  c.seqlen_k = s.sk;
+  c.dim_qk = k.dim_qk;
+  c.dim_v = k.dim_v;
+  c.dtype = k.dtype;
+  return c;
+}
+
+std::string kernel_tag(const Kernel& k) {
+  std::string dims = std::to_string(k.dim_qk);
+  if (k.dim_v != k.dim_qk) dims += "x" + std::to_string(k.dim_v);
+  return "d" + dims + (k.dtype == DType::kBF16 ? "_bf16" : "_fp16");
+}
+
+std::string window_tag(const Window& w) {
+  return (w.left >= 0 ? "L" + std::to_string(w.left) : "") +
+         (w.right >= 0 ? "R" + std::to_string(w.right) : "");
+}
+
+std::string gqa_tag(const Case& c) { return "_gqa" + std::to_string(c.heads_q / c.heads_kv); }
+
+DeviceMirror::View array_view(const std::vector<int32_t>& a) {
+  const int64_t n = int64_t(a.size());
+  return {a.data(), {1, 1, 1, n}, {n, n, n, 1}};
+}
+
+DeviceRun::DeviceRun(const CaseData& s)
+    : setup(s),
+      problem(s.problem),
+      out(s.problem.dtype, query_dims(s.problem, s.problem.heads_q, s.problem.head_dim_v),
+          s.layout == Layout::kHeadMajor ? Layout::kHeadMajor : Layout::kContiguous),
+      lse(make_lse(s.problem, /*padded=*/false)) {
+  const size_t elem = dtype_size(s.problem.dtype);
+  const DeviceMirror* q_mirror;
+  const DeviceMirror* k_mirror;
+  const DeviceMirror* v_mirror;
+  if (s.packed) {
+    inputs.push_back(std::make_unique<DeviceMirror>(
+        std::vector<DeviceMirror::View>{mirror_view(s.q), mirror_view(s.k), mirror_view(s.v)},
+        elem));
+    q_mirror = k_mirror = v_mirror = inputs[0].get();
+  } else {
+    for (const HostTensor* t : {&s.q, &s.k, &s.v})
+      inputs.push_back(std::make_unique<DeviceMirror>(
+          std::vector<DeviceMirror::View>{mirror_view(*t)}, elem));
+    q_mirror = inputs[0].get();
+    k_mirror = inputs[1].get();
+    v_mirror = inputs[2].get();
+  }
+  // The arrays the problem points at, each in device memory of its own.
+  auto device_array = [&](const std::vector<int32_t>& a) -> const int32_t* {
+    inputs.push_back(std::make_unique<DeviceMirror>(
+        std::vector<DeviceMirror::View>{array_view(a)}, sizeof(int32_t)));
+    return static_cast<const int32_t*>(inputs.back()->device(a.data()));
+  };
+  if (s.problem.is_varlen()) {
+    problem.varlen.cu_seqlens_q = device_array(s.cu_q);
+    problem.varlen.cu_seqlens_k = device_array(s.cu_k);
+  }
+  if (s.problem.seqused_k != nullptr) problem.seqused_k = device_array(s.used_k);
+  d_out = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(out)}, elem);
+  d_lse = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(lse)}, 4);
+  tensors.q = q_mirror->device_view(s.q.view());
+  tensors.k = k_mirror->device_view(s.k.view());
+  tensors.v = v_mirror->device_view(s.v.view());
+  tensors.out = d_out->device_view(out.view());
+  if (s.problem.return_lse) tensors.lse = d_lse->device_view(lse.view());
+}
+
+std::string DeviceRun::upload() {
+  for (auto& m : inputs) {
+    const std::string e = m->upload();
+    if (!e.empty()) return e;
+  }
+  return device_sync();
+}
+
+std::string DeviceRun::device_sync() {
+  const cudaError_t err = cudaDeviceSynchronize();
+  return err == cudaSuccess ? "" : std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(err);
+}
+
+std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
+  out.poison();
+  lse.poison();
+  std::string e = d_out->poison();
+  if (e.empty()) e = d_lse->poison();
+  if (e.empty()) e = d_out->upload();
+  if (e.empty()) e = d_lse->upload();
+  if (e.empty()) e = device_sync();
+  if (!e.empty()) return e;
+  if (graph) {
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+      return "cudaStreamBeginCapture failed";
+    *status = forward(problem, tensors, {}, stream, Backend::kSm90);
+    if (cudaStreamEndCapture(stream, &g) != cudaSuccess) return "cudaStreamEndCapture failed";
+    if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return "cudaGraphInstantiate failed";
+    const cudaError_t launched = cudaGraphLaunch(exec, stream);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+    if (launched != cudaSuccess) return "cudaGraphLaunch failed";
+  } else {
+    *status = forward(problem, tensors, {}, stream, Backend::kSm90);
+  }
+  const cudaError_t err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
+  e = d_out->download(nullptr);
+  if (e.empty()) e = d_lse->download(nullptr);
+  return e;
+}
+
+}  // namespace fa4::test

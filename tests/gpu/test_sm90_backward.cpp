@@ -1,0 +1,729 @@
+// The sm90 backward kernel against the double reference's gradients (DESIGN.md §4's rule, as
+// tests/cpu/test_backward.cpp applies it), on the out / LSE the sm90 forward produced, as a user
+// would run the two: fixed-length (sq, sk) pairs from 1 to 512 both ways with no mask, causal, a
+// sliding window and softcap, GQA 1 / 4 (MQA once); varlen batches with empty sequences on either
+// side; q, k, v and dq, dk, dv as slices of packed qkv / dqkv tensors; one long causal sequence.
+// Every case runs three times (workspace poisoned, workspace reused, CUDA-graph replay): dQ is
+// summed with atomics, so runs may differ in the last bits, but each must pass the rule (an error
+// that moves between runs is a race). Gradients are poisoned before every run: every element must
+// be written, varlen rows outside every sequence must not be, and neither may anything around the
+// tensors nor any input. Problems the backward does not implement must be refused with nothing
+// written.
+#include <gtest/gtest.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cctype>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/numeric.hpp"
+#include "common/test_util.hpp"
+#include "device_buffer.hpp"
+#include "sm90_test_support.hpp"
+
+#ifndef FA4_SM90_BUILT_KERNELS
+#error "tests/gpu/CMakeLists.txt passes the built forward kernel list"
+#endif
+#ifndef FA4_SM90_BUILT_BWD_KERNELS
+#error "tests/gpu/CMakeLists.txt passes the built backward kernel list"
+#endif
+
+namespace fa4::test {
+namespace {
+
+// cmake/fa4_sm90.cmake's FA4_SM90_BWD_KERNELS: the backward kernels this build has.
+const std::vector<Kernel>& backward_kernels() {
+  static const std::vector<Kernel> kernels =
+      parse_kernel_list(FA4_SM90_BUILT_BWD_KERNELS, "FA4_SM90_BUILT_BWD_KERNELS");
+  return kernels;
+}
+
+// The forward kernels: each backward case runs the forward of its kernel first.
+const std::vector<Kernel>& forward_kernels() {
+  static const std::vector<Kernel> kernels =
+      parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS");
+  return kernels;
+}
+
+struct Heads {
+  int64_t q, kv;
+};
+constexpr Heads kMha = {4, 4};
+constexpr Heads kGqa4 = {8, 2};
+constexpr Heads kMqa = {8, 1};
+// GQA 4 with a single kv head: half the reference work of kGqa4 for the long varlen batch.
+constexpr Heads kGqa4Single = {4, 1};
+
+void set_heads(Case& c, Heads h) {
+  c.heads_q = h.q;
+  c.heads_kv = h.kv;
+}
+
+enum class Mask { kNone, kCausal, kWindow, kSoftcap };
+constexpr Mask kMasks[] = {Mask::kNone, Mask::kCausal, Mask::kWindow, Mask::kSoftcap};
+// A band narrower than a tile on both sides of the diagonal, so that tiles are cut left and right.
+constexpr Window kBand = {37, 11};
+constexpr float kSoftcap = 30.0f;
+
+// Sets the mask on `c`; returns its part of the case name.
+std::string apply_mask(Case& c, Mask m) {
+  switch (m) {
+    case Mask::kNone: return "";
+    case Mask::kCausal: c.causal = true; return "_causal";
+    case Mask::kWindow: c.window = kBand; return "_window" + window_tag(kBand);
+    case Mask::kSoftcap: c.softcap = kSoftcap; return "_softcap" + std::to_string(int(kSoftcap));
+  }
+  return "";
+}
+
+// kernel_shape_gqaN_mask[_packed][_headmajor][_spiky], e.g. d128_bf16_q113_k203_gqa4_causal.
+std::string case_name(const Kernel& k, const std::string& shape, const Case& c,
+                      const std::string& mask) {
+  return kernel_tag(k) + "_" + shape + gqa_tag(c) + mask + (c.packed_qkv ? "_packed" : "") +
+         (c.layout == Layout::kHeadMajor ? "_headmajor" : "") + (c.spiky ? "_spiky" : "");
+}
+
+// ---- Fixed-length cases: a query tile of one row, queries without keys (causal sq > sk), keys
+// no query sees (window, causal sq < sk), tile edges (128 queries), several query tiles per key
+// tile and the reverse.
+
+const Shape kFixedShapes[] = {
+    {"q1_k1", 2, 1, 1},         {"q1_k300", 2, 1, 300},     {"q113_k203", 2, 113, 203},
+    {"q128_k217", 1, 128, 217}, {"q512_k256", 1, 512, 256}, {"q300_k1", 2, 300, 1},
+};
+
+Case fixed_case(const Kernel& k, const Shape& s, Mask m, Heads h, bool spiky, bool head_major) {
+  Case c = base_case(k, s);
+  set_heads(c, h);
+  c.spiky = spiky;
+  if (head_major) c.layout = Layout::kHeadMajor;
+  const std::string mask = apply_mask(c, m);
+  c.name = case_name(k, s.tag, c, mask);
+  return c;
+}
+
+// The full kernel: every shape × mask × GQA {1, 4}, inputs and layouts rotating; plus MQA, a
+// custom scale and a strong softcap.
+std::vector<Case> full_fixed_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  int r = 0;
+  for (size_t si = 0; si < std::size(kFixedShapes); ++si)
+    for (size_t mi = 0; mi < std::size(kMasks); ++mi)
+      for (size_t gi = 0; gi < 2; ++gi, ++r) {
+        const bool spiky = (si + mi + gi) % 2 == 1;
+        cases.push_back(fixed_case(k, kFixedShapes[si], kMasks[mi], gi == 0 ? kMha : kGqa4, spiky,
+                                   r % 3 == 2));
+      }
+  cases.push_back(fixed_case(k, kFixedShapes[2], Mask::kCausal, kMqa, true, false));
+
+  Case scaled = fixed_case(k, kFixedShapes[2], Mask::kCausal, kGqa4, false, false);
+  scaled.scale = 0.5f;
+  scaled.name += "_scale0_5";
+  cases.push_back(scaled);
+
+  // A cap the spiky scores reach: tanh saturates, its derivative 1 − t² nears 0.
+  Case capped = fixed_case(k, kFixedShapes[3], Mask::kNone, kGqa4, true, false);
+  capped.softcap = 5.0f;
+  capped.name = case_name(k, kFixedShapes[3].tag, capped, "_softcap5");
+  cases.push_back(capped);
+  return cases;
+}
+
+// The other kernels share everything but the tile sizes: every mask on one shape, the shapes'
+// extremes once each.
+std::vector<Case> other_fixed_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  for (size_t mi = 0; mi < std::size(kMasks); ++mi)
+    cases.push_back(fixed_case(k, kFixedShapes[2], kMasks[mi], mi % 2 ? kGqa4 : kMha, mi >= 2,
+                               false));
+  cases.push_back(fixed_case(k, kFixedShapes[0], Mask::kSoftcap, kMha, false, false));
+  cases.push_back(fixed_case(k, kFixedShapes[1], Mask::kNone, kMha, true, false));
+  cases.push_back(fixed_case(k, kFixedShapes[3], Mask::kNone, kGqa4, false, true));
+  cases.push_back(fixed_case(k, kFixedShapes[4], Mask::kCausal, kGqa4, true, false));
+  cases.push_back(fixed_case(k, kFixedShapes[5], Mask::kCausal, kGqa4, false, false));
+  return cases;
+}
+
+// ---- Varlen batches: empty query and key sequences, one-row sequences, sequences longer than a
+// tile; each mask aligned to each sequence's own bottom-right corner.
+
+struct VarlenSet {
+  const char* tag;
+  std::vector<int32_t> lens_q, lens_k;
+};
+// Queries of a sequence without keys get dQ = 0; keys of a sequence without queries, dK = dV = 0.
+const VarlenSet kOdd = {"odd", {177, 0, 479}, {257, 1, 766}};
+const VarlenSet kShort = {"short", {1, 64, 65}, {128, 0, 200}};
+const VarlenSet kEmpty = {"empty", {0, 0, 0}, {0, 0, 0}};
+
+Case varlen_case(const Kernel& k, const VarlenSet& set, Mask m, Heads h, bool spiky,
+                 bool head_major) {
+  Case c = base_case(k, {"", 0, 0, 0});
+  c.lens_q = set.lens_q;
+  c.lens_k = set.lens_k;
+  set_heads(c, h);
+  c.spiky = spiky;
+  if (head_major) c.layout = Layout::kHeadMajor;
+  const std::string mask = apply_mask(c, m);
+  c.name = case_name(k, std::string("varlen_") + set.tag, c, mask);
+  return c;
+}
+
+std::vector<Case> varlen_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  if (is_full_kernel(k)) {
+    cases.push_back(varlen_case(k, kOdd, Mask::kNone, kGqa4Single, false, false));
+    cases.push_back(varlen_case(k, kOdd, Mask::kCausal, kGqa4Single, true, true));
+    for (size_t mi = 0; mi < std::size(kMasks); ++mi)
+      cases.push_back(varlen_case(k, kShort, kMasks[mi], kGqa4, mi % 2 == 0, mi == 3));
+  } else {
+    cases.push_back(varlen_case(k, kOdd, Mask::kCausal, kGqa4Single, true, false));
+    cases.push_back(varlen_case(k, kShort, Mask::kSoftcap, kGqa4, false, true));
+  }
+  // Every sequence empty: the call must succeed and write nothing (the tensors have only the
+  // spare rows past the last sequence).
+  cases.push_back(varlen_case(k, kEmpty, Mask::kCausal, kGqa4, false, false));
+  return cases;
+}
+
+// ---- Non-contiguous: q, k, v slices of one packed qkv tensor, and the gradients slices of one
+// packed dqkv tensor (make_setup packs when the query and key rows pair up).
+
+std::vector<Case> packed_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  Case c = fixed_case(k, {"q257_k257", is_full_kernel(k) ? 2 : 1, 257, 257}, Mask::kCausal, kGqa4,
+                      true, false);
+  c.packed_qkv = true;
+  c.name = case_name(k, "q257_k257", c, "_causal");
+  cases.push_back(c);
+  if (!is_full_kernel(k)) return cases;
+
+  c = fixed_case(k, {"q200_k200", 1, 200, 200}, Mask::kSoftcap, kMha, false, false);
+  c.packed_qkv = true;
+  c.name = case_name(k, "q200_k200", c, "_softcap30");
+  cases.push_back(c);
+
+  const VarlenSet self = {"self", {177, 0, 64, 1, 300}, {177, 0, 64, 1, 300}};
+  c = varlen_case(k, self, Mask::kCausal, kGqa4, true, false);
+  c.packed_qkv = true;
+  c.name = case_name(k, "varlen_self", c, "_causal");
+  cases.push_back(c);
+  return cases;
+}
+
+std::vector<Case> backward_cases() {
+  std::vector<Case> cases;
+  auto append = [&](const std::vector<Case>& more) {
+    cases.insert(cases.end(), more.begin(), more.end());
+  };
+  for (const Kernel& k : backward_kernels()) {
+    append(is_full_kernel(k) ? full_fixed_cases(k) : other_fixed_cases(k));
+    append(varlen_cases(k));
+    append(packed_cases(k));
+  }
+  return cases;
+}
+
+// ---- Device state of one backward call.
+
+// Device workspace as the API asks for it: cudaMalloc's alignment is 256 bytes or more.
+class DeviceWorkspace {
+ public:
+  DeviceWorkspace() = default;
+  ~DeviceWorkspace() { cudaFree(data_); }
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+
+  std::string allocate(size_t bytes) {
+    cudaFree(data_);
+    data_ = nullptr;
+    bytes_ = bytes;
+    if (bytes == 0) return "";
+    const cudaError_t err = cudaMalloc(&data_, bytes);
+    if (err == cudaSuccess) return "";
+    return std::string("workspace cudaMalloc: ") + cudaGetErrorString(err);
+  }
+  // NaN bit patterns everywhere: a kernel that reads an accumulator it did not clear shows.
+  std::string poison() {
+    if (bytes_ == 0) return "";
+    const cudaError_t err = cudaMemset(data_, 0xFF, bytes_);
+    return err == cudaSuccess ? "" : std::string("workspace poison: ") + cudaGetErrorString(err);
+  }
+  Workspace view() const { return {data_, bytes_}; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+const char* const kGradNames[] = {"dq", "dk", "dv"};
+
+// A case's inputs on the device (q, k, v, sequence arrays and the forward's out / LSE through
+// DeviceRun, dO beside them), its gradients (one allocation for a packed dqkv, else one each,
+// guards around every one), and the workspace. `fwd->problem` points at the device arrays; the
+// reference reads `setup` on the host.
+struct BackwardRun {
+  std::unique_ptr<CaseData> setup;
+  std::unique_ptr<DeviceRun> fwd;
+  HostTensor dout;
+  std::vector<HostTensor> grads;  // dq, dk, dv
+  std::unique_ptr<DeviceMirror> d_dout;
+  std::vector<std::unique_ptr<DeviceMirror>> d_grads;
+  DeviceWorkspace workspace;
+  BackwardTensors tensors;
+
+  explicit BackwardRun(const Case& c) {
+    std::mt19937_64 rng = make_rng(c.name);
+    setup = make_setup(c, rng);
+    poison_unused_rows(*setup);
+    const Problem& p = setup->problem;
+    fwd = std::make_unique<DeviceRun>(*setup);
+    dout = HostTensor(p.dtype, query_dims(p, p.heads_q, p.head_dim_v),
+                      setup->layout == Layout::kHeadMajor ? Layout::kHeadMajor
+                                                          : Layout::kContiguous);
+    dout.fill_normal(rng);
+    if (p.is_varlen()) {
+      // Rows past the last sequence are no query's: NaN there shows if the kernel reads them.
+      const int64_t end = setup->cu_q[size_t(p.batch)];
+      dout.poison_rows(0, end, p.varlen.total_q - end);
+    }
+    const size_t elem = dtype_size(p.dtype);
+    d_dout = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(dout)},
+                                            elem);
+    if (setup->packed) {
+      const Dims qd = query_dims(p, p.heads_q, p.head_dim_qk);
+      grads =
+          HostTensor::packed_qkv(p.dtype, qd.batch, qd.seq, p.heads_q, p.heads_kv, p.head_dim_qk);
+      d_grads.push_back(std::make_unique<DeviceMirror>(
+          std::vector<DeviceMirror::View>{mirror_view(grads[0]), mirror_view(grads[1]),
+                                          mirror_view(grads[2])},
+          elem));
+    } else {
+      grads = {HostTensor(p.dtype, query_dims(p, p.heads_q, p.head_dim_qk), setup->layout),
+               HostTensor(p.dtype, key_dims(p, p.heads_kv, p.head_dim_qk), setup->layout),
+               HostTensor(p.dtype, key_dims(p, p.heads_kv, p.head_dim_v), setup->layout)};
+      for (const HostTensor& g : grads)
+        d_grads.push_back(std::make_unique<DeviceMirror>(
+            std::vector<DeviceMirror::View>{mirror_view(g)}, elem));
+    }
+    const DeviceMirror& dq_mirror = *d_grads.front();
+    const DeviceMirror& dk_mirror = *d_grads[setup->packed ? 0 : 1];
+    const DeviceMirror& dv_mirror = *d_grads[setup->packed ? 0 : 2];
+    tensors.q = fwd->tensors.q;
+    tensors.k = fwd->tensors.k;
+    tensors.v = fwd->tensors.v;
+    tensors.out = fwd->tensors.out;
+    tensors.lse = fwd->d_lse->device_view(fwd->lse.view());
+    tensors.dout = d_dout->device_view(dout.view());
+    tensors.dq = dq_mirror.device_view(grads[0].view());
+    tensors.dk = dk_mirror.device_view(grads[1].view());
+    tensors.dv = dv_mirror.device_view(grads[2].view());
+  }
+
+  // q, k, v, the sequence arrays and dO (out and LSE come from the forward, or stay poisoned).
+  std::string upload() {
+    std::string e = d_dout->upload();
+    if (e.empty()) e = fwd->d_out->upload();
+    if (e.empty()) e = fwd->d_lse->upload();
+    return e.empty() ? fwd->upload() : e;
+  }
+
+  // The gradients' views hold the pattern check_written recognises, the guards around them the
+  // mirrors' own.
+  std::string poison_gradients() {
+    for (HostTensor& g : grads) g.poison();
+    for (auto& m : d_grads) {
+      std::string e = m->poison();
+      if (e.empty()) e = m->upload();
+      if (!e.empty()) return e;
+    }
+    return DeviceRun::device_sync();
+  }
+
+  std::string download_gradients() {
+    for (auto& m : d_grads) {
+      const std::string e = m->download(nullptr);
+      if (!e.empty()) return e;
+    }
+    return "";
+  }
+
+  // The device copies of every input, named, in DeviceRun's order of its inputs.
+  std::vector<std::pair<std::string, DeviceMirror*>> input_mirrors() {
+    std::vector<std::pair<std::string, DeviceMirror*>> named = {
+        {"dout", d_dout.get()}, {"out", fwd->d_out.get()}, {"lse", fwd->d_lse.get()}};
+    std::vector<std::string> names;
+    if (setup->packed) {
+      names = {"qkv"};
+    } else {
+      names = {"q", "k", "v"};
+    }
+    if (setup->problem.is_varlen()) names.insert(names.end(), {"cu_seqlens_q", "cu_seqlens_k"});
+    if (setup->problem.seqused_k != nullptr) names.push_back("seqused_k");
+    for (size_t n = 0; n < fwd->inputs.size(); ++n)
+      named.emplace_back(n < names.size() ? names[n] : "input " + std::to_string(n),
+                         fwd->inputs[n].get());
+    return named;
+  }
+
+  // Every byte of every input, to tell whether the backward wrote into one.
+  std::string snapshot_inputs(std::vector<std::vector<unsigned char>>* bytes) {
+    bytes->clear();
+    for (const auto& [name, mirror] : input_mirrors()) {
+      bytes->emplace_back(mirror->bytes());
+      const std::string e = mirror->download(bytes->back().data());
+      if (!e.empty()) return name + ": " + e;
+    }
+    return "";
+  }
+
+  // Poisons the gradients, runs the backward on `stream` (directly, or captured in a CUDA graph
+  // and replayed), waits, and downloads the gradients into `grads`.
+  std::string run(cudaStream_t stream, bool graph, Workspace ws, Status* status) {
+    std::string e = poison_gradients();
+    if (!e.empty()) return e;
+    if (graph) {
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      auto failed = [](const char* what, cudaError_t err) {
+        return std::string(what) + " failed: " + cudaGetErrorString(err);
+      };
+      cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      if (err != cudaSuccess) return failed("cudaStreamBeginCapture", err);
+      *status = backward(fwd->problem, tensors, ws, stream, Backend::kSm90);
+      // A synchronous CUDA call inside backward() invalidates the capture: it shows here.
+      err = cudaStreamEndCapture(stream, &g);
+      if (err != cudaSuccess) return failed("cudaStreamEndCapture (after backward)", err);
+      err = cudaGraphInstantiate(&exec, g, 0);
+      if (err != cudaSuccess) {
+        cudaGraphDestroy(g);
+        return failed("cudaGraphInstantiate", err);
+      }
+      err = cudaGraphLaunch(exec, stream);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(g);
+      if (err != cudaSuccess) return failed("cudaGraphLaunch", err);
+    } else {
+      *status = backward(fwd->problem, tensors, ws, stream, Backend::kSm90);
+    }
+    const cudaError_t err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
+    return download_gradients();
+  }
+};
+
+// Every gradient element inside a sequence written (finite), every other one and every byte
+// around the views untouched.
+void expect_gradients_written(BackwardRun& run, const std::vector<unsigned char>& q_rows,
+                              const std::vector<unsigned char>& k_rows) {
+  for (int g = 0; g < 3; ++g) {
+    const CheckResult w =
+        check_written(kGradNames[g], run.grads[size_t(g)], g == 0 ? q_rows : k_rows);
+    EXPECT_TRUE(w.ok) << w.message;
+  }
+  if (run.setup->packed) {
+    EXPECT_EQ(HostTensor::stray_writes({&run.grads[0], &run.grads[1], &run.grads[2]}), 0)
+        << "packed dqkv: elements outside the three views were written";
+  }
+  for (size_t m = 0; m < run.d_grads.size(); ++m) {
+    bool intact = false;
+    ASSERT_CUDA(run.d_grads[m]->guards_intact(&intact));
+    EXPECT_TRUE(intact) << (run.setup->packed ? std::string("dqkv") : kGradNames[m])
+                        << ": bytes around the tensor were written";
+  }
+}
+
+void expect_inputs_unchanged(BackwardRun& run,
+                             const std::vector<std::vector<unsigned char>>& before) {
+  std::vector<std::vector<unsigned char>> after;
+  ASSERT_CUDA(run.snapshot_inputs(&after));
+  const auto named = run.input_mirrors();
+  for (size_t n = 0; n < before.size(); ++n)
+    EXPECT_TRUE(before[n] == after[n])
+        << "the backward pass wrote into its input " << named[n].first;
+}
+
+// Runs the sm90 forward on the uploaded inputs: out and LSE as a user would hand them over.
+void run_forward(BackwardRun& run, cudaStream_t stream) {
+  const Problem& p = run.fwd->problem;
+  ASSERT_TRUE(kernel_listed(forward_kernels(), p.head_dim_qk, p.head_dim_v, p.dtype))
+      << "this build has the backward kernel but not the forward one its inputs come from";
+  const Status can = can_implement(p, Backend::kSm90, Pass::kForward);
+  ASSERT_TRUE(can.ok()) << "forward: " << to_string(can.code) << ": " << can.message;
+  Status status;
+  ASSERT_CUDA(run.fwd->run(stream, /*graph=*/false, &status));
+  ASSERT_TRUE(status.ok()) << "forward: " << to_string(status.code) << ": " << status.message;
+  // A broken forward would be blamed on the backward below: stop here instead.
+  const std::vector<unsigned char> rows = rows_in_sequences(run.setup->problem, false);
+  const CheckResult out = check_written("forward out", run.fwd->out, rows);
+  ASSERT_TRUE(out.ok) << out.message;
+  const CheckResult lse = check_written("forward lse", run.fwd->lse, rows);
+  ASSERT_TRUE(lse.ok) << lse.message;
+  ASSERT_CUDA(DeviceRun::device_sync());
+}
+
+constexpr int kRuns = 3;
+const char* const kRunNames[kRuns] = {"run 1 of 3 (workspace poisoned)",
+                                      "run 2 of 3 (workspace as run 1 left it)",
+                                      "run 3 of 3 (replayed from a CUDA graph)"};
+
+void check_backward(const Case& c) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  SCOPED_TRACE(seed_note());
+  SCOPED_TRACE(describe(c));
+  BackwardRun run(c);
+  const Problem& p = run.setup->problem;  // host arrays, for the reference and row flags
+  const Problem& device_problem = run.fwd->problem;
+  const Status can = can_implement(device_problem, Backend::kSm90, Pass::kBackward);
+  ASSERT_TRUE(can.ok()) << "a built backward kernel was refused: " << to_string(can.code) << ": "
+                        << can.message;
+  ASSERT_CUDA(run.upload());
+  Stream stream;
+  run_forward(run, stream.get());
+  if (::testing::Test::HasFatalFailure()) return;
+  size_t bytes = 0;
+  const Status sized = workspace_size(device_problem, Backend::kSm90, Pass::kBackward, &bytes);
+  ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
+  ASSERT_CUDA(run.workspace.allocate(bytes));
+  std::vector<std::vector<unsigned char>> inputs_before;
+  ASSERT_CUDA(run.snapshot_inputs(&inputs_before));
+
+  const std::vector<unsigned char> q_rows = rows_in_sequences(p, false),
+                                   k_rows = rows_in_sequences(p, true);
+  std::vector<std::vector<double>> results[kRuns];  // per run: dq, dk, dv
+  for (int attempt = 0; attempt < kRuns; ++attempt) {
+    SCOPED_TRACE(kRunNames[attempt]);
+    if (attempt == 0) ASSERT_CUDA(run.workspace.poison());
+    ASSERT_CUDA(DeviceRun::device_sync());
+    Status status;
+    ASSERT_CUDA(run.run(stream.get(), /*graph=*/attempt == 2, run.workspace.view(), &status));
+    ASSERT_TRUE(status.ok()) << to_string(status.code) << ": " << status.message;
+    expect_gradients_written(run, q_rows, k_rows);
+    expect_inputs_unchanged(run, inputs_before);
+    for (const HostTensor& g : run.grads) results[attempt].push_back(g.dense());
+  }
+
+  // D = rowsum(dO ∘ O) from the O the backward was handed. The two references are independent:
+  // the exact one (the larger) on a second thread.
+  const TensorView q = run.setup->q.view(), k = run.setup->k.view(), v = run.setup->v.view();
+  const TensorView dout = run.dout.view(), given_out = run.fwd->out.view();
+  std::future<ref::BackwardResult> exact_later = std::async(std::launch::async, [&] {
+    return ref::backward(p, q, k, v, dout, ref::Precision::kExact, &given_out);
+  });
+  const ref::BackwardResult lp =
+      ref::backward(p, q, k, v, dout, ref::Precision::kLowPrecision, &given_out);
+  const ref::BackwardResult exact = exact_later.get();
+
+  const std::vector<double>* refs[] = {&exact.dq, &exact.dk, &exact.dv};
+  const std::vector<double>* lps[] = {&lp.dq, &lp.dk, &lp.dv};
+  const int64_t rows[] = {std::count(q_rows.begin(), q_rows.end(), 1) * p.heads_q,
+                          std::count(k_rows.begin(), k_rows.end(), 1) * p.heads_kv,
+                          std::count(k_rows.begin(), k_rows.end(), 1) * p.heads_kv};
+  const int64_t widths[] = {p.head_dim_qk, p.head_dim_qk, p.head_dim_v};
+  const FlashRule rule = flash_rule(p, Pass::kBackward);
+  for (int attempt = 0; attempt < kRuns; ++attempt) {
+    for (int g = 0; g < 3; ++g) {
+      const std::string name = std::string(kGradNames[g]) + ", " + kRunNames[attempt];
+      const CheckResult f =
+          check_flash_rule(name, tensor_shape(run.grads[size_t(g)].dims()),
+                           results[attempt][size_t(g)], *refs[g], *lps[g], rule.multiplier,
+                           rule.atol);
+      EXPECT_TRUE(f.ok) << f.message;
+      EXPECT_EQ(f.compared, rows[g] * widths[g]) << name << ": reference rows missing";
+    }
+  }
+}
+
+class Sm90Backward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Sm90Backward, MatchesReferenceGradients) { check_backward(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Matrix, Sm90Backward, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+// A build without backward kernels has no matrix; the tests below still check the refusals.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Sm90Backward);
+
+// 33 query tiles × 33 key tiles, causal: every tile of the band, dQ summed over up to 33 key
+// tiles, dK / dV over up to 66 query steps. The reference computes every row (~17 s, a third of
+// the suite's reference time), hence one head and one kernel.
+TEST(Sm90BackwardLong, Seq4224Causal) {
+  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  const auto full = std::find_if(backward_kernels().begin(), backward_kernels().end(),
+                                 [](const Kernel& k) { return is_full_kernel(k); });
+  const Kernel k = full != backward_kernels().end() ? *full : backward_kernels().front();
+  Case c = base_case(k, {"", 1, 4224, 4224});
+  set_heads(c, {1, 1});
+  c.causal = true;
+  c.spiky = true;
+  c.name = kernel_tag(k) + "_long_q4224_k4224_causal";
+  check_backward(c);
+}
+
+// ---- Refusals. The backward does not take seqused_k, deterministic mode, fp32 or head dims
+// without a built kernel: kNotSupported with a message naming the reason.
+
+struct Refusal {
+  std::string what;
+  Case c;
+  std::string reason;  // a word the message must contain (case-insensitive)
+};
+
+bool contains_word(std::string text, std::string word) {
+  auto lower = [](std::string& s) {
+    std::transform(s.begin(), s.end(), s.begin(),
+                   [](unsigned char ch) { return char(std::tolower(ch)); });
+  };
+  lower(text);
+  lower(word);
+  return text.find(word) != std::string::npos;
+}
+
+std::vector<Refusal> refusals() {
+  // A problem the backward would take but for the one thing each refusal changes.
+  const Kernel k = backward_kernels().empty() ? Kernel{128, 128, DType::kBF16}
+                                              : backward_kernels().front();
+  Case base = base_case(k, {"", 2, 70, 90});
+  set_heads(base, kGqa4);
+  base.causal = true;
+  std::vector<Refusal> list;
+  auto add = [&](const std::string& what, const std::string& reason, auto&& change) {
+    Refusal r{what, base, reason};
+    change(r.c);
+    r.c.name = "refused_" + std::to_string(list.size());
+    list.push_back(r);
+  };
+  if (!backward_kernels().empty()) {
+    add("seqused_k", "seqused_k", [](Case& c) { c.seqused_k = {70, 31}; });
+    add("seqused_k, varlen", "seqused_k", [](Case& c) {
+      c.lens_q = {70, 0, 33};
+      c.lens_k = {90, 5, 40};
+      c.seqused_k = {90, 0, 17};
+    });
+    add("deterministic", "determinis", [](Case& c) { c.deterministic = true; });
+  }
+  add("fp32", "fp32", [](Case& c) { c.dtype = DType::kFP32; });
+  // Head dims no backward table entry has, and entries this build may have left out.
+  const struct {
+    int64_t qk, v;
+  } kDims[] = {{32, 32},   {96, 96},   {192, 192}, {192, 128}, {256, 256},
+               {128, 64},  {64, 128},  {64, 64},   {128, 128}};
+  for (DType dtype : {DType::kBF16, DType::kFP16})
+    for (const auto& d : kDims) {
+      if (kernel_listed(backward_kernels(), d.qk, d.v, dtype)) continue;
+      add("no backward kernel " + kernel_tag({d.qk, d.v, dtype}), "head dim", [&](Case& c) {
+        c.dim_qk = d.qk;
+        c.dim_v = d.v;
+        c.dtype = dtype;
+      });
+    }
+  return list;
+}
+
+// Host-side answers: they hold with or without a GPU (without one, accepted problems get
+// kBackendUnavailable).
+TEST(Sm90Backward, CanImplementAnswers) {
+  std::string why;
+  const bool gpu = hopper_present(&why);
+  const StatusCode accepted_code = gpu ? StatusCode::kSuccess : StatusCode::kBackendUnavailable;
+  for (const Kernel& k : backward_kernels()) {
+    std::vector<Case> accepted;
+    for (Heads h : {kMha, kGqa4, kMqa}) {
+      Case c = base_case(k, {"", 2, 1, 300});
+      set_heads(c, h);
+      c.name = kernel_tag(k) + gqa_tag(c);
+      accepted.push_back(c);
+    }
+    Case masked = base_case(k, {"", 1, 300, 1});
+    masked.causal = true;
+    masked.window = kBand;
+    masked.softcap = kSoftcap;
+    masked.name = kernel_tag(k) + " causal, window, softcap";
+    accepted.push_back(masked);
+    Case varlen = base_case(k, {"", 0, 0, 0});
+    varlen.lens_q = kOdd.lens_q;
+    varlen.lens_k = kOdd.lens_k;
+    varlen.name = kernel_tag(k) + " varlen";
+    accepted.push_back(varlen);
+    for (const Case& c : accepted) {
+      SCOPED_TRACE(c.name);
+      std::mt19937_64 rng = make_rng(c.name);
+      // can_implement must not read the arrays (on a GPU they live in device memory).
+      const std::unique_ptr<CaseData> s = make_setup(c, rng);
+      const Status st = can_implement(s->problem, Backend::kSm90, Pass::kBackward);
+      EXPECT_STREQ(to_string(st.code), to_string(accepted_code)) << st.message;
+    }
+  }
+  for (const Refusal& r : refusals()) {
+    SCOPED_TRACE(r.what);
+    std::mt19937_64 rng = make_rng(r.c.name);
+    const std::unique_ptr<CaseData> s = make_setup(r.c, rng);
+    const Status st = can_implement(s->problem, Backend::kSm90, Pass::kBackward);
+    EXPECT_STREQ(to_string(st.code), to_string(StatusCode::kNotSupported)) << st.message;
+    EXPECT_TRUE(contains_word(st.message, r.reason))
+        << "the message does not name the reason ('" << r.reason << "'): " << st.message;
+  }
+}
+
+// The same refusals from backward() itself, on device tensors: nothing written.
+TEST(Sm90Backward, RefusalsWriteNothing) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  constexpr size_t kSpareWorkspace = size_t(1) << 20;  // so that no refusal is about the workspace
+  for (const Refusal& r : refusals()) {
+    SCOPED_TRACE(r.what);
+    SCOPED_TRACE(describe(r.c));
+    BackwardRun run(r.c);
+    ASSERT_CUDA(run.upload());  // out and LSE stay poisoned: a refused call reads nothing
+    ASSERT_CUDA(run.workspace.allocate(kSpareWorkspace));
+    ASSERT_CUDA(run.workspace.poison());
+    Stream stream;
+    Status st;
+    ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, run.workspace.view(), &st));
+    EXPECT_STREQ(to_string(st.code), to_string(StatusCode::kNotSupported)) << st.message;
+    EXPECT_TRUE(contains_word(st.message, r.reason))
+        << "the message does not name the reason ('" << r.reason << "'): " << st.message;
+    const Problem& p = run.setup->problem;
+    const std::vector<unsigned char> no_q(rows_in_sequences(p, false).size(), 0),
+        no_k(rows_in_sequences(p, true).size(), 0);
+    expect_gradients_written(run, no_q, no_k);
+  }
+}
+
+// Device tensors with host cu_seqlens: the kernel would read host memory and fault the context,
+// so the call must be refused up front, naming the array, with nothing written.
+TEST(Sm90Backward, RefusesHostSequenceArrays) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  Case c = varlen_case(backward_kernels().front(), kShort, Mask::kCausal, kGqa4, false, false);
+  c.name = "host_sequence_arrays";
+  BackwardRun run(c);
+  ASSERT_CUDA(run.upload());
+  Stream stream;
+  run_forward(run, stream.get());
+  if (::testing::Test::HasFatalFailure()) return;
+  size_t bytes = 0;
+  ASSERT_TRUE(workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward, &bytes).ok());
+  ASSERT_CUDA(run.workspace.allocate(bytes));
+  const std::vector<unsigned char> no_q(rows_in_sequences(run.setup->problem, false).size(), 0),
+      no_k(rows_in_sequences(run.setup->problem, true).size(), 0);
+  for (const std::string array : {"cu_seqlens_q", "cu_seqlens_k"}) {
+    SCOPED_TRACE(array);
+    Problem p = run.fwd->problem;  // device arrays, but for the one under test
+    if (array == "cu_seqlens_q") p.varlen.cu_seqlens_q = run.setup->cu_q.data();
+    if (array == "cu_seqlens_k") p.varlen.cu_seqlens_k = run.setup->cu_k.data();
+    ASSERT_CUDA(run.poison_gradients());
+    const Status st = backward(p, run.tensors, run.workspace.view(), stream.get(), Backend::kSm90);
+    EXPECT_STREQ(to_string(st.code), to_string(StatusCode::kInvalidArgument)) << st.message;
+    EXPECT_NE(st.message.find(array), std::string::npos) << st.message;
+    ASSERT_CUDA(DeviceRun::device_sync());
+    ASSERT_CUDA(run.download_gradients());
+    expect_gradients_written(run, no_q, no_k);
+  }
+}
+
+}  // namespace
+}  // namespace fa4::test
