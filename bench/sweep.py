@@ -193,7 +193,13 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal):
             .abs().max().item()
         runs[bld.name] = run
 
-    fa2 = sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+    time_rounds(row, rounds, cudnn, sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal), runs)
+    return row
+
+
+def time_rounds(row, rounds, cudnn, fa2, runs):
+    """`rounds` rounds of cuDNN, the builds (in a rotated order each round) and torch FA2 (None:
+    refused already); medians into the row."""
     times = {"cudnn": [], "fa2": []}
     times.update({name: [] for name in runs})
     names = list(runs)
@@ -202,7 +208,7 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal):
         shift = r % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
             times[name].append(median_ms(runs[name]))
-        if "fa2_refused" not in row:
+        if fa2 is not None and "fa2_refused" not in row:
             try:
                 times["fa2"].append(median_ms(fa2))
             except RuntimeError as e:  # e.g. a head dim torch's FA2 lacks
@@ -213,7 +219,6 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal):
     for name in names:
         row["libs"][name]["ms_rounds"] = times[name]
         row["libs"][name]["ms"] = statistics.median(times[name])
-    return row
 
 
 def sdpa_backward_fn(backend, q, k, v, causal, dout):
@@ -261,22 +266,7 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal):
         fa2 = sdpa_backward_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, dout)
     except RuntimeError as e:
         fa2, row["fa2_refused"] = None, str(e).splitlines()[0]
-    times = {"cudnn": [], "fa2": []}
-    times.update({name: [] for name in runs})
-    names = list(runs)
-    for r in range(rounds):
-        times["cudnn"].append(median_ms(cudnn))
-        shift = r % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
-            times[name].append(median_ms(runs[name]))
-        if fa2 is not None:
-            times["fa2"].append(median_ms(fa2))
-    row["cudnn_ms"] = statistics.median(times["cudnn"])
-    if times["fa2"]:
-        row["fa2_ms"] = statistics.median(times["fa2"])
-    for name in names:
-        row["libs"][name]["ms_rounds"] = times[name]
-        row["libs"][name]["ms"] = statistics.median(times[name])
+    time_rounds(row, rounds, cudnn, fa2, runs)
     return row
 
 

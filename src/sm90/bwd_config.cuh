@@ -17,6 +17,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "sm90/bwd_workspace.hpp"
+#include "sm90/smem_atom.cuh"
 
 namespace fa4::sm90 {
 
@@ -60,12 +61,8 @@ struct BwdConfig {
                            GMMA::Major::K, GMMA::Major::MN>(),
       DimTiling{}));
 
-  // The widest swizzle whose atom divides a row of kElements.
   template <int kElements>
-  using SmemAtom = std::conditional_t<
-      (kElements * sizeof(Element)) % 128 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-      std::conditional_t<(kElements * sizeof(Element)) % 64 == 0,
-                         GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  using SmemAtom = sm90::SmemAtom<Element, kElements>;
 
   // Q and dO are read K-major (Sᵀ, dPᵀ: K = dim) and, transposed, MN-major (dK, dV: N = dim). K is
   // read K-major (Sᵀ) and transposed with N = dim / 2 per warpgroup (dQ): its swizzle must fit

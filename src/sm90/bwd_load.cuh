@@ -73,13 +73,6 @@ struct BwdLoad {
     prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
   }
 
-  // The (rows, dim, tile) tiles of one head of one sequence, rows counted from the sequence's row 0.
-  template <class Tma, class Box>
-  CUTE_DEVICE static auto sequence_tiles(Tma const& tma, GmemShape const& shape, int head,
-                                         SeqRows rows, Box box) {
-    Tensor m = tma.get_tma_tensor(shape)(_, _, head, rows.shift, rows.batch);  // (row, dim)
-    return local_tile(domain_offset(make_coord(rows.offset, _0{}), m), box, make_coord(_, _0{}));
-  }
 
   // Runs on a single thread. Query tiles [m_begin, m_end) in increasing order, Q before dO (Sᵀ,
   // which needs Q, is issued before dPᵀ).

@@ -9,6 +9,8 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "sm90/smem_atom.cuh"
+
 #ifndef FA4_SM90_EXP2_POLY_NUM
 #define FA4_SM90_EXP2_POLY_NUM 0
 #endif
@@ -113,13 +115,9 @@ struct FwdConfig {
                            GMMA::Major::MN>(),
       WarpgroupTiling{}));
 
-  // The widest swizzle whose atom divides the rows (128 bytes for multiples of 64 elements, 64
-  // bytes for 96): conflict-free for wgmma and a legal TMA box.
+  // 128-byte swizzle for rows of multiples of 64 elements, 64 bytes for 96 (smem_atom.cuh).
   template <int kRowElements>
-  using SmemAtom = std::conditional_t<
-      (kRowElements * sizeof(Element)) % 128 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-      std::conditional_t<(kRowElements * sizeof(Element)) % 64 == 0,
-                         GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  using SmemAtom = sm90::SmemAtom<Element, kRowElements>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom<kHeadDimQK>{}, Shape<BlockM, HeadDimQK>{}));
   using SmemLayoutK =
       decltype(tile_to_shape(SmemAtom<kHeadDimQK>{}, Shape<BlockN, HeadDimQK, Stages>{}));

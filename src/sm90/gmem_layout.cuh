@@ -80,4 +80,14 @@ struct SeqRows {
   int32_t batch;   // batch entry (fixed-length), else 0
 };
 
+// The (rows, dim, tile) tiles of one head of one sequence in a TMA view, rows counted from the
+// sequence's row 0.
+template <class Tma, class Box>
+CUTE_DEVICE auto sequence_tiles(Tma const& tma, GmemShape const& shape, int head, SeqRows rows,
+                                Box box) {
+  using namespace cute;
+  Tensor m = tma.get_tma_tensor(shape)(_, _, head, rows.shift, rows.batch);  // (row, dim)
+  return local_tile(domain_offset(make_coord(rows.offset, _0{}), m), box, make_coord(_, _0{}));
+}
+
 }  // namespace fa4::sm90
