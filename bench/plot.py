@@ -54,7 +54,8 @@ def plot(result, path):
     axes[0][0].legend(loc="lower right", fontsize=8)
     gpu = result.get("gpu_before", {}).get("name", "GPU")
     dtype = result["rows"][0].get("dtype", "bf16") if result["rows"] else "bf16"
-    fig.suptitle(f"{'Backward' if result.get('pass') == 'bwd' else 'Forward'}, {dtype}, {result.get('inputs', 'normal')} inputs, {gpu} — "
+    what = {"bwd": "Backward", "fwdbwd": "Forward + backward"}.get(result.get("pass"), "Forward")
+    fig.suptitle(f"{what}, {dtype}, {result.get('inputs', 'normal')} inputs, {gpu} — "
                  f"fa4cpp {result['git_sha']}, one run", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -62,6 +62,10 @@ def repo_relative(path):
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else os.path.basename(path)
 
 
+# --pass: what is timed, and its FLOPs as a multiple of the forward's (FlashAttention's convention).
+PASSES = {"fwd": ("forward", 1.0), "bwd": ("backward", 2.5), "fwdbwd": ("forward + backward", 3.5)}
+
+
 def flops(b, s, hq, d, causal):
     f = 4.0 * b * hq * s * s * d
     return f / 2 if causal else f
@@ -221,27 +225,30 @@ def time_rounds(row, rounds, cudnn, fa2, runs):
         row["libs"][name]["ms"] = statistics.median(times[name])
 
 
-def sdpa_backward_fn(backend, q, k, v, causal, dout):
+def sdpa_backward_fn(backend, q, k, v, causal, dout, with_forward=False):
     """SDPA's backward alone: the forward runs once here (its kernel choice made under `backend`),
-    each call of the closure runs autograd's backward of it."""
+    each call of the closure runs autograd's backward of it; with_forward: each call runs both."""
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-    with sdpa_kernel(backend):
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qt, kt, vt, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
     go = dout.transpose(1, 2)
 
-    def run():
-        return torch.autograd.grad(o, (qt, kt, vt), go, retain_graph=True)
-    return run
+    def forward():
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+    if with_forward:
+        return lambda: torch.autograd.grad(forward(), (qt, kt, vt), go)
+    o = forward()
+    return lambda: torch.autograd.grad(o, (qt, kt, vt), go, retain_graph=True)
 
 
-def measure_row_backward(builds, rounds, q, k, v, out, lse, causal):
+def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward=False):
     """A backward row: per build the forward once (its out and LSE), a checked backward run (dQ,
-    dK, dV NaN-poisoned, dQ compared with cuDNN's), then the timing rounds as measure_row's."""
+    dK, dV NaN-poisoned, dQ compared with cuDNN's), then the timing rounds as measure_row's; with
+    with_forward every timed call runs the forward and then the backward."""
     row = {"libs": {}}
     dout = torch.randn_like(q)
     try:
-        cudnn = sdpa_backward_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, dout)
+        cudnn = sdpa_backward_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, dout, with_forward)
         ref_dq = cudnn()[0].transpose(1, 2)
     except RuntimeError as e:  # no anchor: nothing to compare with in this row
         row["cudnn_refused"] = str(e).splitlines()[0]
@@ -251,8 +258,11 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal):
     for bld in builds:
         entry = row["libs"][bld.name] = {}
         try:
-            bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)()
+            forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+            forward()
             run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal)
+            if with_forward:
+                run = (lambda f, b: lambda: (f(), b()))(forward, run)
             for g in (dq, dk, dv):
                 g.fill_(float("nan"))
             run()
@@ -263,7 +273,7 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal):
         entry["max_abs_diff_vs_cudnn"] = (dq.float() - ref_dq.float()).abs().max().item()
         runs[bld.name] = run
     try:
-        fa2 = sdpa_backward_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, dout)
+        fa2 = sdpa_backward_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, dout, with_forward)
     except RuntimeError as e:
         fa2, row["fa2_refused"] = None, str(e).splitlines()[0]
     time_rounds(row, rounds, cudnn, fa2, runs)
@@ -288,8 +298,9 @@ def main():
     ap.add_argument("--sha", required=True, help="git sha of the fa4cpp tree the builds come from")
     ap.add_argument("--out", required=True, help="folder for the .json and .md")
     ap.add_argument("--name", default=None, help="file name (default fwd_sweep / bwd_sweep)")
-    ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"),
-                    help="time the forward, or the backward alone (FLOPs 2.5x the forward's)")
+    ap.add_argument("--pass", dest="pass_", default="fwd", choices=PASSES,
+                    help="the forward, the backward alone (FLOPs 2.5x the forward's), or both "
+                         "(fwdbwd: 3.5x)")
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlens", default=",".join(map(str, SEQLENS)))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -319,15 +330,18 @@ def main():
         for causal in causals:
             row = {"batch": b, "seqlen": s, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
                    "causal": causal, "dtype": args.dtype, "inputs": args.inputs}
-            measure = measure_row if args.pass_ == "fwd" else measure_row_backward
-            row.update(measure(builds, args.rounds, q, k, v, out, lse, causal))
-            add_rates(row, flops(b, s, hq, d, causal) * (1.0 if args.pass_ == "fwd" else 2.5))
+            if args.pass_ == "fwd":
+                row.update(measure_row(builds, args.rounds, q, k, v, out, lse, causal))
+            else:
+                row.update(measure_row_backward(builds, args.rounds, q, k, v, out, lse, causal,
+                                                with_forward=args.pass_ == "fwdbwd"))
+            add_rates(row, flops(b, s, hq, d, causal) * PASSES[args.pass_][1])
             rows.append(row)
             print(json.dumps(row), flush=True)
         del q, k, v, out, lse
 
     result = {
-        "benchmark": ("forward" if args.pass_ == "fwd" else "backward") + " sweep, DESIGN.md §5",
+        "benchmark": PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
         "pass": args.pass_,
         "git_sha": args.sha,
         "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
@@ -342,8 +356,9 @@ def main():
         "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
                   + ("; median of %d rounds, builds in rotated order" % args.rounds
                      if args.rounds > 1 else ""),
-        "flops": "4*b*h*s*s*d, halved for causal" + (", x2.5 (backward)" if args.pass_ == "bwd"
-                                                      else ""),
+        "flops": "4*b*h*s*s*d, halved for causal" + ("" if args.pass_ == "fwd" else
+                                                      ", x%g (%s)" % (PASSES[args.pass_][1],
+                                                                      PASSES[args.pass_][0])),
         "rows": rows,
     }
     os.makedirs(args.out, exist_ok=True)
@@ -361,8 +376,7 @@ def markdown(r):
     builds = "; ".join("%s = fa4cpp %s (%s)" % (x["name"], x["version"], x["path"])
                        for x in r["libs"])
     lines = [
-        "# %s, TFLOP/s (%s)" % ("Backward" if r.get("pass") == "bwd" else "Forward",
-                                r["benchmark"]), "",
+        "# %s, TFLOP/s (%s)" % (PASSES[r.get("pass", "fwd")][0].capitalize(), r["benchmark"]), "",
         "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "
         "%s inputs; %s; FLOPs %s. Ratio = fa4cpp build / cuDNN, same run, same tensors."
         % (builds, r["git_sha"], g.get("name"), g.get("driver_version"), g.get("clocks.sm"),
@@ -370,7 +384,7 @@ def markdown(r):
            r["timing"], r["flops"]), "",
         "| d | seqlen | b | hq/hkv | causal | %s | cuDNN | torch FA2 | %s | max abs diff%s vs cuDNN |"
         % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names),
-           " of dQ" if r.get("pass") == "bwd" else ""),
+           "" if r.get("pass", "fwd") == "fwd" else " of dQ"),
         "|---" * (8 + 2 * len(names)) + "|",
     ]
     for x in r["rows"]:

@@ -7,7 +7,8 @@
 # in minutes; GoogleTest is built from the sources FA4_GTEST_SRC points to when the device has none).
 # Logs are written to a work folder and packed into $OUT/gpu_check_logs.tgz (the device returns at
 # most 8 files); a short table is printed last and saved as $OUT/summary.txt.
-#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd]...  (default: all)
+#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd|bench_fwdbwd]...
+#          (default: all of them)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,7 +48,7 @@ if [ "${steps[0]:-}" = build ]; then
   steps=("${steps[@]:1}")
   run_build || { printf '%s\n' "${summary[@]}"; exit 1; }
 fi
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize python sass bench bench_bwd)
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize python sass bench bench_bwd bench_fwdbwd)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   >"$out/gpu.txt" 2>&1
@@ -152,14 +153,19 @@ run_bench() {
   if [ -n "${OUT:-}" ]; then cp "$out"/fwd_sweep.* "$OUT/" 2>/dev/null; fi
 }
 
-run_bench_bwd() {
-  # The backward alone, beside cuDNN's and torch FA2's (the head dims with a backward kernel).
+# The backward alone, and forward + backward, beside cuDNN's and torch FA2's (the head dims with a
+# backward kernel).
+run_bench_pass() {
+  local pass=$1
   PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
-    --pass bwd --hdims 64,128 --sha "${FA4_GIT_SHA:-unknown}" --out "$out" >"$out/bench_bwd.log" 2>&1
-  note bench_bwd "rc $? (bwd_sweep.md; log in bench_bwd.log)"
-  [ -f "$out/bwd_sweep.json" ] && python3 "$root/bench/plot.py" "$out/bwd_sweep.json" >/dev/null 2>&1
-  if [ -n "${OUT:-}" ]; then cp "$out"/bwd_sweep.* "$OUT/" 2>/dev/null; fi
+    --pass "$pass" --hdims 64,128 --sha "${FA4_GIT_SHA:-unknown}" --out "$out" \
+    >"$out/bench_$pass.log" 2>&1
+  note "bench_$pass" "rc $? (${pass}_sweep.md; log in bench_$pass.log)"
+  [ -f "$out/${pass}_sweep.json" ] && python3 "$root/bench/plot.py" "$out/${pass}_sweep.json" >/dev/null 2>&1
+  if [ -n "${OUT:-}" ]; then cp "$out/${pass}"_sweep.* "$OUT/" 2>/dev/null; fi
 }
+run_bench_bwd() { run_bench_pass bwd; }
+run_bench_fwdbwd() { run_bench_pass fwdbwd; }
 
 if smoke_ok; then
   for step in "${steps[@]}"; do "run_$step"; done
