@@ -37,7 +37,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
       p.seqlen_q == 0 ? 0 : p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q;
   const int64_t k_total =
       p.seqlen_k == 0 ? 0 : p.is_varlen() ? p.varlen.total_k : p.batch * p.seqlen_k;
-  if (q_total == 0 && k_total == 0) return Status::success();
+  if (p.batch == 0 || (q_total == 0 && k_total == 0)) return Status::success();
 
   const BwdWorkspace ws = BwdWorkspace::layout(p);
   auto* base = static_cast<char*>(workspace.data);
@@ -91,10 +91,10 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   }
 
   const int n_blocks = int((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN);
-  // With no query rows Q and dO may be views without memory; their descriptors are never used
-  // but must be encodable, so they borrow K's address.
+  // With no query rows Q and dO may be views without memory or strides; their descriptors are
+  // never used but must be encodable, so they borrow K's view.
   BackwardTensors tt = t;
-  if (q_total == 0) tt.q.data = tt.dout.data = t.k.data;
+  if (q_total == 0) tt.q = tt.dout = t.k;
   // Also without query rows: every key tile then writes dK = dV = 0.
   if (k_total > 0) {
     const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,

@@ -2,9 +2,11 @@
 // backward's transposed scores Sᵀ (rows = keys, columns = queries). The rule is BandMask's
 // (common/mask.hpp), the one the forward and the CPU backend use.
 //
-// Keys past the sequence's end and query rows past its end need no mask here: their K / Q / dO
-// rows load as zeros and their LSE is +inf, so their probabilities and dS are 0 or multiply zero
-// rows, and their dK / dV rows are never stored (bwd_store.cuh).
+// Query rows past the sequence's end need no mask: their Q / dO rows load as zeros and their LSE
+// is +inf, so their probabilities and dS are 0. Keys past it do: their K rows load as zeros, so
+// their scores are 0 and their probabilities exp(−LSE), which overflows to inf for a row of very
+// negative LSE (−11 suffices in fp16 once dS is rounded), and inf · a zero K row is NaN in dQ. So
+// the last key tile of a sequence, when partial, is always masked.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +54,7 @@ struct KeyTileMask {
     const int64_t n0 = first_key(n_block);
     const int64_t shift = band.seqlen_k - band.seqlen_q;
     QueryTiles t{0, INT32_MAX};
+    if (n0 + kBlockN > band.seqlen_k) return {};  // partial: the keys past the end need the mask
     if (band.right >= 0) {
       // key_end(m0) ≥ n0 + kBlockN  ⇔  m0 ≥ n0 + kBlockN − 1 − shift − right
       const int64_t first = n0 + kBlockN - 1 - shift - band.right;
@@ -70,11 +73,12 @@ struct KeyTileMask {
   }
 
   // Queries [lo, hi) that see the thread's first key; its other keys' bounds are these moved by
-  // their (compile-time) row offsets. Two integers held through the tile loop, not two per row.
+  // their (compile-time) row offsets. Three integers held through the tile loop, not two per row.
   // Clamped into [−kBlockN, seqlen_q], which keeps every comparison with a query in
-  // [0, seqlen_q) as it was; an unbounded side becomes a bound no query crosses.
+  // [0, seqlen_q) as it was; an unbounded side becomes a bound no query crosses. `keys`: how many
+  // of the thread's keys, from its first, exist (≤ 0: none).
   struct RowQueries {
-    int lo, hi;
+    int lo, hi, keys;
   };
   template <class Coords>
   CUTE_DEVICE RowQueries row_queries(Coords const& coords, int n_block) const {
@@ -82,7 +86,8 @@ struct KeyTileMask {
     const int64_t lowest = -kBlockN;
     auto clamp = [&](int64_t x) { return int(cute::max(cute::min(x, band.seqlen_q), lowest)); };
     return {band.right < 0 ? int(lowest) : clamp(band.query_begin(key)),
-            band.left < 0 ? int(band.seqlen_q) : clamp(band.query_end(key))};
+            band.left < 0 ? int(band.seqlen_q) : clamp(band.query_end(key)),
+            int(cute::max(cute::min(band.seqlen_k - key, int64_t(kBlockN)), int64_t(0)))};
   }
 
   template <class Scores, class Coords>
@@ -93,7 +98,8 @@ struct KeyTileMask {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const int below = cute::get<0>(coords(i, 0)) - cute::get<0>(coords(0, 0));
-      lo[i] = queries.lo + below;
+      // A key past the sequence's end is seen by no query.
+      lo[i] = below < queries.keys ? queries.lo + below : INT_MAX;
       hi[i] = queries.hi + below;
     }
     mask_outside_columns(scores, coords, lo, hi, m_block * kBlockM + cute::get<1>(coords(0, 0)));

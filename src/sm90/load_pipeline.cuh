@@ -50,16 +50,16 @@ struct FwdLoad {
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
-    // With no key rows at all K and V may be empty views without memory; their descriptors are
-    // never used but must be encodable, so they borrow Q's address.
+    // With no key rows at all K and V may be empty views without memory or strides; their
+    // descriptors are never used but must be encodable, so they borrow Q's view.
     const bool has_keys = (p.is_varlen() ? p.varlen.total_k : p.seqlen_k) > 0;
-    const void* k_data = has_keys ? t.k.data : t.q.data;
-    const void* v_data = has_keys ? t.v.data : t.q.data;
+    const TensorView& tk = has_keys ? t.k : t.q;
+    const TensorView& tv = has_keys ? t.v : t.q;
     const auto q = gmem_view(static_cast<Element const*>(t.q.data), t.q, query_rows(p),
                              p.head_dim_qk, p.heads_q);
-    const auto k = gmem_view(static_cast<Element const*>(k_data), t.k, key_rows(p), p.head_dim_qk,
+    const auto k = gmem_view(static_cast<Element const*>(tk.data), tk, key_rows(p), p.head_dim_qk,
                              p.heads_kv);
-    const auto v = gmem_view(static_cast<Element const*>(v_data), t.v, key_rows(p), p.head_dim_v,
+    const auto v = gmem_view(static_cast<Element const*>(tv.data), tv, key_rows(p), p.head_dim_v,
                              p.heads_kv);
     auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
     return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), SmemLayoutQ{}, Shape<BlockM, HeadDimQK>{}, _1{}),

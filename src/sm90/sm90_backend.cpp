@@ -26,6 +26,10 @@ constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
 
 Status check_tma_view(const char* name, const TensorView& t, const Problem& p, bool keys) {
   if (t.data == nullptr) return Status::success();  // an empty view; generic checks handled it
+  // A tensor without rows is never read or written: its strides do not matter.
+  const int64_t rows = p.is_varlen() ? (keys ? p.varlen.total_k : p.varlen.total_q)
+                                     : (keys ? p.seqlen_k : p.seqlen_q);
+  if (rows == 0 || p.batch == 0) return Status::success();
   const int64_t elem = p.dtype == DType::kFP32 ? 4 : 2;
   if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0)
     return invalid("%s.data is not %lld-byte aligned, which the sm90 backend needs (TMA loads)",
@@ -193,11 +197,11 @@ Status can_implement(const Problem& p, Pass pass) {
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the
   // scale is positive (with softcap the factor applied after the max is the cap itself).
   if (p.softcap == 0.0f && p.scale() < 0.0f)
-    return not_supported("the sm90 forward kernel needs softmax_scale > 0 without softcap (got %g)",
+    return not_supported("the sm90 kernels need softmax_scale > 0 without softcap (got %g)",
                          double(p.softmax_scale));
   if (p.softcap > 0.0f &&
       (!std::isfinite(p.scale() / p.softcap) || !std::isfinite(p.softcap * kLog2e)))
-    return not_supported("softcap %g is outside the range the sm90 forward kernel can scale by "
+    return not_supported("softcap %g is outside the range the sm90 kernels can scale by "
                          "(scale / softcap and softcap·log2(e) must be finite)",
                          double(p.softcap));
 #if !defined(FA4_WITH_CUDA)

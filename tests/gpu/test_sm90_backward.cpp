@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <future>
 #include <memory>
 #include <random>
@@ -722,6 +723,67 @@ TEST(Sm90Backward, RefusesHostSequenceArrays) {
     ASSERT_CUDA(DeviceRun::device_sync());
     ASSERT_CUDA(run.download_gradients());
     expect_gradients_written(run, no_q, no_k);
+  }
+}
+
+// Keys past a sequence's end in its last, partial key tile load as zeros: unmasked, their
+// probability would be exp(−LSE), which for a row of very negative LSE overflows, and dQ would get
+// inf · 0 = NaN. One query, one key, q = −11 · 1, k = v = dO = 1: LSE = −11·sqrt(d) ≤ −88, dS = 0 on
+// the real key, so dQ = dK = 0 and dV = 1, all finite.
+TEST(Sm90Backward, VeryNegativeLseAndAPartialKeyTile) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  for (const Kernel& k : backward_kernels()) {
+    SCOPED_TRACE(kernel_tag(k));
+    const int64_t d = k.dim_qk;
+    Problem p;
+    p.batch = p.seqlen_q = p.seqlen_k = p.heads_q = p.heads_kv = 1;
+    p.head_dim_qk = p.head_dim_v = d;
+    p.dtype = k.dtype;
+    p.return_lse = true;
+    const Dims dims{1, 1, 1, d};
+    HostTensor q(k.dtype, dims), ones(k.dtype, dims), out(k.dtype, dims), dq(k.dtype, dims),
+        dk(k.dtype, dims), dv(k.dtype, dims);
+    for (int64_t i = 0; i < d; ++i) {
+      q.set(i, -11.0);
+      ones.set(i, 1.0);
+    }
+    HostLse lse(1, 1, 1, false);
+    const size_t elem = k.dtype == DType::kFP16 || k.dtype == DType::kBF16 ? 2 : 4;
+    DeviceMirror mq({mirror_view(q)}, elem), mones({mirror_view(ones)}, elem),
+        mout({mirror_view(out)}, elem), mlse({mirror_view(lse)}, 4), mdq({mirror_view(dq)}, elem),
+        mdk({mirror_view(dk)}, elem), mdv({mirror_view(dv)}, elem);
+    ASSERT_CUDA(mq.upload());
+    ASSERT_CUDA(mones.upload());
+    for (DeviceMirror* m : {&mout, &mlse, &mdq, &mdk, &mdv}) ASSERT_CUDA(m->poison());
+    ForwardTensors f;
+    f.q = mq.device_view(q.view());
+    f.k = f.v = mones.device_view(ones.view());
+    f.out = mout.device_view(out.view());
+    f.lse = mlse.device_view(lse.view());
+    ASSERT_TRUE(forward(p, f, {}, nullptr, Backend::kSm90).ok());
+    size_t bytes = 0;
+    ASSERT_TRUE(workspace_size(p, Backend::kSm90, Pass::kBackward, &bytes).ok());
+    DeviceWorkspace ws;
+    ASSERT_CUDA(ws.allocate(bytes));
+    ASSERT_CUDA(ws.poison());
+    BackwardTensors b;
+    b.q = f.q;
+    b.k = b.v = b.dout = f.k;
+    b.out = f.out;
+    b.lse = f.lse;
+    b.dq = mdq.device_view(dq.view());
+    b.dk = mdk.device_view(dk.view());
+    b.dv = mdv.device_view(dv.view());
+    const Status st = backward(p, b, ws.view(), nullptr, Backend::kSm90);
+    ASSERT_TRUE(st.ok()) << st.message;
+    ASSERT_CUDA(DeviceRun::device_sync());
+    for (DeviceMirror* m : {&mdq, &mdk, &mdv}) ASSERT_CUDA(m->download(nullptr));
+    for (int64_t i = 0; i < d; ++i) {
+      EXPECT_LT(std::fabs(dq.get(i)), 1e-2) << "dq[" << i << "]";
+      EXPECT_LT(std::fabs(dk.get(i)), 1e-2) << "dk[" << i << "]";
+      EXPECT_LT(std::fabs(dv.get(i) - 1.0), 1e-2) << "dv[" << i << "]";
+    }
   }
 }
 
