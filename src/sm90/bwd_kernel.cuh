@@ -135,8 +135,10 @@ struct BwdKernel {
     auto thr_q = mma_q.get_thread_slice(thread);
 
     // The wgmma operands' shared-memory descriptors are made where each GEMM is issued, from an
-    // address the compiler cannot see through: made once, the 40-odd descriptors of the five
-    // GEMMs' k-blocks would be hoisted out of the loop and held in registers dK and dV need.
+    // address the compiler cannot see through, so that the k-blocks' descriptors of the five
+    // GEMMs are not hoisted out of the loop into registers dK and dV need (FA3 guards its larger
+    // GEMMs the same way). At d128 it made no difference to the spills when measured: what
+    // spilled were the dQ atomics' addresses (bwd_store.cuh).
     auto smem_tensor = [](auto* data, auto layout) {
       asm volatile("" : "+l"(data));
       return make_tensor(make_smem_ptr(data), layout);
