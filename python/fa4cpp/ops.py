@@ -248,7 +248,17 @@ def _reference_backward(dout, q, k, v, params):
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
-def _forward(q, k, v, params):
+def _like(ref, shape, dtype, device):
+    """A (batch, seq, heads, dim) output of `shape` laid out as torch.empty_like(ref) lays out
+    ref's transpose (ref a (batch, heads, seq, dim) SDPA tensor), when the backend can write that
+    layout, so that SDPA gets its promised layout without a copy; None otherwise."""
+    if ref is None or ref.transpose(1, 2).shape != shape or ref.device != device:
+        return None
+    t = torch.empty_like(ref, dtype=dtype).transpose(1, 2)
+    return t if device.type != "cuda" or _tma_ready(t) is t else None
+
+
+def _forward(q, k, v, params, out_like=None):
     _check(q, k, v, params)
     params = _index_arrays(params)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
@@ -258,7 +268,9 @@ def _forward(q, k, v, params):
         return _reference_forward(q, k, v, params)
     q, k, v = _device_ready((q, k, v))
     out_shape, lse_shape = _out_shapes(q, v, params)
-    out = q.new_empty(out_shape)
+    out = _like(out_like, torch.Size(out_shape), q.dtype, q.device)
+    if out is None:
+        out = q.new_empty(out_shape)
     lse = q.new_empty(lse_shape, dtype=torch.float32)
     _library.library().forward(q, k, v, out, lse, params)
     if modes.get_mode().verify > 0:
@@ -266,7 +278,7 @@ def _forward(q, k, v, params):
     return out, lse
 
 
-def _backward(dout, q, k, v, out, lse, params):
+def _backward(dout, q, k, v, out, lse, params, grads_like=(None, None, None)):
     _check(q, k, v, params)
     _check_grads_inputs(dout, out, lse, q, v, params)
     params = _index_arrays(params)
@@ -278,7 +290,10 @@ def _backward(dout, q, k, v, out, lse, params):
     dout, q, k, v, out = _device_ready((dout, q, k, v, out))
     # Varlen rows outside every sequence are not written by the library: their gradient is 0.
     alloc = torch.zeros if params.varlen else torch.empty
-    dq, dk, dv = (alloc(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    def grad_for(t, like):
+        g = None if params.varlen else _like(like, t.shape, t.dtype, t.device)
+        return alloc(t.shape, dtype=t.dtype, device=t.device) if g is None else g
+    dq, dk, dv = (grad_for(t, like) for t, like in zip((q, k, v), grads_like))
     _library.library().backward(dout, q, k, v, out, lse, dq, dk, dv, params)
     if modes.get_mode().verify > 0:
         modes.verify_backward(dout, q, k, v, dq, dk, dv, params)

@@ -68,6 +68,10 @@ def _sdpa_only_reason(dropout_p, scale):
     return None
 
 
+def _params(scale, is_causal, deterministic=False):
+    return ops.Params(_library_scale(scale), is_causal, -1, -1, 0.0, deterministic)
+
+
 def _library_scale(scale):
     # SDPA's None means 1/sqrt(head_dim); so does the library's 0.
     return 0.0 if scale is None else float(scale)
@@ -109,7 +113,9 @@ def _sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False,
             q, k, v, None, None, q.size(1), k.size(1), dropout_p, is_causal, return_debug_mask,
             scale=scale)
     else:
-        out, lse = torch.ops.fa4cpp.fwd(q, k, v, _library_scale(scale), is_causal, -1, -1, 0.0)
+        # Inside the aten kernel (below any tracing): ops' implementation, with the modes, writing
+        # O straight into the layout empty_like(query) has.
+        out, lse = ops._forward(q, k, v, _params(scale, is_causal), out_like=query)
         # Shaped as FlashAttention-2's (and the meta kernel's); without dropout nothing reads them.
         rng_state = torch.empty(2, dtype=torch.uint64, device=query.device)
         unused = torch.empty((), dtype=torch.uint64, device=query.device)
@@ -131,9 +137,10 @@ def _sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q,
             go, q, k, v, o, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
             philox_seed, philox_offset, scale=scale)
     else:
-        dq, dk, dv = torch.ops.fa4cpp.bwd(go, q, k, v, o, logsumexp, _library_scale(scale),
-                                          is_causal, -1, -1, 0.0,
-                                          torch.are_deterministic_algorithms_enabled())
+        dq, dk, dv = ops._backward(
+            go, q, k, v, o, logsumexp,
+            _params(scale, is_causal, torch.are_deterministic_algorithms_enabled()),
+            grads_like=(query, key, value))
     return tuple(_laid_out_like(ref, g.transpose(1, 2))
                  for ref, g in ((query, dq), (key, dk), (value, dv)))
 

@@ -278,6 +278,26 @@ class StandInFlashAttention2:
         return g.view(b, kv.size(2), hq // kv.size(2), s, d).sum(2)
 
 
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_cpu_outputs_written_in_sdpa_layout(layout, cpu_kernels, monkeypatch):
+    """O and the gradients are written by the library straight into the layout SDPA promises
+    (empty_like of query, key, value): the final re-layout has nothing to copy, for transformers'
+    (batch, seq, heads, dim) views and for contiguous (batch, heads, seq, dim) tensors alike."""
+    copied = []
+    laid_out_like = sdpa._laid_out_like
+
+    def spy(ref, t):
+        result = laid_out_like(ref, t)
+        copied.append(result is not t)
+        return result
+    monkeypatch.setattr(sdpa, "_laid_out_like", spy)
+    q, k, v = _inputs(2, 4, 2, 19, 23, 32, torch.float32, layout)
+    out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False)[0]
+    out.backward(torch.randn_like(out))
+    assert cpu_kernels[("fwd", sdpa.FA4CPP)] == 1 and cpu_kernels[("bwd", sdpa.FA4CPP)] == 1
+    assert copied == [False] * 4  # O, dQ, dK, dV
+
+
 @pytest.fixture
 def stock_cpu(cpu_kernels):
     stock = StandInFlashAttention2()
