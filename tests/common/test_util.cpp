@@ -877,4 +877,26 @@ CheckResult check_written(const std::string& what, const HostLse& t,
   return check_written_impl(what, t, t.batch() * seq, row_of, rows, shape, true);
 }
 
+std::vector<CheckResult> check_gradients_written(const std::vector<HostTensor>& grads,
+                                                 const std::vector<unsigned char>& q_rows,
+                                                 const std::vector<unsigned char>& k_rows,
+                                                 bool packed) {
+  static const char* const kNames[] = {"dq", "dk", "dv"};
+  std::vector<CheckResult> results;
+  for (size_t g = 0; g < 3; ++g)
+    results.push_back(check_written(kNames[g], grads[g], g == 0 ? q_rows : k_rows));
+  CheckResult around;
+  int64_t stray = 0;
+  if (packed) {
+    stray = HostTensor::stray_writes({&grads[0], &grads[1], &grads[2]});
+  } else {
+    for (size_t g = 0; g < 3; ++g) stray += HostTensor::stray_writes({&grads[g]});
+  }
+  around.ok = stray == 0;
+  around.message = std::to_string(stray) + " elements outside the gradients' views written" +
+                   (packed ? " (packed dqkv: between the three views)" : "");
+  results.push_back(around);
+  return results;
+}
+
 }  // namespace fa4::test

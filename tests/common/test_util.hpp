@@ -253,5 +253,12 @@ CheckResult check_written(const std::string& what, const HostTensor& t,
                           const std::vector<unsigned char>& rows);
 CheckResult check_written(const std::string& what, const HostLse& t,
                           const std::vector<unsigned char>& rows);
+// dQ, dK, dV of a backward pass: check_written on each (query rows for dQ, key rows for dK / dV),
+// and nothing written outside the views (between the three views of a packed dqkv too). One
+// result per gradient, then one for the views' surroundings.
+std::vector<CheckResult> check_gradients_written(const std::vector<HostTensor>& grads,
+                                                 const std::vector<unsigned char>& q_rows,
+                                                 const std::vector<unsigned char>& k_rows,
+                                                 bool packed);
 
 }  // namespace fa4::test

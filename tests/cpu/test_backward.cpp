@@ -139,19 +139,8 @@ void check_backward(const Case& c) {
 
   const std::vector<unsigned char> q_rows = rows_in_sequences(p, false),
                                    k_rows = rows_in_sequences(p, true);
-  for (int g = 0; g < 3; ++g) {
-    const CheckResult w =
-        check_written(kGradNames[g], run.grads[size_t(g)], g == 0 ? q_rows : k_rows);
+  for (const CheckResult& w : check_gradients_written(run.grads, q_rows, k_rows, run.setup->packed))
     EXPECT_TRUE(w.ok) << w.message;
-  }
-  if (run.setup->packed) {
-    EXPECT_EQ(HostTensor::stray_writes({&run.grads[0], &run.grads[1], &run.grads[2]}), 0)
-        << "packed dqkv: elements outside the three views were written";
-  } else {
-    for (int g = 0; g < 3; ++g)
-      EXPECT_EQ(HostTensor::stray_writes({&run.grads[size_t(g)]}), 0)
-          << kGradNames[g] << ": elements outside the view were written";
-  }
 
   // D = rowsum(dO ∘ O) from the O the backend was handed, as the backend computes it.
   const ref::BackwardResult exact =
