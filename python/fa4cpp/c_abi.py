@@ -261,6 +261,22 @@ class Library:
             return None
         return torch.cuda.current_stream(device).cuda_stream
 
+    def _forward_tensors(self, q, k, v, out, lse):
+        t = ForwardTensors()
+        self.lib.fa4_forward_tensors_init(ctypes.byref(t))
+        t.q, t.k, t.v, t.out = tensor_view(q), tensor_view(k), tensor_view(v), tensor_view(out)
+        if lse is not None:
+            t.lse = lse_view(lse)
+        return t
+
+    def _backward_tensors(self, dout, q, k, v, out, lse, dq, dk, dv):
+        t = BackwardTensors()
+        self.lib.fa4_backward_tensors_init(ctypes.byref(t))
+        t.q, t.k, t.v = tensor_view(q), tensor_view(k), tensor_view(v)
+        t.out, t.dout, t.lse = tensor_view(out), tensor_view(dout), lse_view(lse)
+        t.dq, t.dk, t.dv = tensor_view(dq), tensor_view(dk), tensor_view(dv)
+        return t
+
     def forward(self, q, k, v, out, lse, params):
         """Runs the forward on the backend of q's device, on torch's current stream; raises
         Fa4Error with the library's message. out and lse are written."""
@@ -268,10 +284,7 @@ class Library:
         if backend is None:
             raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % q.device.type)
         p = self.problem(q, k, v, params)
-        t = ForwardTensors()
-        self.lib.fa4_forward_tensors_init(ctypes.byref(t))
-        t.q, t.k, t.v, t.out = tensor_view(q), tensor_view(k), tensor_view(v), tensor_view(out)
-        t.lse = lse_view(lse)
+        t = self._forward_tensors(q, k, v, out, lse)
         with _DeviceScope(q.device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, q.device)
             self._check(self.lib.fa4_forward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
@@ -284,11 +297,7 @@ class Library:
         if backend is None:
             raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % q.device.type)
         p = self.problem(q, k, v, params)
-        t = BackwardTensors()
-        self.lib.fa4_backward_tensors_init(ctypes.byref(t))
-        t.q, t.k, t.v = tensor_view(q), tensor_view(k), tensor_view(v)
-        t.out, t.dout, t.lse = tensor_view(out), tensor_view(dout), lse_view(lse)
-        t.dq, t.dk, t.dv = tensor_view(dq), tensor_view(dk), tensor_view(dv)
+        t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
         with _DeviceScope(q.device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_BACKWARD, q.device)
             self._check(self.lib.fa4_backward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
@@ -303,11 +312,7 @@ class Library:
         p = self.problem(q, k, v, Params(causal=causal, window_left=window[0],
                                          window_right=window[1], softcap=softcap))
         p.return_lse = int(lse is not None)
-        t = ForwardTensors()
-        self.lib.fa4_forward_tensors_init(ctypes.byref(t))
-        t.q, t.k, t.v, t.out = tensor_view(q), tensor_view(k), tensor_view(v), tensor_view(out)
-        if lse is not None:
-            t.lse = lse_view(lse)
+        t = self._forward_tensors(q, k, v, out, lse)
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_FORWARD, q.device)
 
         def run():
@@ -320,11 +325,7 @@ class Library:
     def backward_fn(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False):
         """The backward's closure, like forward_fn (out and lse as the forward wrote them)."""
         p = self.problem(q, k, v, Params(causal=causal))
-        t = BackwardTensors()
-        self.lib.fa4_backward_tensors_init(ctypes.byref(t))
-        t.q, t.k, t.v = tensor_view(q), tensor_view(k), tensor_view(v)
-        t.out, t.dout, t.lse = tensor_view(out), tensor_view(dout), lse_view(lse)
-        t.dq, t.dk, t.dv = tensor_view(dq), tensor_view(dk), tensor_view(dv)
+        t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_BACKWARD, q.device)
 
         def run():

@@ -84,16 +84,19 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
   return Status::success();
 }
 
-using ForwardFn = Status (*)(const Problem&, const ForwardTensors&, void*);
-
-struct ForwardKernel {
+// One kernel of this build's table (cmake/fa4_sm90.cmake), then an end marker with run = null.
+template <class Fn>
+struct Kernel {
   int64_t head_dim_qk;
   int64_t head_dim_v;
   DType dtype;
-  ForwardFn run;
+  Fn run;
 };
 
-// The forward kernels of this build, one per FA4_SM90_KERNELS entry, then an end marker.
+using ForwardKernel = Kernel<Status (*)(const Problem&, const ForwardTensors&, void*)>;
+using BackwardKernel =
+    Kernel<Status (*)(const Problem&, const BackwardTensors&, Workspace, void*)>;
+
 constexpr ForwardKernel kForwardKernels[] = {
 #if defined(FA4_WITH_CUDA)
 #define FA4_SM90_FWD_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>},
@@ -102,59 +105,40 @@ constexpr ForwardKernel kForwardKernels[] = {
 #endif
     {0, 0, DType::kBF16, nullptr}};
 
-const ForwardKernel* find_forward_kernel(const Problem& p) {
-  for (const ForwardKernel& k : kForwardKernels)
+// The FA4_SM90_KERNELS entries that are in the backward table (head dim qk = v).
+constexpr BackwardKernel kBackwardKernels[] = {
+#if defined(FA4_WITH_CUDA)
+#define FA4_SM90_BWD_KERNEL(d, dtype) {d, d, DType::dtype, &sm90::run_backward<d, DType::dtype>},
+#include "sm90/sm90_bwd_kernels.inc"
+#undef FA4_SM90_BWD_KERNEL
+#endif
+    {0, 0, DType::kBF16, nullptr}};
+
+template <class Fn, size_t kCount>
+const Kernel<Fn>* find_kernel(const Kernel<Fn> (&table)[kCount], const Problem& p) {
+  for (const Kernel<Fn>& k : table)
     if (k.run != nullptr && k.head_dim_qk == p.head_dim_qk && k.head_dim_v == p.head_dim_v &&
         k.dtype == p.dtype)
       return &k;
   return nullptr;
 }
 
-std::string built_forward_kernels() {
-  std::string list;
-  for (const ForwardKernel& k : kForwardKernels) {
+// kNotSupported naming the problem's head dims and dtype and what this build has.
+template <class Fn, size_t kCount>
+Status no_kernel(const char* pass, const Kernel<Fn> (&table)[kCount], const Problem& p) {
+  std::string built;
+  for (const Kernel<Fn>& k : table) {
     if (k.run == nullptr) continue;
-    if (!list.empty()) list += ", ";
-    list += std::to_string(k.head_dim_qk);
-    if (k.head_dim_v != k.head_dim_qk) list += "x" + std::to_string(k.head_dim_v);
-    list += k.dtype == DType::kBF16 ? ":bf16" : ":fp16";
+    if (!built.empty()) built += ", ";
+    built += std::to_string(k.head_dim_qk);
+    if (k.head_dim_v != k.head_dim_qk) built += "x" + std::to_string(k.head_dim_v);
+    built += k.dtype == DType::kBF16 ? ":bf16" : ":fp16";
   }
-  return list.empty() ? "none" : list;
-}
-
-using BackwardFn = Status (*)(const Problem&, const BackwardTensors&, Workspace, void*);
-
-struct BackwardKernel {
-  int64_t head_dim;  // qk = v
-  DType dtype;
-  BackwardFn run;
-};
-
-// The backward kernels of this build: the FA4_SM90_KERNELS entries that are in the backward table.
-constexpr BackwardKernel kBackwardKernels[] = {
-#if defined(FA4_WITH_CUDA)
-#define FA4_SM90_BWD_KERNEL(d, dtype) {d, DType::dtype, &sm90::run_backward<d, DType::dtype>},
-#include "sm90/sm90_bwd_kernels.inc"
-#undef FA4_SM90_BWD_KERNEL
-#endif
-    {0, DType::kBF16, nullptr}};
-
-const BackwardKernel* find_backward_kernel(const Problem& p) {
-  for (const BackwardKernel& k : kBackwardKernels)
-    if (k.run != nullptr && k.head_dim == p.head_dim_qk && k.head_dim == p.head_dim_v &&
-        k.dtype == p.dtype)
-      return &k;
-  return nullptr;
-}
-
-std::string built_backward_kernels() {
-  std::string list;
-  for (const BackwardKernel& k : kBackwardKernels) {
-    if (k.run == nullptr) continue;
-    if (!list.empty()) list += ", ";
-    list += std::to_string(k.head_dim) + (k.dtype == DType::kBF16 ? ":bf16" : ":fp16");
-  }
-  return list.empty() ? "none" : list;
+  return not_supported("the sm90 backend has no %s kernel for head dims %lld / %lld (qk / v) "
+                       "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
+                       pass, (long long)p.head_dim_qk, (long long)p.head_dim_v,
+                       p.dtype == DType::kBF16 ? "bf16" : "fp16",
+                       built.empty() ? "none" : built.c_str());
 }
 
 // Indices inside the kernel are 32-bit (rows, heads, tiles); TMA extents are too.
@@ -168,11 +152,7 @@ constexpr int64_t kMaxGridYZ = 65535;
 
 // The backward's own limits, after the checks both passes share.
 Status can_implement_backward(const Problem& p) {
-  if (find_backward_kernel(p) == nullptr)
-    return not_supported("the sm90 backend has no backward kernel for head dims %lld / %lld (qk / v) "
-                         "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
-                         (long long)p.head_dim_qk, (long long)p.head_dim_v,
-                         p.dtype == DType::kBF16 ? "bf16" : "fp16", built_backward_kernels().c_str());
+  if (find_kernel(kBackwardKernels, p) == nullptr) return no_kernel("backward", kBackwardKernels, p);
   if (p.deterministic)
     return not_supported("the sm90 backward is not deterministic in this version (dQ is summed over "
                          "key tiles with atomics); the CPU backend is");
@@ -209,11 +189,7 @@ Status can_implement(const Problem& p, Pass pass) {
                      "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
 #endif
   if (pass == Pass::kBackward) return can_implement_backward(p);
-  if (find_forward_kernel(p) == nullptr)
-    return not_supported("the sm90 backend has no forward kernel for head dims %lld / %lld (qk / v) "
-                         "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
-                         (long long)p.head_dim_qk, (long long)p.head_dim_v,
-                         p.dtype == DType::kBF16 ? "bf16" : "fp16", built_forward_kernels().c_str());
+  if (find_kernel(kForwardKernels, p) == nullptr) return no_kernel("forward", kForwardKernels, p);
   // Every extent below is one TMA dimension or one 32-bit index; the views' shift mode spans one
   // row more than the tensor has (gmem_layout.cuh).
   // Tiles are counted in 32 bits, one grid stride past the last included (tile_scheduler.cuh).
@@ -314,7 +290,7 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace, void* s
                                 {"seqused_k", p.seqused_k}};
   if (s.ok()) s = check_device_memory(views);
   if (!s.ok()) return s;
-  return find_forward_kernel(p)->run(p, t, stream);
+  return find_kernel(kForwardKernels, p)->run(p, t, stream);
 }
 
 Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
@@ -337,7 +313,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   if (s.ok() && reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0)
     s = invalid("workspace.data is not 256-byte aligned");
   if (!s.ok()) return s;
-  return find_backward_kernel(p)->run(p, t, workspace, stream);
+  return find_kernel(kBackwardKernels, p)->run(p, t, workspace, stream);
 }
 
 }  // namespace
