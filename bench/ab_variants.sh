@@ -4,6 +4,7 @@
 # built with extra CUDA defines (e.g. the FA4_SM90_* tuning macros of src/sm90/fwd_config.cuh).
 #
 #   bench/ab_variants.sh OUT_DIR KERNELS "name[@SOURCE_DIR]=DEFINES" ... [-- sweep.py arguments]
+#   (no sweep arguments: build, and test, only)
 #   bench/ab_variants.sh $OUT "64:bf16;128:bf16" base= "thr8=-DFA4_SM90_RESCALE_THRESHOLD_LOG2=8" \
 #       -- --hdims 64,128 --seqlens 4096,16384 --rounds 2
 #
@@ -78,6 +79,9 @@ for t in "${tests[@]}"; do
   grep -E '^\[  FAILED  \]' "$out/tests_$name.log" | head -n 8
 done
 
+# Without sweep arguments the variants are only built (and tested): several sweeps over subsets of
+# them can follow, each a bench/sweep.py call with --lib NAME=build/ab_NAME/libfa4.so.
+[ $# -gt 0 ] || exit 0
 PYTHONUNBUFFERED=1 python3 "$root/bench/sweep.py" "${libs[@]}" --out "$out" "$@" >"$out/sweep.log" 2>&1
 echo "sweep: rc $?"
 tail -n 40 "$out/sweep.log"

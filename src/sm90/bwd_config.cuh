@@ -81,6 +81,8 @@ struct BwdConfig {
       SmemLayoutDs{}, make_ordered_layout(Shape<BlockN, BlockM, _2>{}, Step<_2, _1, _3>{})));
 
   static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));  // one stage; = dO
+  // One query tile's LSE·log2e (with Q) or D (with dO), in the same stage.
+  static constexpr int kBytesRowStat = kBlockM * int(sizeof(float));
   static constexpr int kBytesKV = 2 * kBlockN * kHeadDim * int(sizeof(Element));
 
   static_assert(kHeadDim % 64 == 0, "dQ splits the head dim into 32-element halves or wider");

@@ -62,6 +62,9 @@ struct BwdKernel {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutDs>, 1024> ds;
+    // Per stage: the query tile's LSE·log2e (arrives with Q) and D (with dO).
+    cute::array_aligned<float, Config::kStages * Config::kBlockM, 128> lse;
+    cute::array_aligned<float, Config::kStages * Config::kBlockM, 128> dpsum;
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) uint64_t kv_full;
@@ -103,7 +106,7 @@ struct BwdKernel {
                                : Pipeline::ThreadCategory::Consumer;
     pipe.is_leader = leader;
     pipe.num_consumers = Config::kMmaThreads;
-    pipe.transaction_bytes = Config::kBytesQ;
+    pipe.transaction_bytes = Config::kBytesQ + Config::kBytesRowStat;  // = dO's + D's
     Pipeline pipeline_q(smem.pipeline_q, pipe, Shape<_1, _1, _1>{});
     Pipeline pipeline_do(smem.pipeline_do, pipe, Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
@@ -114,9 +117,9 @@ struct BwdKernel {
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (!leader || !has_work || w.queries.empty()) return;
-      Load::run(p.load, w.head, w.n_block, w.seq, w.queries.begin, w.queries.end, smem.q.data(),
-                smem.dout.data(), smem.k.data(), smem.v.data(), smem.kv_full, pipeline_q,
-                pipeline_do);
+      Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.queries.begin, w.queries.end,
+                smem.q.data(), smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
+                smem.dpsum.data(), smem.kv_full, pipeline_q, pipeline_do);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
       if (has_work) mma(p, smem, w, pipeline_q, pipeline_do);
@@ -182,10 +185,10 @@ struct BwdKernel {
                               _, _, _, stage),
                           tSrS);
         auto s = rowcol_view(tSrS);
-        // LSE and D are read per column where they are used (L1 hits after the first row): held
-        // in registers for the whole tile they would push dK and dV out of the register file.
-        const float* lse_row = Store::row_values(rows, p.store.lse_log2, m);
-        const float* dpsum_row = Store::row_values(rows, p.store.dpsum, m);
+        // LSE and D are read from shared memory per column where they are used: held in
+        // registers for the whole tile they would push dK and dV out of the register file.
+        const float* lse_row = smem.lse.data() + stage * Config::kBlockM;
+        const float* dpsum_row = smem.dpsum.data() + stage * Config::kBlockM;
         const int valid_cols = rows.len - m * Config::kBlockM;
 
         warpgroup_wait<0>();  // Sᵀ is ready
@@ -195,7 +198,7 @@ struct BwdKernel {
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int col = get<1>(score_coords(0, j));
-          const float lse = col < valid_cols ? __ldg(lse_row + col) : INFINITY;
+          const float lse = col < valid_cols ? lse_row[col] : INFINITY;
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
@@ -220,14 +223,14 @@ struct BwdKernel {
                            dV);
         auto dp = rowcol_view(tSrDp);
         warpgroup_wait<0>();  // dPᵀ is ready, and dV: P's registers are free
-        pipeline_do.consumer_release(read);  // dPᵀ and dV were dO's readers
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int col = get<1>(score_coords(0, j));
-          const float dpsum = col < valid_cols ? __ldg(dpsum_row + col) : 0.0f;
+          const float dpsum = col < valid_cols ? dpsum_row[col] : 0.0f;
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) s(i, j) *= dp(i, j) - dpsum;
         }
+        pipeline_do.consumer_release(read);  // dPᵀ, dV and D were the stage's readers
         convert_fragment(tSrS, tKVrDs);
         // dS of both warpgroups into shared memory for dQ. Its two stages alternate: a warpgroup
         // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,

@@ -82,6 +82,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                 dpsum,
                                 dq_accum,
                                 q_total,
+                                ws.stat_rows,
                                 q_per_batch,
                                 int(p.head_dim_qk),
                                 int(p.head_dim_v)};
@@ -105,13 +106,11 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                     p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
                                     v.head_stride};
     };
-    const typename Store::Params store{dq_accum,       lse_log2,    dpsum,
-                                       q_total,        q_per_batch, output(t.dk),
-                                       output(t.dv),   dk_accum,    dv_accum,
-                                       k_total,        k_per_batch, int(p.heads_q / p.heads_kv),
-                                       p.scale()};
+    const typename Store::Params store{dq_accum,     q_total,  q_per_batch, output(t.dk),
+                                       output(t.dv), dk_accum, dv_accum,    k_total,
+                                       k_per_batch,  int(p.heads_q / p.heads_kv), p.scale()};
     const typename Kernel::Params params{
-        Kernel::Load::make_params(p, tt),
+        Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
         sequences,
         band,

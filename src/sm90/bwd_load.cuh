@@ -1,12 +1,16 @@
 // The producer side of the backward kernel: one thread loads the CTA's K and V tiles once (one
 // mbarrier for both), then Q and dO of each query tile the keys are seen by, into two rings guarded
-// by CUTLASS's PipelineTmaAsync. Rows past a sequence's end arrive as zeros (gmem_layout.cuh).
+// by CUTLASS's PipelineTmaAsync, and with them the tile's LSE·log2e and D from the workspace (bulk
+// copies on the same barriers: read per column of Sᵀ, from global memory they stalled every step
+// on their latency). Rows past a sequence's end arrive as zeros (gmem_layout.cuh); their LSE and D
+// are whatever follows the sequence in the workspace, and the consumers discard them.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "sm90/bwd_workspace.hpp"
 #include "sm90/gmem_layout.cuh"
 #include "sm90/sequence.cuh"
 
@@ -43,9 +47,14 @@ struct BwdLoad {
     GmemShape shape_q;  // also dO's
     GmemShape shape_k;  // also V's
     int head_group;     // query heads per kv head (GQA)
+    const float* lse_log2;  // workspace, [heads_q][stat rows] (bwd_workspace.hpp)
+    const float* dpsum;
+    int64_t stat_rows;
+    int32_t q_rows_per_batch;  // seqlen_q (fixed length), 0 (varlen: rows start at cu_seqlens_q)
   };
 
-  static Params make_params(const Problem& p, const BackwardTensors& t) {
+  static Params make_params(const Problem& p, const BackwardTensors& t, const float* lse_log2,
+                            const float* dpsum, int64_t stat_rows) {
     auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
     const auto q = gmem_view(static_cast<Element const*>(t.q.data), t.q, query_rows(p),
                              p.head_dim_qk, p.heads_q);
@@ -63,7 +72,11 @@ struct BwdLoad {
             make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutV{}, k_box, _1{}),
             q.layout.shape(),
             k.layout.shape(),
-            int(p.heads_q / p.heads_kv)};
+            int(p.heads_q / p.heads_kv),
+            lse_log2,
+            dpsum,
+            stat_rows,
+            int32_t(p.is_varlen() ? 0 : p.seqlen_q)};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -76,9 +89,12 @@ struct BwdLoad {
 
   // Runs on a single thread. Query tiles [m_begin, m_end) in increasing order, Q before dO (Sᵀ,
   // which needs Q, is issued before dPᵀ).
-  CUTE_DEVICE static void run(Params const& p, int head, int n_block, Sequence const& seq,
-                              int m_begin, int m_end, Element* smem_q, Element* smem_do,
-                              Element* smem_k, Element* smem_v, uint64_t& kv_full,
+  // `batch`: the sequence's index (also in varlen mode). smem_lse / smem_dpsum: kBlockM floats
+  // per stage.
+  CUTE_DEVICE static void run(Params const& p, int head, int n_block, int batch,
+                              Sequence const& seq, int m_begin, int m_end, Element* smem_q,
+                              Element* smem_do, Element* smem_k, Element* smem_v,
+                              float* smem_lse, float* smem_dpsum, uint64_t& kv_full,
                               Pipeline& pipeline_q, Pipeline& pipeline_do) {
     const int kv_head = head / p.head_group;
     const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
@@ -104,17 +120,27 @@ struct BwdLoad {
                                       group_modes<0, 2>(gQ));
     auto [tDgDo, tDsDo] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDo),
                                         group_modes<0, 2>(gDo));
+    const int64_t first_stat =
+        int64_t(head) * p.stat_rows +
+        bwd_stat_row(seq.start_q + int64_t(seq.batch) * p.q_rows_per_batch, batch);
     PipelineState write_q = cutlass::make_producer_start_state<Pipeline>();
     PipelineState write_do = cutlass::make_producer_start_state<Pipeline>();
     CUTE_NO_UNROLL
     for (int m = m_begin; m < m_end; ++m) {
+      const int64_t stat = first_stat + int64_t(m) * Config::kBlockM;
       pipeline_q.producer_acquire(write_q);
-      copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ(_, m),
-           tQsQ(_, write_q.index()));
+      uint64_t* full_q = pipeline_q.producer_get_barrier(write_q);
+      copy(p.tma_q.with(*full_q), tQgQ(_, m), tQsQ(_, write_q.index()));
+      SM90_BULK_COPY_G2S::copy(p.lse_log2 + stat, full_q,
+                               smem_lse + write_q.index() * Config::kBlockM,
+                               Config::kBytesRowStat);
       ++write_q;
       pipeline_do.producer_acquire(write_do);
-      copy(p.tma_do.with(*pipeline_do.producer_get_barrier(write_do)), tDgDo(_, m),
-           tDsDo(_, write_do.index()));
+      uint64_t* full_do = pipeline_do.producer_get_barrier(write_do);
+      copy(p.tma_do.with(*full_do), tDgDo(_, m), tDsDo(_, write_do.index()));
+      SM90_BULK_COPY_G2S::copy(p.dpsum + stat, full_do,
+                               smem_dpsum + write_do.index() * Config::kBlockM,
+                               Config::kBytesRowStat);
       ++write_do;
     }
   }

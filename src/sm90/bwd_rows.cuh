@@ -12,6 +12,7 @@
 #include <cute/config.hpp>
 
 #include "common/math_constants.hpp"
+#include "sm90/bwd_workspace.hpp"
 #include "sm90/sequence.cuh"
 
 namespace fa4::sm90 {
@@ -52,10 +53,11 @@ struct PrepareParams {
   SequenceParams sequences;
   const float* lse;  // the forward's LSE
   int64_t lse_batch_stride, lse_head_stride, lse_seq_stride;
-  float* lse_log2;  // workspace, [heads_q][query rows]
+  float* lse_log2;  // workspace, [heads_q][stat rows]
   float* dpsum;
   float* dq_accum;  // [heads_q][query rows][dim]
   int64_t q_rows;   // query rows per head in the workspace
+  int64_t stat_rows;
   int32_t q_rows_per_batch;
   int dim, dim_v;
 };
@@ -71,18 +73,19 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   float sum = 0.0f;
   for (int c = w.lane; c < p.dim_v; c += 32) sum += float(o[c]) * float(d[c]);
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const int64_t ws_row = int64_t(w.head) * p.q_rows + w.seq.start_q +
-                         int64_t(w.seq.batch) * p.q_rows_per_batch + w.row;
-  float* dq = p.dq_accum + ws_row * p.dim;
+  const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.q_rows_per_batch;
+  float* dq = p.dq_accum + (int64_t(w.head) * p.q_rows + start + w.row) * p.dim;
   for (int c = w.lane; c < p.dim; c += 32) dq[c] = 0.0f;
   if (w.lane == 0) {
-    p.dpsum[ws_row] = sum;
+    const int64_t stat_row =
+        int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row;
+    p.dpsum[stat_row] = sum;
     const float lse = p.lse[int64_t(w.seq.batch) * p.lse_batch_stride +
                             int64_t(w.head) * p.lse_head_stride +
                             (w.seq.start_q + w.row) * p.lse_seq_stride];
     // −inf cannot come from the forward (a row that sees no key has +inf); read it the same way,
     // so that no probability becomes exp2(+inf).
-    p.lse_log2[ws_row] = lse == -INFINITY ? INFINITY : lse * float(kLog2e);
+    p.lse_log2[stat_row] = lse == -INFINITY ? INFINITY : lse * float(kLog2e);
   }
 }
 

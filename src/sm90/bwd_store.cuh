@@ -1,5 +1,4 @@
-// Where the backward kernel reads its per-row statistics and writes its gradients:
-//   - LSE·log2e and D of the query rows, from the workspace (bwd_workspace.hpp), per column of Sᵀ;
+// Where the backward kernel writes its gradients:
 //   - dQ of each (query tile, key tile) pair, added to the fp32 accumulator in the workspace with
 //     vector atomics (the key tiles of a query tile run in different CTAs);
 //   - dK, dV once per CTA: rounded and written to the outputs, or, with GQA, added to the fp32
@@ -32,8 +31,6 @@ struct BwdStore {
 
   struct Params {
     float* dq_accum;        // [heads_q][query rows][dim]
-    const float* lse_log2;  // [heads_q][query rows]
-    const float* dpsum;     // [heads_q][query rows]
     int64_t q_rows;         // query rows per head in the workspace
     int32_t q_rows_per_batch;  // seqlen_q (fixed length), 0 (varlen: rows start at cu_seqlens_q)
     Output dk, dv;
@@ -53,11 +50,6 @@ struct BwdStore {
   CUTE_DEVICE static QueryRows query_rows(Params const& p, int head, Sequence const& seq) {
     return {int64_t(head) * p.q_rows + seq.start_q + int64_t(seq.batch) * p.q_rows_per_batch,
             seq.len_q};
-  }
-
-  // The workspace values of query tile m's rows (valid below rows.len − m·kBlockM).
-  CUTE_DEVICE static const float* row_values(QueryRows const& rows, const float* values, int m) {
-    return values + rows.first + int64_t(m) * Config::kBlockM;
   }
 
   // Adds consecutive value pairs of an accumulator (two adjacent columns of one row: the wgmma

@@ -1,25 +1,43 @@
 // The sm90 backward's workspace (caller-owned device memory, workspace_size bytes), shared by the
 // host launcher and the kernels. fp32 throughout, rows numbered like the packed query / key rows:
 //   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by atomics
-//   lse_log2  [heads_q][query rows]          LSE·log2(e), +inf for a row that sees no key
-//   dpsum     [heads_q][query rows]          D = rowsum(dO ∘ O)
+//   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
+//   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
 //   dk_accum, dv_accum [heads_kv][key rows][dim]   GQA only: summed over a group's query heads
 // Query rows are batch·seqlen_q (fixed length; sequence b starts at b·seqlen_q) or total_q
 // (varlen; sequence b starts at cu_seqlens_q[b]); key rows likewise.
+// Stat rows are the query rows with each sequence moved to a multiple of kBwdBlockM, so that the
+// main kernel's producer fetches a query tile's LSE and D with one aligned bulk copy each (a TMA
+// bulk copy needs 16-byte aligned addresses and sizes); a tile that runs past its sequence reads
+// the gap or the next sequence, which the kernel discards.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "common/host_device.hpp"
 #include "fa4/attention.hpp"
 
 namespace fa4::sm90 {
 
 constexpr int kBwdBlockM = 64;  // query rows per step of the backward kernel (BwdConfig)
 
+// The stat row of row 0 of sequence b, whose rows start at packed query row `start` (b·seqlen_q,
+// or cu_seqlens_q[b]): a multiple of kBwdBlockM, past the end of sequence b − 1 (whose start moved
+// back by less than kBwdBlockM, with kBwdBlockM more added per sequence).
+FA4_HD int64_t bwd_stat_row(int64_t start, int64_t b) {
+  return (start + b * kBwdBlockM) / kBwdBlockM * kBwdBlockM;
+}
+
+// Stat rows per head: the last sequence's last tile ends before rows + batch·kBwdBlockM.
+FA4_HD int64_t bwd_stat_rows(int64_t q_rows, int64_t batch) {
+  return (q_rows + batch * kBwdBlockM + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
+}
+
 struct BwdWorkspace {
   size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0;  // byte offsets
   size_t bytes = 0;
+  int64_t stat_rows = 0;  // per head
   bool gqa = false;
 
   static BwdWorkspace layout(const Problem& p) {
@@ -33,10 +51,11 @@ struct BwdWorkspace {
     size_t at = 0;
     w.dq_accum = at;
     at = round(at + size_t(p.heads_q) * q_rows * size_t(p.head_dim_qk) * f);
+    w.stat_rows = bwd_stat_rows(int64_t(q_rows), p.batch);
     w.lse_log2 = at;
-    at = round(at + size_t(p.heads_q) * q_rows * f);
+    at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * f);
     w.dpsum = at;
-    at = round(at + size_t(p.heads_q) * q_rows * f);
+    at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * f);
     if (w.gqa) {
       w.dk_accum = at;
       at = round(at + size_t(p.heads_kv) * k_rows * size_t(p.head_dim_qk) * f);

@@ -375,14 +375,15 @@ def _sdpa_run(q, k, v, dout, causal):
 
 @pytest.fixture
 def fwd_spy(monkeypatch):
-    """Counts the calls that reach torch.ops.fa4cpp.fwd."""
+    """Counts the calls that reach the library's forward (the SDPA route calls ops._forward, not
+    the custom op, so that it can write O straight into the layout SDPA promises)."""
     seen = []
-    real = torch.ops.fa4cpp.fwd
+    real = ops._forward
 
-    def spy(*args):
-        seen.append(args[0].shape)
-        return real(*args)
-    monkeypatch.setattr(torch.ops.fa4cpp, "fwd", spy)
+    def spy(q, *args, **kwargs):
+        seen.append(q.shape)
+        return real(q, *args, **kwargs)
+    monkeypatch.setattr(ops, "_forward", spy)
     return seen
 
 
