@@ -25,10 +25,11 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-// Key-tile rows per (head dim qk, head dim v), bf16/fp16. The query tile is always 128 rows: one
-// 64-row slice per consumer warpgroup. The key tile shrinks as the head dims grow so that Q, two K
-// stages and two V stages fit in shared memory (227 KB) and S, P and O fit in 240 registers per
-// thread (O takes dv/2, S N/2 and P N/4 registers). kSoftmaxChains: independent max / sum chains
+// Key-tile rows per (head dim qk, head dim v), bf16/fp16, and the consumer warpgroups: the query
+// tile has one 64-row slice per consumer warpgroup (128 rows with two, 192 with three). The key
+// tile shrinks as the head dims grow so that Q, two K stages and two V stages fit in shared memory
+// (227 KB) and S, P and O fit in the registers per thread (240 with two consumer warpgroups, 160
+// with three; O takes dv/2, S N/2 and P N/4 registers). kSoftmaxChains: independent max / sum chains
 // per row in the softmax (softmax.cuh); 4 measured +2-6 % at d128, -3-4 % at d64 (bench/NOTES.md,
 // v3); the other head dims keep 1 until measured.
 template <int kHeadDimQK, int kHeadDimV>
@@ -37,33 +38,41 @@ template <>
 struct FwdTileSize<64, 64> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 1;
+  // d64 is bound by the softmax (MUFU): three consumer warpgroups (192 query rows, 160 registers
+  // each) keep more of it in flight per SM, as FA3 does.
+  static constexpr int kConsumerWarpgroups = 3;
 };
 template <>
 struct FwdTileSize<96, 96> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr int kConsumerWarpgroups = 2;
 };
 template <>
 struct FwdTileSize<128, 128> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 4;
+  static constexpr int kConsumerWarpgroups = 2;
 };
 // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
 template <>
 struct FwdTileSize<192, 192> {
   static constexpr int kBlockN = 96;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr int kConsumerWarpgroups = 2;
 };
 template <>
 struct FwdTileSize<192, 128> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr int kConsumerWarpgroups = 2;
 };
 // FA3 uses 80 here; with this kernel's register budget 80 spills 16 bytes (measured), 64 does not.
 template <>
 struct FwdTileSize<256, 256> {
   static constexpr int kBlockN = 64;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr int kConsumerWarpgroups = 2;
 };
 
 template <int kHeadDimQK_, int kHeadDimV_, class Element_>
@@ -73,15 +82,16 @@ struct FwdConfig {
 
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kConsumerWarpgroups =
+      FwdTileSize<kHeadDimQK, kHeadDimV>::kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = FwdTileSize<kHeadDimQK, kHeadDimV>::kBlockN;
   static constexpr int kStages = 2;  // K and V ring depth
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
 
   // setmaxnreg budgets: the producer only issues TMA; the consumers hold S, P and O.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
   static_assert(kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters <= 512,
                 "register budget exceeds the 64K registers of an SM");
 

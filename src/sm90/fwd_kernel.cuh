@@ -1,9 +1,11 @@
-// The sm_90a forward kernel: a CTA computes O and LSE of 128-row query tiles, each of one head of
-// one sequence (fixed-length or varlen; sequence.cuh), one after the other (tile_scheduler.cuh).
+// The sm_90a forward kernel: a CTA computes O and LSE of query tiles (128 rows, 192 at d64), each
+// of one head of one sequence (fixed-length or varlen; sequence.cuh), one after the other
+// (tile_scheduler.cuh).
 //
-//   warpgroup 0 (producer, 24 registers): one thread loads, by TMA, each tile's first K tile, its Q
-//   (once the previous tile's O has left Q's buffer), then the other K and V tiles.
-//   warpgroups 1, 2 (consumers, 240 registers): 64 query rows each. Per key tile j, going down:
+//   warpgroup 0 (producer, 24 or 32 registers): one thread loads, by TMA, each tile's first K
+//   tile, its Q (once the previous tile's O has left Q's buffer), then the other K and V tiles.
+//   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
+//   each, taking turns at the tensor cores. Per key tile j, going down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
 //     S = softcap(S), mask(S)       only on tiles the band or seqlen_k cuts
 //     m, P = online softmax(S)      exp2, scale·log2e folded into one FFMA
@@ -45,7 +47,7 @@ struct FwdKernel {
   using PipelineState = typename Load::PipelineState;
   using Mask = TileMask<Config::kBlockM, Config::kBlockN>;
   static constexpr int kThreads = Config::kThreads;
-  static_assert(Config::kConsumerWarpgroups == 2, "WarpgroupTurns alternates two warpgroups");
+  using Turns = WarpgroupTurns<Config::kConsumerWarpgroups>;
 
   struct Params {
     typename Load::Params load;
@@ -129,7 +131,7 @@ struct FwdKernel {
     } else {
       cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
       const int thread = int(threadIdx.x) - 128;  // among the consumer threads
-      const WarpgroupTurns turns(thread / 128);
+      const Turns turns(thread / 128);
       turns.start();
       PipelineState read_k, read_v;
       int q_tiles = 0;
@@ -145,7 +147,7 @@ struct FwdKernel {
 
  private:
   CUTE_DEVICE static void consume(Params const& p, SharedStorage& smem, Work const& w,
-                                  int q_phase, WarpgroupTurns const& turns, Pipeline& pipeline_k,
+                                  int q_phase, Turns const& turns, Pipeline& pipeline_k,
                                   Pipeline& pipeline_v, PipelineState& read_k,
                                   PipelineState& read_v) {
     const TileCoord tile = w.tile;

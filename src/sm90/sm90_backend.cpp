@@ -144,7 +144,8 @@ Status no_kernel(const char* pass, const Kernel<Fn> (&table)[kCount], const Prob
 // Indices inside the kernel are 32-bit (rows, heads, tiles); TMA extents are too.
 constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
 constexpr int64_t kMaxTiles = int64_t(1) << 30;
-// FwdConfig::kBlockM of every forward instance (src/sm90/fwd_config.cuh, not includable here).
+// The smallest FwdConfig::kBlockM of the forward instances (128; d64 takes 192; src/sm90/
+// fwd_config.cuh, not includable here): the tile count below is then an upper bound.
 constexpr int64_t kQueryTileRows = 128;
 // BwdConfig::kBlockN, and the y / z extent of a CUDA grid (the backward's row kernels).
 constexpr int64_t kKeyTileRowsBwd = 128;

@@ -1,8 +1,8 @@
-// Takes turns between the two consumer warpgroups when issuing their GEMMs, so that one
-// warpgroup's softmax runs while the other's wgmma occupy the tensor cores (FA3's ping-pong).
-// Each warpgroup waits on its own named barrier, which the other warpgroup arrives at after
-// issuing; the first warpgroup starts by arriving at its own barrier. Both warpgroups take the same
-// number of turns per tile, so the alternation carries over from one tile to the next.
+// Takes turns between the consumer warpgroups (two or three) when issuing their GEMMs, so that one
+// warpgroup's softmax runs while another's wgmma occupy the tensor cores (FA3's ping-pong, round
+// robin with three). Each warpgroup waits on its own named barrier, which the previous warpgroup
+// arrives at after issuing; the first warpgroup starts by arriving at its own barrier. All take the
+// same number of turns per tile, so the order carries over from one tile to the next.
 #pragma once
 
 #include <cute/config.hpp>
@@ -12,7 +12,10 @@
 
 namespace fa4::sm90 {
 
+template <int kWarpgroups>
 class WarpgroupTurns {
+  static_assert(kWarpgroups == 2 || kWarpgroups == 3, "one named barrier per warpgroup below");
+
  public:
   static constexpr uint32_t kThreads = 2 * 128;  // the waiting warpgroup + the arriving one
 
@@ -23,18 +26,19 @@ class WarpgroupTurns {
   }
   CUTE_DEVICE void wait() const { cutlass::arch::NamedBarrier::sync(kThreads, barrier(wg_)); }
   CUTE_DEVICE void pass() const {
-    cutlass::arch::NamedBarrier::arrive(kThreads, barrier(1 - wg_));
+    cutlass::arch::NamedBarrier::arrive(kThreads, barrier((wg_ + 1) % kWarpgroups));
   }
-  // Turns alternate across tiles. Warpgroup 0's barrier ends with one arrival more than it waited
-  // for (start's, or the second warpgroup's last pass): consume it, so that no arrival is left
-  // pending when the CTA exits.
+  // Turns go on across tiles. Warpgroup 0's barrier ends with one arrival more than it waited for
+  // (start's, or the last warpgroup's last pass): consume it, so that no arrival is left pending
+  // when the CTA exits.
   CUTE_DEVICE void finish() const {
     if (wg_ == 0) wait();
   }
 
  private:
   CUTE_DEVICE static uint32_t barrier(int wg) {
-    return uint32_t(wg == 0 ? ConsumerBarrier::kTurn0 : ConsumerBarrier::kTurn1);
+    return uint32_t(wg == 0 ? ConsumerBarrier::kTurn0
+                    : wg == 1 ? ConsumerBarrier::kTurn1 : ConsumerBarrier::kTurn2);
   }
   int wg_;
 };
