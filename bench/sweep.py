@@ -127,8 +127,8 @@ class Build:
     """One libfa4.so, loaded beside the others (ctypes.CDLL is RTLD_LOCAL: each copy binds its
     own symbols, its own kernels and its own last-error message)."""
 
-    def __init__(self, name, path):
-        self.name, self.path = name, path
+    def __init__(self, name, path, deterministic=False):
+        self.name, self.path, self.deterministic = name, path, deterministic
         self.fa4 = fa4_ctypes.Library(path)
         self.version = self.fa4.version()
         self._counts = getattr(self.fa4.lib, "fa4_debug_sm90_rescale_counts", None)
@@ -260,7 +260,8 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward
         try:
             forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
             forward()
-            run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal)
+            run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
+                                      deterministic=bld.deterministic)
             if with_forward:
                 run = (lambda f, b: lambda: (f(), b()))(forward, run)
             for g in (dq, dk, dv):
@@ -308,12 +309,20 @@ def main():
     ap.add_argument("--causal", default="both", choices=("both", "no", "yes"))
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every implementation this many times per row (median reported)")
+    ap.add_argument("--deterministic", default="", metavar="NAME,...",
+                    help="these builds run their backward in deterministic mode (to time it beside "
+                         "the default mode, give the same library twice: copy the file)")
     args = ap.parse_args()
     args.name = args.name or args.pass_ + "_sweep"
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
 
-    builds = [Build(name, path) for name, path in parse_libs(args.lib)]
+    deterministic = set(filter(None, args.deterministic.split(",")))
+    libs = parse_libs(args.lib)
+    if deterministic - {name for name, _ in libs}:
+        raise SystemExit("--deterministic: no --lib named %s" % ", ".join(sorted(
+            deterministic - {name for name, _ in libs})))
+    builds = [Build(name, path, name in deterministic) for name, path in libs]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     hdims = [int(x) for x in args.hdims.split(",")]
     seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -345,7 +354,8 @@ def main():
         "pass": args.pass_,
         "git_sha": args.sha,
         "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
-                  "rescale_counts": x.has_rescale_counts()} for x in builds],
+                  "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic}
+                 for x in builds],
         "started_utc": started,
         "gpu_before": facts_before,
         "gpu_after": gpu_facts(),
@@ -373,7 +383,8 @@ def main():
 def markdown(r):
     g = r["gpu_before"]
     names = [x["name"] for x in r["libs"]]
-    builds = "; ".join("%s = fa4cpp %s (%s)" % (x["name"], x["version"], x["path"])
+    builds = "; ".join("%s = fa4cpp %s (%s%s)" % (x["name"], x["version"], x["path"],
+                                                  ", deterministic" if x.get("deterministic") else "")
                        for x in r["libs"])
     lines = [
         "# %s, TFLOP/s (%s)" % (PASSES[r.get("pass", "fwd")][0].capitalize(), r["benchmark"]), "",

@@ -322,9 +322,9 @@ class Library:
         run.workspace = buf  # keeps the workspace alive as long as the closure
         return run
 
-    def backward_fn(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False):
+    def backward_fn(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False):
         """The backward's closure, like forward_fn (out and lse as the forward wrote them)."""
-        p = self.problem(q, k, v, Params(causal=causal))
+        p = self.problem(q, k, v, Params(causal=causal, deterministic=deterministic))
         t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_BACKWARD, q.device)
 
