@@ -6,7 +6,7 @@
 //     dPᵀ = V dOᵀ, dV += Pᵀ dO         wgmma, Pᵀ from registers
 //     dS = P ∘ (dP − D)                (∘ (1 − tanh²) with softcap)
 //     dS → shared memory; dQ = dS K     (half the head dim per warpgroup), added to the fp32 dQ
-//                                       accumulator in the workspace (bwd_store.cuh)
+//                                       accumulator by a TMA reduce-add (bwd_dq_reduce.cuh)
 //     dK += dSᵀ Q                      wgmma, dSᵀ from registers
 //   then dK ·= scale, and dK, dV written (or added to the GQA accumulators).
 #pragma once
@@ -18,6 +18,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "common/math_constants.hpp"
+#include "sm90/bwd_dq_reduce.cuh"
 #include "sm90/bwd_load.cuh"
 #include "sm90/bwd_mask.cuh"
 #include "sm90/bwd_store.cuh"
@@ -48,6 +49,7 @@ struct BwdKernel {
   struct Params {
     typename Load::Params load;
     typename Store::Params store;
+    typename BwdDqReduce<Config>::Params dq;
     SequenceParams sequences;
     BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
     SoftcapScores softcap;
@@ -65,6 +67,7 @@ struct BwdKernel {
     // Per stage: the query tile's LSE·log2e (arrives with Q) and D (with dO).
     cute::array_aligned<float, Config::kStages * Config::kBlockM, 128> lse;
     cute::array_aligned<float, Config::kStages * Config::kBlockM, 128> dpsum;
+    cute::array_aligned<float, cosize_v<typename BwdDqReduce<Config>::SmemLayout>, 1024> dq;
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) uint64_t kv_full;
@@ -99,6 +102,7 @@ struct BwdKernel {
 
     if (leader) {
       Load::prefetch_descriptors(p.load);
+      BwdDqReduce<Config>::prefetch_descriptor(p.dq);
       cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
     }
     typename Pipeline::Params pipe;
@@ -141,7 +145,7 @@ struct BwdKernel {
     // address the compiler cannot see through, so that the k-blocks' descriptors of the five
     // GEMMs are not hoisted out of the loop into registers dK and dV need (FA3 guards its larger
     // GEMMs the same way). At d128 it made no difference to the spills when measured: what
-    // spilled were the dQ atomics' addresses (bwd_store.cuh).
+    // spilled were the addresses of the dQ atomics this kernel used before its TMA reduce-add.
     auto smem_tensor = [](auto* data, auto layout) {
       asm volatile("" : "+l"(data));
       return make_tensor(make_smem_ptr(data), layout);
@@ -171,6 +175,7 @@ struct BwdKernel {
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
     const typename Store::QueryRows rows = Store::query_rows(p.store, w.head, w.seq);
     const bool softcap = p.softcap.enabled();
+    const SeqRows dq_rows = BwdDqReduce<Config>::rows(p.dq, w.seq);
 
     if (!w.queries.empty()) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
@@ -251,7 +256,7 @@ struct BwdKernel {
                                _, _, _, stage),
                            dK);
         warpgroup_wait<1>();  // dQ is done
-        Store::add_dq(p.store, rows, thr_q, dQ, m);
+        BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread);
         warpgroup_wait<0>();  // dK is done: Q's stage is free
         pipeline_q.consumer_release(read);
         ++read;
@@ -264,6 +269,7 @@ struct BwdKernel {
     Work done;
     find_work(p, again, done);
     Store::store_dkv(p.store, done.head, done.n_block, done.seq, thr_kv, dK, dV);
+    BwdDqReduce<Config>::drain(thread);
   }
 };
 

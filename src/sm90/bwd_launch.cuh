@@ -112,6 +112,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
+        // Without query rows the reduction never runs, but its descriptor needs some address.
+        q_total > 0 ? BwdDqReduce<Config>::make_params(p, dq_accum, q_total)
+                    : BwdDqReduce<Config>::make_params(p, static_cast<float*>(t.k.data), 1),
         sequences,
         band,
         softcap,

@@ -1,6 +1,5 @@
-// Where the backward kernel writes its gradients:
-//   - dQ of each (query tile, key tile) pair, added to the fp32 accumulator in the workspace with
-//     vector atomics (the key tiles of a query tile run in different CTAs);
+// Where the backward kernel writes its gradients (dQ goes to its fp32 accumulator through
+// bwd_dq_reduce.cuh):
 //   - dK, dV once per CTA: rounded and written to the outputs, or, with GQA, added to the fp32
 //     accumulators of the kv head (its query heads run in different CTAs).
 // Only rows inside the sequence are touched.
@@ -70,14 +69,6 @@ struct BwdStore {
       if (row < len)
         atomicAdd(reinterpret_cast<float2*>(base + offset), make_float2(acc(k), acc(k + 1)));
     }
-  }
-
-  template <class ThrMma, class Acc>
-  CUTE_DEVICE static void add_dq(Params const& p, QueryRows const& rows, ThrMma const& thr,
-                                 Acc const& dq, int m) {
-    const auto coords = thr.partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{}));
-    add_pairs(dq, coords, rows.len - m * Config::kBlockM,
-              p.dq_accum + (rows.first + int64_t(m) * Config::kBlockM) * kDim);
   }
 
   template <class ThrMma, class Acc>

@@ -1,6 +1,6 @@
 // The sm90 backward's workspace (caller-owned device memory, workspace_size bytes), shared by the
 // host launcher and the kernels. fp32 throughout, rows numbered like the packed query / key rows:
-//   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by atomics
+//   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by TMA reduce-adds
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
 //   dk_accum, dv_accum [heads_kv][key rows][dim]   GQA only: summed over a group's query heads

@@ -13,7 +13,10 @@ enum class ConsumerBarrier : uint32_t {
   kTurn2 = 3,     // consumer warpgroup 2 may issue its GEMMs (three consumer warpgroups)
 };
 
-// The backward kernel's one named barrier: dS of both MMA warpgroups is in shared memory.
+// The backward kernel's named barriers: dS of both MMA warpgroups is in shared memory; one
+// warpgroup's dQ staging is free / written (bwd_dq_reduce.cuh).
 constexpr uint32_t kBwdDsReadyBarrier = 0;
+constexpr uint32_t kBwdDqStaged0Barrier = 1;
+constexpr uint32_t kBwdDqStaged1Barrier = 2;
 
 }  // namespace fa4::sm90

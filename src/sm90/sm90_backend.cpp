@@ -156,7 +156,7 @@ Status can_implement_backward(const Problem& p) {
   if (find_kernel(kBackwardKernels, p) == nullptr) return no_kernel("backward", kBackwardKernels, p);
   if (p.deterministic)
     return not_supported("the sm90 backward is not deterministic in this version (dQ is summed over "
-                         "key tiles with atomics); the CPU backend is");
+                         "key tiles in the order the CTAs finish); the CPU backend is");
   if (p.seqused_k != nullptr)
     return not_supported("the sm90 backward does not take seqused_k in this version");
   // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key
@@ -313,6 +313,13 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   // The kernels add float pairs into it with 8-byte atomics.
   if (s.ok() && reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0)
     s = invalid("workspace.data is not 256-byte aligned");
+  // The dQ accumulator's TMA view starts seqlen_q rows before the workspace (gmem_layout.cuh).
+  if (s.ok() && workspace.data != nullptr &&
+      reinterpret_cast<uintptr_t>(workspace.data) / uintptr_t(p.head_dim_qk * sizeof(float)) <
+          uintptr_t(p.seqlen_q))
+    s = not_supported("workspace.data lies below %lld rows of %lld bytes from address 0, which "
+                      "the sm90 backward's row addressing needs",
+                      (long long)p.seqlen_q, (long long)(p.head_dim_qk * sizeof(float)));
   if (!s.ok()) return s;
   return find_kernel(kBackwardKernels, p)->run(p, t, workspace, stream);
 }

@@ -1,0 +1,112 @@
+// dQ of one (query tile, key tile) pair added to the fp32 accumulator in the workspace by the TMA
+// unit (cp.reduce.async.bulk.tensor .add), instead of per-thread atomics: each MMA warpgroup
+// stages its half of the head dim in shared memory and one of its threads issues the reduction,
+// which then runs asynchronously. The accumulator is viewed like the inputs (gmem_layout.cuh), so
+// rows past the sequence's end are clipped by the TMA unit.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "sm90/gmem_layout.cuh"
+#include "sm90/named_barriers.cuh"
+#include "sm90/sequence.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct BwdDqReduce {
+  using BlockM = typename Config::BlockM;
+  using HalfDim = Int<Config::kHeadDim / Config::kMmaWarpgroups>;
+  // Both halves in one tile: with column-major 128-byte atoms (32 floats wide), warpgroup w's
+  // columns are the w-th contiguous half of the buffer, laid out as SmemLayoutHalf.
+  using SmemLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
+                                            Shape<BlockM, typename Config::HeadDim>{}));
+  using SmemLayoutHalf =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BlockM, HalfDim>{}));
+  static_assert(Config::kHeadDim / Config::kMmaWarpgroups % 32 == 0,
+                "each half is a whole number of 32-float swizzle atoms");
+
+  using Tma = decltype(make_tma_copy(
+      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
+      SmemLayoutHalf{}, Shape<BlockM, HalfDim>{}, _1{}));
+
+  struct Params {
+    Tma tma;
+    GmemShape shape;
+  };
+
+  // dq_accum: [heads_q][query rows][dim] fp32 (bwd_workspace.hpp).
+  static Params make_params(const Problem& p, float* dq_accum, int64_t q_rows) {
+    TensorView t;
+    t.data = dq_accum;
+    t.seq_stride = p.head_dim_qk;
+    t.head_stride = q_rows * p.head_dim_qk;
+    // At least one row per batch entry: a problem without query rows still encodes this view (its
+    // reduction never runs), and a zero stride over several batch entries cannot be encoded.
+    t.batch_stride = p.is_varlen() ? 0 : (p.seqlen_q > 0 ? p.seqlen_q : 1) * p.head_dim_qk;
+    const auto view = gmem_view(dq_accum, t, query_rows(p), p.head_dim_qk, p.heads_q);
+    return {make_tma_copy(SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(view.base), view.layout),
+                          SmemLayoutHalf{}, Shape<BlockM, HalfDim>{}, _1{}),
+            view.layout.shape()};
+  }
+
+  CUTE_DEVICE static void prefetch_descriptor(Params const& p) {
+    prefetch_tma_descriptor(p.tma.get_tma_descriptor());
+  }
+
+  // Where one sequence's rows are in the accumulator's view: made once, before the tile loop.
+  CUTE_DEVICE static SeqRows rows(Params const& p, Sequence const& seq) {
+    return seq.q_rows(get<0>(p.shape));
+  }
+
+  // Called by every thread of both MMA warpgroups, once per query tile m, with the tiled MMA of
+  // dQ. `thread`: among the MMA threads. The staging buffer of a warpgroup is reused only once its
+  // previous reduction has read it.
+  template <class TiledMma, class Acc>
+  CUTE_DEVICE static void add(Params const& p, float* smem, TiledMma const& mma, Acc const& dq,
+                              int head, SeqRows rows, int m, int thread) {
+    // What depends on the thread (its four swizzled staging addresses, the issuer's smem address
+    // and column) comes from an index the compiler cannot see through, so that it is computed
+    // here, a few integer ops per tile, instead of hoisted out of the tile loop: held there, these
+    // registers pushed scores out to local memory around dPᵀ in every tile (d128, ptxas).
+    asm volatile("" : "+r"(thread));
+    const int wg = thread / 128;
+    const bool issuer = thread % 128 == 0;
+    const uint32_t barrier = wg == 0 ? kBwdDqStaged0Barrier : kBwdDqStaged1Barrier;
+    if (issuer) tma_store_wait<0>();
+    __syncwarp();  // the barrier is .aligned
+    cutlass::arch::NamedBarrier::sync(128, barrier);
+    // The swizzle applied to element offsets from the buffer's base rather than to the pointer:
+    // XOR on a pointer's bits hides that it points into shared memory, and the stores become
+    // generic ones through 64-bit addresses (two registers each). Pairs of columns are 8-byte
+    // aligned in the swizzled tile (the swizzle permutes 16-byte chunks): st.shared.v2.
+    Tensor sDq =
+        as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayout{}));
+    copy_aligned(dq, mma.get_thread_slice(thread).partition_C(sDq));
+    // st.shared is the generic proxy, the TMA reads through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, barrier);
+    if (issuer) {
+      Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
+      Tensor gDq = local_tile(domain_offset(make_coord(rows.offset, _0{}), mDq),
+                              Shape<BlockM, HalfDim>{}, make_coord(m, wg));
+      Tensor sDqHalf = make_tensor(make_smem_ptr(smem + wg * cosize_v<SmemLayoutHalf>),
+                                   SmemLayoutHalf{});
+      auto [tDgDq, tDsDq] = tma_partition(p.tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sDqHalf),
+                                          group_modes<0, 2>(gDq));
+      copy(p.tma, tDsDq, tDgDq);
+      tma_store_arrive();
+    }
+    __syncwarp();  // the next wgmma is warp-collective
+  }
+
+  // Before the CTA's shared memory goes away: the last reductions must have read it.
+  CUTE_DEVICE static void drain(int thread) {
+    if (thread % 128 == 0) tma_store_wait<0>();
+  }
+};
+
+}  // namespace fa4::sm90
