@@ -32,6 +32,7 @@ struct BwdConfig {
   static constexpr int kMmaWarpgroups = 2;
   static constexpr int kBlockM = kBwdBlockM;  // query rows per step
   static constexpr int kBlockN = 64 * kMmaWarpgroups;  // keys per CTA
+  static_assert(kBlockN == kBwdBlockN);
   static constexpr int kStages = 2;  // Q and dO rings
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;

@@ -8,6 +8,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "sm90/bwd_turns.cuh"
 #include "sm90/gmem_layout.cuh"
 #include "sm90/named_barriers.cuh"
 #include "sm90/sequence.cuh"
@@ -64,10 +65,13 @@ struct BwdDqReduce {
 
   // Called by every thread of both MMA warpgroups, once per query tile m, with the tiled MMA of
   // dQ. `thread`: among the MMA threads. The staging buffer of a warpgroup is reused only once its
-  // previous reduction has read it.
+  // previous reduction has read it. Deterministic mode (`counter` not null): the issuer waits
+  // for the counter to read `turn` before its reduction, and moves it on once the reduction has
+  // landed in global memory.
   template <class TiledMma, class Acc>
   CUTE_DEVICE static void add(Params const& p, float* smem, TiledMma const& mma, Acc const& dq,
-                              int head, SeqRows rows, int m, int thread) {
+                              int head, SeqRows rows, int m, int thread,
+                              int32_t* counter = nullptr, int turn = 0) {
     // What depends on the thread (its four swizzled staging addresses, the issuer's smem address
     // and column) comes from an index the compiler cannot see through, so that it is computed
     // here, a few integer ops per tile, instead of hoisted out of the tile loop: held there, these
@@ -97,8 +101,20 @@ struct BwdDqReduce {
                                    SmemLayoutHalf{});
       auto [tDgDq, tDsDq] = tma_partition(p.tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sDqHalf),
                                           group_modes<0, 2>(gDq));
+      if (counter != nullptr) {
+        Turns::wait_one(counter, turn);
+        // The previous turn's reduction (async proxy, ordered by the acquire) before this one.
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+      }
       copy(p.tma, tDsDq, tDgDq);
       tma_store_arrive();
+      if (counter != nullptr) {
+        // Done writing, not only reading the staging buffer (no .read), and made visible to the
+        // generic proxy's release.
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        Turns::pass_one(counter);
+      }
     }
     __syncwarp();  // the next wgmma is warp-collective
   }

@@ -85,6 +85,10 @@ struct BwdKernel {
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
     const int tile = int(blockIdx.x);
     w.n_block = tile % p.n_blocks;
+    // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
+    // mma): with a causal band a key tile's first query tile is then one its predecessors in the
+    // grid (which start earlier and have less to do) have already passed.
+    if (p.store.dq_turns != nullptr) w.n_block = p.n_blocks - 1 - w.n_block;
     w.head = (tile / p.n_blocks) % p.heads_q;
     w.batch = tile / p.n_blocks / p.heads_q;
     w.seq = load_sequence(sequences, w.batch);
@@ -256,7 +260,9 @@ struct BwdKernel {
                                _, _, _, stage),
                            dK);
         warpgroup_wait<1>();  // dQ is done
-        BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread);
+        BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread,
+                                 Store::dq_counter(p.store, w.batch, w.head, m, thread / 128),
+                                 w.mask.last_tile(m) - w.n_block);
         warpgroup_wait<0>();  // dK is done: Q's stage is free
         pipeline_q.consumer_release(read);
         ++read;
@@ -268,7 +274,7 @@ struct BwdKernel {
     asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
     Work done;
     find_work(p, again, done);
-    Store::store_dkv(p.store, done.head, done.n_block, done.seq, thr_kv, dK, dV);
+    Store::store_dkv(p.store, done.batch, done.head, done.n_block, done.seq, thr_kv, dK, dV);
     BwdDqReduce<Config>::drain(thread);
   }
 };

@@ -46,6 +46,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   float* dpsum = reinterpret_cast<float*>(base + ws.dpsum);
   float* dk_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
   float* dv_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
+  auto* dq_turns = p.deterministic ? reinterpret_cast<int32_t*>(base + ws.dq_turns) : nullptr;
+  auto* dkv_turns =
+      p.deterministic && ws.gqa ? reinterpret_cast<int32_t*>(base + ws.dkv_turns) : nullptr;
 
   const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
                                  int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
@@ -67,10 +70,13 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   };
 
   cudaError_t err = cudaSuccess;
-  if (ws.gqa && k_total > 0)
-    err = cudaMemsetAsync(base + ws.dk_accum, 0, ws.bytes - ws.dk_accum,
+  // What the main kernel adds into starts cleared: the GQA accumulators and the deterministic
+  // mode's counters, which end the workspace (dQ's accumulator is cleared row by row below).
+  const size_t clear_from = ws.gqa ? ws.dk_accum : p.deterministic ? ws.dq_turns : ws.bytes;
+  if (k_total > 0 && clear_from < ws.bytes)
+    err = cudaMemsetAsync(base + clear_from, 0, ws.bytes - clear_from,
                           static_cast<cudaStream_t>(stream));
-  if (err != cudaSuccess) return launch_error("clearing the GQA accumulators", kHeadDim, err);
+  if (err != cudaSuccess) return launch_error("clearing the accumulators", kHeadDim, err);
 
   if (q_total > 0) {
     const PrepareParams prepare{sequences,
@@ -106,9 +112,22 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                     p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
                                     v.head_stride};
     };
-    const typename Store::Params store{dq_accum,     q_total,  q_per_batch, output(t.dk),
-                                       output(t.dv), dk_accum, dv_accum,    k_total,
-                                       k_per_batch,  int(p.heads_q / p.heads_kv), p.scale()};
+    const typename Store::Params store{dq_accum,
+                                       q_total,
+                                       q_per_batch,
+                                       output(t.dk),
+                                       output(t.dv),
+                                       dk_accum,
+                                       dv_accum,
+                                       k_total,
+                                       k_per_batch,
+                                       int(p.heads_q / p.heads_kv),
+                                       p.scale(),
+                                       dq_turns,
+                                       dkv_turns,
+                                       int32_t((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM),
+                                       n_blocks,
+                                       int32_t(p.heads_q)};
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,

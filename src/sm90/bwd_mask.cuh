@@ -36,6 +36,14 @@ struct KeyTileMask {
     return (end < band.seqlen_k ? end : band.seqlen_k) - 1;
   }
 
+  // The last key tile that query tile m sees: the one holding the last key its last row sees
+  // (the key tiles that see m are contiguous and end there).
+  CUTE_DEVICE int last_tile(int m) const {
+    const int64_t last_row = cute::min(int64_t(m) * kBlockM + kBlockM, band.seqlen_q) - 1;
+    const int64_t last_key = cute::min(band.key_end(last_row), band.seqlen_k) - 1;
+    return int(last_key / kBlockN);
+  }
+
   // Keys see queries in windows that only move down as the key grows, so the tile's queries lie
   // in [query_begin(first key), query_end(last key)).
   CUTE_DEVICE QueryTiles query_tiles(int n_block) const {

@@ -9,6 +9,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "sm90/bwd_turns.cuh"
+#include "sm90/named_barriers.cuh"
 #include "sm90/sequence.cuh"
 
 namespace fa4::sm90 {
@@ -39,7 +41,18 @@ struct BwdStore {
     int32_t k_rows_per_batch;
     int head_group;  // query heads per kv head
     float dk_scale;  // the softmax scale (dS is the gradient of the scaled score)
+    // Deterministic mode (bwd_turns.cuh), else null: [batch][heads_q][m_tiles][2] and
+    // [batch][heads_kv][n_tiles].
+    int32_t* dq_turns;
+    int32_t* dkv_turns;
+    int32_t m_tiles, n_tiles, heads_q;
   };
+
+  // The counter of query tile m's dQ half `wg` (null outside deterministic mode).
+  CUTE_DEVICE static int32_t* dq_counter(Params const& p, int batch, int head, int m, int wg) {
+    if (p.dq_turns == nullptr) return nullptr;
+    return p.dq_turns + ((int64_t(batch) * p.heads_q + head) * p.m_tiles + m) * 2 + wg;
+  }
 
   // One query head of one sequence in the workspace.
   struct QueryRows {
@@ -72,8 +85,10 @@ struct BwdStore {
   }
 
   template <class ThrMma, class Acc>
-  CUTE_DEVICE static void store_dkv(Params const& p, int head, int n_block, Sequence const& seq,
-                                    ThrMma const& thr, Acc& dk, Acc const& dv) {
+  // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0).
+  CUTE_DEVICE static void store_dkv(Params const& p, int batch, int head, int n_block,
+                                    Sequence const& seq, ThrMma const& thr, Acc& dk,
+                                    Acc const& dv) {
     CUTE_UNROLL
     for (int k = 0; k < size(dk); ++k) dk(k) *= p.dk_scale;
     const auto coords = thr.partition_C(make_identity_tensor(Shape<BlockN, HeadDim>{}));
@@ -82,8 +97,19 @@ struct BwdStore {
     if (p.dk_accum != nullptr) {
       const int64_t first = int64_t(head / p.head_group) * p.k_rows + seq.start_k +
                             int64_t(seq.batch) * p.k_rows_per_batch + first_key;
+      // Deterministic: the query heads of the kv head add in head order.
+      int32_t* counter = nullptr;
+      const bool leader = threadIdx.x == 128;  // the first MMA thread
+      if (p.dkv_turns != nullptr) {
+        const int kv_head = head / p.head_group;
+        counter = p.dkv_turns +
+                  (int64_t(batch) * (p.heads_q / p.head_group) + kv_head) * p.n_tiles + n_block;
+        Turns::wait(counter, head - kv_head * p.head_group, leader, Config::kMmaThreads,
+                    kBwdTurnBoth);
+      }
       add_pairs(dk, coords, len, p.dk_accum + first * kDim);
       add_pairs(dv, coords, len, p.dv_accum + first * kDim);
+      if (counter != nullptr) Turns::pass(counter, leader, Config::kMmaThreads, kBwdTurnBoth);
       return;
     }
     store_pairs(p.dk, dk, coords, len, seq, head, first_key);

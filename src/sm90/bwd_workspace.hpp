@@ -4,6 +4,10 @@
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
 //   dk_accum, dv_accum [heads_kv][key rows][dim]   GQA only: summed over a group's query heads
+//   deterministic mode only, int32, cleared before the main kernel:
+//   dq_turns  [batch][heads_q][query tiles][2]  how many key tiles (per warpgroup half of the
+//             head dim) have added their dQ to that query tile so far
+//   dkv_turns [batch][heads_kv][key tiles]      GQA: how many query heads have added dK / dV
 // Query rows are batch·seqlen_q (fixed length; sequence b starts at b·seqlen_q) or total_q
 // (varlen; sequence b starts at cu_seqlens_q[b]); key rows likewise.
 // Stat rows are the query rows with each sequence moved to a multiple of kBwdBlockM, so that the
@@ -20,7 +24,8 @@
 
 namespace fa4::sm90 {
 
-constexpr int kBwdBlockM = 64;  // query rows per step of the backward kernel (BwdConfig)
+constexpr int kBwdBlockM = 64;   // query rows per step of the backward kernel (BwdConfig)
+constexpr int kBwdBlockN = 128;  // keys per CTA (BwdConfig)
 
 // The stat row of row 0 of sequence b, whose rows start at packed query row `start` (b·seqlen_q,
 // or cu_seqlens_q[b]): a multiple of kBwdBlockM, past the end of sequence b − 1 (whose start moved
@@ -36,6 +41,7 @@ FA4_HD int64_t bwd_stat_rows(int64_t q_rows, int64_t batch) {
 
 struct BwdWorkspace {
   size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0;  // byte offsets
+  size_t dq_turns = 0, dkv_turns = 0;  // deterministic mode
   size_t bytes = 0;
   int64_t stat_rows = 0;  // per head
   bool gqa = false;
@@ -61,6 +67,15 @@ struct BwdWorkspace {
       at = round(at + size_t(p.heads_kv) * k_rows * size_t(p.head_dim_qk) * f);
       w.dv_accum = at;
       at = round(at + size_t(p.heads_kv) * k_rows * size_t(p.head_dim_v) * f);
+    }
+    if (p.deterministic) {
+      const size_t m_tiles = size_t((p.seqlen_q + kBwdBlockM - 1) / kBwdBlockM);
+      const size_t n_tiles = size_t((p.seqlen_k + kBwdBlockN - 1) / kBwdBlockN);
+      const size_t i = sizeof(int32_t);
+      w.dq_turns = at;
+      at = round(at + size_t(p.batch) * size_t(p.heads_q) * m_tiles * 2 * i);
+      w.dkv_turns = at;
+      if (w.gqa) at = round(at + size_t(p.batch) * size_t(p.heads_kv) * n_tiles * i);
     }
     w.bytes = at;
     return w;

@@ -14,9 +14,11 @@ enum class ConsumerBarrier : uint32_t {
 };
 
 // The backward kernel's named barriers: dS of both MMA warpgroups is in shared memory; one
-// warpgroup's dQ staging is free / written (bwd_dq_reduce.cuh).
+// warpgroup's dQ staging is free / written (bwd_dq_reduce.cuh); in deterministic mode, both
+// warpgroups' turn to add dK / dV (bwd_turns.cuh).
 constexpr uint32_t kBwdDsReadyBarrier = 0;
 constexpr uint32_t kBwdDqStaged0Barrier = 1;
 constexpr uint32_t kBwdDqStaged1Barrier = 2;
+constexpr uint32_t kBwdTurnBoth = 3;
 
 }  // namespace fa4::sm90

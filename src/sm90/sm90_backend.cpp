@@ -154,9 +154,6 @@ constexpr int64_t kMaxGridYZ = 65535;
 // The backward's own limits, after the checks both passes share.
 Status can_implement_backward(const Problem& p) {
   if (find_kernel(kBackwardKernels, p) == nullptr) return no_kernel("backward", kBackwardKernels, p);
-  if (p.deterministic)
-    return not_supported("the sm90 backward is not deterministic in this version (dQ is summed over "
-                         "key tiles in the order the CTAs finish); the CPU backend is");
   if (p.seqused_k != nullptr)
     return not_supported("the sm90 backward does not take seqused_k in this version");
   // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key

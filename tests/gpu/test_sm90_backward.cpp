@@ -16,6 +16,7 @@
 #include <cctype>
 #include <cmath>
 #include <future>
+#include <iostream>
 #include <memory>
 #include <random>
 #include <string>
@@ -217,6 +218,33 @@ std::vector<Case> packed_cases(const Kernel& k) {
   return cases;
 }
 
+// Deterministic mode: dQ added in key-tile order (several key tiles per query tile: sk = 600),
+// GQA dK / dV in query-head order, a band whose left side moves the first key tile of each query
+// tile (the turn count starts there), varlen.
+std::vector<Case> deterministic_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  const Shape long_keys = {"q300_k600", 1, 300, 600};
+  const Shape long_queries = {"q600_k300", 1, 600, 300};
+  for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kWindow}) {
+    Case c = fixed_case(k, long_keys, m, kGqa4, false, false);
+    c.deterministic = true;
+    c.name += "_deterministic";
+    cases.push_back(c);
+  }
+  // More queries than keys: the band's left side moves each query tile's first key tile.
+  Case w = fixed_case(k, long_queries, Mask::kWindow, kGqa4, false, false);
+  w.deterministic = true;
+  w.name += "_deterministic";
+  cases.push_back(w);
+  for (Mask m : {Mask::kCausal, Mask::kWindow}) {
+    Case v = varlen_case(k, kOdd, m, kGqa4, false, false);
+    v.deterministic = true;
+    v.name += "_deterministic";
+    cases.push_back(v);
+  }
+  return cases;
+}
+
 std::vector<Case> backward_cases() {
   std::vector<Case> cases;
   auto append = [&](const std::vector<Case>& more) {
@@ -226,6 +254,7 @@ std::vector<Case> backward_cases() {
     append(is_full_kernel(k) ? full_fixed_cases(k) : other_fixed_cases(k));
     append(varlen_cases(k));
     append(packed_cases(k));
+    append(deterministic_cases(k));
   }
   return cases;
 }
@@ -519,6 +548,19 @@ void check_backward(const Case& c) {
                           std::count(k_rows.begin(), k_rows.end(), 1) * p.heads_kv,
                           std::count(k_rows.begin(), k_rows.end(), 1) * p.heads_kv};
   const int64_t widths[] = {p.head_dim_qk, p.head_dim_qk, p.head_dim_v};
+  // Deterministic mode: the three runs (the last a graph replay) agree bit for bit (the rows
+  // outside every sequence hold the poison, a NaN, in each).
+  auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+    return a.size() == b.size() &&
+           std::equal(a.begin(), a.end(), b.begin(), [](double x, double y) {
+             return x == y || (std::isnan(x) && std::isnan(y));
+           });
+  };
+  if (c.deterministic)
+    for (int attempt = 1; attempt < kRuns; ++attempt)
+      for (size_t g = 0; g < 3; ++g)
+        EXPECT_TRUE(same(results[attempt][g], results[0][g]))
+            << kGradNames[g] << ": " << kRunNames[attempt] << " differs from run 1";
   const FlashRule rule = flash_rule(p, Pass::kBackward);
   for (int attempt = 0; attempt < kRuns; ++attempt) {
     for (int g = 0; g < 3; ++g) {
@@ -542,6 +584,62 @@ INSTANTIATE_TEST_SUITE_P(Matrix, Sm90Backward, ::testing::ValuesIn(backward_case
 // A build without backward kernels has no matrix; the tests below still check the refusals.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Sm90Backward);
 
+// Deterministic mode: 200 runs bitwise equal (the matrix above checks its values against the
+// reference). The default mode is measured beside it: how far its runs differ is printed.
+TEST(Sm90Backward, DeterministicRunsAreBitwiseEqual) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  const Kernel k = backward_kernels().front();
+  for (bool deterministic : {true, false}) {
+    Case c = fixed_case(k, {"q300_k600", 2, 300, 600}, Mask::kCausal, kGqa4, false, false);
+    c.deterministic = deterministic;
+    SCOPED_TRACE(deterministic ? "deterministic" : "default");
+    BackwardRun run(c);
+    ASSERT_CUDA(run.upload());
+    Stream stream;
+    run_forward(run, stream.get());
+    if (::testing::Test::HasFatalFailure()) return;
+    size_t bytes = 0;
+    ASSERT_TRUE(workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward, &bytes).ok());
+    ASSERT_CUDA(run.workspace.allocate(bytes));
+    const int runs = deterministic ? 200 : 20;
+    std::vector<std::vector<uint64_t>> first_bits;
+    std::vector<std::vector<double>> first_values;
+    double largest_difference = 0.0;
+    int differing_runs = 0;
+    for (int r = 0; r < runs; ++r) {
+      Status status;
+      ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, run.workspace.view(), &status));
+      ASSERT_TRUE(status.ok()) << status.message;
+      bool same = true;
+      for (size_t g = 0; g < run.grads.size(); ++g) {
+        const HostTensor& t = run.grads[g];
+        if (r == 0) {
+          first_bits.emplace_back();
+          first_values.emplace_back();
+          for (int64_t e = 0; e < t.size(); ++e) {
+            first_bits[g].push_back(t.bits(e));
+            first_values[g].push_back(t.get(e));
+          }
+          continue;
+        }
+        for (int64_t e = 0; e < t.size(); ++e) {
+          if (t.bits(e) == first_bits[g][size_t(e)]) continue;
+          same = false;
+          largest_difference =
+              std::max(largest_difference, std::fabs(t.get(e) - first_values[g][size_t(e)]));
+        }
+      }
+      differing_runs += same ? 0 : 1;
+      if (deterministic) ASSERT_TRUE(same) << "run " << r << " differs from run 0";
+    }
+    if (!deterministic)
+      std::cout << "[ default  ] " << differing_runs << " of " << runs - 1
+                << " reruns differ bitwise from the first; largest difference "
+                << largest_difference << " (dQ is summed in the order the CTAs get there)\n";
+  }
+}
+
 // 33 query tiles × 33 key tiles, causal: every tile of the band, dQ summed over up to 33 key
 // tiles, dK / dV over up to 66 query steps. The reference computes every row (~17 s, a third of
 // the suite's reference time), hence one head and one kernel.
@@ -558,7 +656,7 @@ TEST(Sm90BackwardLong, Seq4224Causal) {
   check_backward(c);
 }
 
-// ---- Refusals. The backward does not take seqused_k, deterministic mode, fp32 or head dims
+// ---- Refusals. The backward does not take seqused_k, fp32 or head dims
 // without a built kernel: kNotSupported with a message naming the reason.
 
 struct Refusal {
@@ -598,7 +696,6 @@ std::vector<Refusal> refusals() {
       c.lens_k = {90, 5, 40};
       c.seqused_k = {90, 0, 17};
     });
-    add("deterministic", "determinis", [](Case& c) { c.deterministic = true; });
   }
   add("fp32", "fp32", [](Case& c) { c.dtype = DType::kFP32; });
   // Head dims no backward table entry has, and entries this build may have left out.
