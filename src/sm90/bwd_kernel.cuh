@@ -78,6 +78,7 @@ struct BwdKernel {
   // entries are invalid (nothing is written then).
   struct Work {
     int n_block, head, batch;
+    int stored_k;  // the sequence's key rows in the tensor: dK and dV are written for all of them
     Sequence seq;
     Mask mask;
     QueryTiles queries;
@@ -92,9 +93,13 @@ struct BwdKernel {
     w.head = (tile / p.n_blocks) % p.heads_q;
     w.batch = tile / p.n_blocks / p.heads_q;
     w.seq = load_sequence(sequences, w.batch);
-    if (!w.seq.valid || w.n_block * Config::kBlockN >= w.seq.len_k) return false;
+    if (!w.seq.valid) return false;
+    w.stored_k = stored_keys(sequences, w.batch);
+    if (w.n_block * Config::kBlockN >= w.stored_k) return false;
     w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right)};
-    w.queries = w.mask.query_tiles(w.n_block);
+    // A key tile past seqused_k sees no query: it only writes dK = dV = 0.
+    w.queries = w.n_block * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(w.n_block)
+                                                          : QueryTiles{};
     return true;
   }
 
@@ -274,7 +279,8 @@ struct BwdKernel {
     asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
     Work done;
     find_work(p, again, done);
-    Store::store_dkv(p.store, done.batch, done.head, done.n_block, done.seq, thr_kv, dK, dV);
+    Store::store_dkv(p.store, done.batch, done.head, done.n_block, done.seq, done.stored_k, thr_kv,
+                     dK, dV);
     BwdDqReduce<Config>::drain(thread);
   }
 };

@@ -42,11 +42,12 @@ CUTE_DEVICE bool find_row(SequenceParams const& sequences, bool keys, RowWork& w
   w.head = int(blockIdx.y);
   w.row = int64_t(blockIdx.x) * kRowWarps + int(threadIdx.x) / 32;
   w.seq = load_sequence(sequences, int(blockIdx.z));
-  if (keys) {  // walk key rows: the sequence's key rows stand in for its query rows
+  if (!w.seq.valid) return false;
+  if (keys) {  // walk key rows: the sequence's key rows stand in for its query rows, all of them
     w.seq.start_q = w.seq.start_k;
-    w.seq.len_q = w.seq.len_k;
+    w.seq.len_q = stored_keys(sequences, int(blockIdx.z));
   }
-  return w.seq.valid && w.row < w.seq.len_q;
+  return w.row < w.seq.len_q;
 }
 
 struct PrepareParams {

@@ -85,14 +85,15 @@ struct BwdStore {
   }
 
   template <class ThrMma, class Acc>
-  // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0).
+  // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0). Rows up to
+  // stored_k are written: those past seqused_k (seq.len_k) hold 0, since their keys were masked.
   CUTE_DEVICE static void store_dkv(Params const& p, int batch, int head, int n_block,
-                                    Sequence const& seq, ThrMma const& thr, Acc& dk,
+                                    Sequence const& seq, int stored_k, ThrMma const& thr, Acc& dk,
                                     Acc const& dv) {
     CUTE_UNROLL
     for (int k = 0; k < size(dk); ++k) dk(k) *= p.dk_scale;
     const auto coords = thr.partition_C(make_identity_tensor(Shape<BlockN, HeadDim>{}));
-    const int len = seq.len_k - n_block * Config::kBlockN;  // rows of this tile that exist
+    const int len = stored_k - n_block * Config::kBlockN;  // rows of this tile that exist
     const int64_t first_key = int64_t(n_block) * Config::kBlockN;
     if (p.dk_accum != nullptr) {
       const int64_t first = int64_t(head / p.head_group) * p.k_rows + seq.start_k +

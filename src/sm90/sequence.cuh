@@ -36,6 +36,12 @@ struct Sequence {
   CUTE_DEVICE SeqRows k_rows(int32_t max_k) const { return {max_k - len_k, start_k + len_k, batch}; }
 };
 
+// Keys sequence b has in the tensor, before seqused_k shortens it (the backward writes dK = dV = 0
+// for the unused ones). Call after load_sequence found the sequence valid.
+CUTE_DEVICE int32_t stored_keys(SequenceParams const& p, int b) {
+  return p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.max_k;
+}
+
 CUTE_DEVICE Sequence load_sequence(SequenceParams const& p, int b) {
   Sequence s;
   int32_t stored_k;  // keys the sequence has in the tensor (seqused_k may use fewer)

@@ -154,8 +154,6 @@ constexpr int64_t kMaxGridYZ = 65535;
 // The backward's own limits, after the checks both passes share.
 Status can_implement_backward(const Problem& p) {
   if (find_kernel(kBackwardKernels, p) == nullptr) return no_kernel("backward", kBackwardKernels, p);
-  if (p.seqused_k != nullptr)
-    return not_supported("the sm90 backward does not take seqused_k in this version");
   // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key
   // tile (128 keys) x query head x batch entry.
   const int64_t n_tiles = (p.seqlen_k + kKeyTileRowsBwd - 1) / kKeyTileRowsBwd;

@@ -193,6 +193,33 @@ std::vector<Case> varlen_cases(const Kernel& k) {
   return cases;
 }
 
+// ---- seqused_k: sequence b uses only its first seqused_k[b] keys (0, 1, all, and in between; a
+// partial key tile, and key tiles past it that see no query); the key rows past it hold NaN in K
+// and V and must get dK = dV = 0. Fixed-length and varlen, with the masks it moves.
+
+std::vector<Case> seqused_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  const Shape fixed = {"q200_k300", 5, 200, 300};
+  const std::vector<int32_t> fixed_used = {0, 1, 300, 150, 129};
+  const Mask fixed_masks[] = {Mask::kNone, Mask::kCausal, Mask::kWindow};
+  for (size_t mi = 0; mi < std::size(fixed_masks); ++mi) {
+    if (!is_full_kernel(k) && mi != 1) continue;
+    Case c = fixed_case(k, fixed, fixed_masks[mi], mi == 1 ? kGqa4 : kMha, mi == 0, false);
+    c.seqused_k = fixed_used;
+    c.name += "_used";
+    cases.push_back(c);
+  }
+  const VarlenSet used_set = {"used", {150, 64, 1, 257, 100, 0, 129},
+                              {300, 64, 500, 256, 0, 10, 128}};
+  for (Mask m : {Mask::kNone, Mask::kCausal}) {
+    if (!is_full_kernel(k) && m == Mask::kNone) continue;
+    Case c = varlen_case(k, used_set, m, kGqa4, m == Mask::kCausal, false);
+    c.seqused_k = {0, 64, 1, 129, 0, 10, 127};
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 // ---- Non-contiguous: q, k, v slices of one packed qkv tensor, and the gradients slices of one
 // packed dqkv tensor (make_setup packs when the query and key rows pair up).
 
@@ -242,6 +269,12 @@ std::vector<Case> deterministic_cases(const Kernel& k) {
     v.name += "_deterministic";
     cases.push_back(v);
   }
+  // seqused_k: key tiles past it add zeros to the GQA accumulators in turn too.
+  Case u = fixed_case(k, {"q200_k300", 3, 200, 300}, Mask::kCausal, kGqa4, false, false);
+  u.seqused_k = {129, 0, 300};
+  u.deterministic = true;
+  u.name += "_used_deterministic";
+  cases.push_back(u);
   return cases;
 }
 
@@ -254,6 +287,7 @@ std::vector<Case> backward_cases() {
     append(is_full_kernel(k) ? full_fixed_cases(k) : other_fixed_cases(k));
     append(varlen_cases(k));
     append(packed_cases(k));
+    append(seqused_cases(k));
     append(deterministic_cases(k));
   }
   return cases;
@@ -656,7 +690,7 @@ TEST(Sm90BackwardLong, Seq4224Causal) {
   check_backward(c);
 }
 
-// ---- Refusals. The backward does not take seqused_k, fp32 or head dims
+// ---- Refusals. The backward does not take fp32 or head dims
 // without a built kernel: kNotSupported with a message naming the reason.
 
 struct Refusal {
@@ -689,14 +723,6 @@ std::vector<Refusal> refusals() {
     r.c.name = "refused_" + std::to_string(list.size());
     list.push_back(r);
   };
-  if (!backward_kernels().empty()) {
-    add("seqused_k", "seqused_k", [](Case& c) { c.seqused_k = {70, 31}; });
-    add("seqused_k, varlen", "seqused_k", [](Case& c) {
-      c.lens_q = {70, 0, 33};
-      c.lens_k = {90, 5, 40};
-      c.seqused_k = {90, 0, 17};
-    });
-  }
   add("fp32", "fp32", [](Case& c) { c.dtype = DType::kFP32; });
   // Head dims no backward table entry has, and entries this build may have left out.
   const struct {
