@@ -33,7 +33,23 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
+// The kernel's parameters: one type for both modes.
 template <class Config>
+struct BwdParams {
+  typename BwdLoad<Config>::Params load;
+  typename BwdStore<Config>::Params store;
+  typename BwdDqReduce<Config>::Params dq;
+  SequenceParams sequences;
+  BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
+  SoftcapScores softcap;
+  float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
+  int n_blocks;            // key tiles of the longest sequence
+  int heads_q;
+};
+
+// kDeterministic: the deterministic mode (bwd_turns.cuh) is its own instance, so that the default
+// mode's tile loop carries none of its turn bookkeeping (measured 4-6 % when it did).
+template <class Config, bool kDeterministic>
 struct BwdKernel {
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
@@ -46,17 +62,7 @@ struct BwdKernel {
   using Mask = KeyTileMask<Config::kBlockN, Config::kBlockM>;
   static constexpr int kThreads = Config::kThreads;
 
-  struct Params {
-    typename Load::Params load;
-    typename Store::Params store;
-    typename BwdDqReduce<Config>::Params dq;
-    SequenceParams sequences;
-    BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
-    SoftcapScores softcap;
-    float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
-    int n_blocks;            // key tiles of the longest sequence
-    int heads_q;
-  };
+  using Params = BwdParams<Config>;
 
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
@@ -89,7 +95,7 @@ struct BwdKernel {
     // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
     // mma): with a causal band a key tile's first query tile is then one its predecessors in the
     // grid (which start earlier and have less to do) have already passed.
-    if (p.store.dq_turns != nullptr) w.n_block = p.n_blocks - 1 - w.n_block;
+    if constexpr (kDeterministic) w.n_block = p.n_blocks - 1 - w.n_block;
     w.head = (tile / p.n_blocks) % p.heads_q;
     w.batch = tile / p.n_blocks / p.heads_q;
     w.seq = load_sequence(sequences, w.batch);
@@ -265,9 +271,12 @@ struct BwdKernel {
                                _, _, _, stage),
                            dK);
         warpgroup_wait<1>();  // dQ is done
-        BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread,
-                                 Store::dq_counter(p.store, w.batch, w.head, m, thread / 128),
-                                 w.mask.last_tile(m) - w.n_block);
+        if constexpr (kDeterministic)
+          BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread,
+                                   Store::dq_counter(p.store, w.batch, w.head, m, thread / 128),
+                                   w.mask.last_tile(m) - w.n_block);
+        else
+          BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread);
         warpgroup_wait<0>();  // dK is done: Q's stage is free
         pipeline_q.consumer_release(read);
         ++read;

@@ -29,7 +29,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                     void* stream) {
   using Element = typename CutlassElement<kDType>::type;
   using Config = BwdConfig<kHeadDim, Element>;
-  using Kernel = BwdKernel<Config>;
+  using Kernel = BwdKernel<Config, false>;  // and <Config, true> in deterministic mode
   using Store = BwdStore<Config>;
 
   // Rows inside some sequence: a varlen tensor may have rows but every sequence be empty.
@@ -140,7 +140,8 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
         n_blocks,
         int(p.heads_q)};
-    auto* kernel = &bwd_kernel<Kernel>;
+    auto* kernel = p.deterministic ? &bwd_kernel<BwdKernel<Config, true>> : &bwd_kernel<Kernel>;
+    static_assert(Kernel::kSmemBytes == BwdKernel<Config, true>::kSmemBytes);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Kernel::kSmemBytes);
     if (err == cudaSuccess)

@@ -48,9 +48,8 @@ struct BwdStore {
     int32_t m_tiles, n_tiles, heads_q;
   };
 
-  // The counter of query tile m's dQ half `wg` (null outside deterministic mode).
+  // The counter of query tile m's dQ half `wg` (deterministic mode).
   CUTE_DEVICE static int32_t* dq_counter(Params const& p, int batch, int head, int m, int wg) {
-    if (p.dq_turns == nullptr) return nullptr;
     return p.dq_turns + ((int64_t(batch) * p.heads_q + head) * p.m_tiles + m) * 2 + wg;
   }
 
