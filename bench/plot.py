@@ -1,6 +1,7 @@
 """Plots of a bench/sweep.py result: TFLOP/s against sequence length, one panel per head dim, full
 and causal attention in two rows, every implementation of the run (the fa4cpp builds, cuDNN,
-torch's FlashAttention-2) as one line each. GQA rows (heads_q != heads_kv) are left out: they are
+torch's FlashAttention-2, and FlashAttention-3 / -4 where the run could import them) as one line
+each. GQA rows (heads_q != heads_kv) are left out: they are
 single points. Only numbers of one run are drawn together, so every line has its anchors beside it.
 
     python3 bench/plot.py bench/results/<date>_<sha>_fwd_sweep.json [--out FILE.png]
@@ -28,6 +29,9 @@ def series(rows):
         for name, key in (("cuDNN", "cudnn_tflops"), ("torch FA2", "fa2_tflops")):
             if r.get(key) is not None:
                 lines.setdefault(name, []).append((r["seqlen"], r[key]))
+        for name, other in r.get("others", {}).items():  # FA3 / FA4 when they were importable
+            if "tflops" in other:
+                lines.setdefault(name, []).append((r["seqlen"], other["tflops"]))
     return out
 
 

@@ -12,6 +12,10 @@ in turn in a different order each round, and reports the median over the rounds:
   python3 bench/sweep.py --lib base=/tmp/base/libfa4.so --lib poly25=/tmp/poly25/libfa4.so \\
       --rounds 2 --hdims 64 --sha $(git rev-parse --short HEAD) --out DIR
 
+FlashAttention-3 (the `flash_attn_interface` module its hopper/ build installs) and FlashAttention-4
+(`flash_attn.cute`) are timed beside them when importable, each its own column; the header names
+the ones that were not.
+
 --inputs spiky draws the inputs of the tests' spiky cases (a few query and key rows scaled up: large
 logits, late maxima). Builds configured with -DFA4_SM90_RESCALE_STATS=ON also report their O
 rescale counts (src/sm90/rescale_stats.hpp) for one forward run per row; their times include the
@@ -20,6 +24,7 @@ counting's cost, so time the same variant built without it.
 import argparse
 import ctypes
 import datetime
+import importlib
 import json
 import os
 import statistics
@@ -69,6 +74,57 @@ PASSES = {"fwd": ("forward", 1.0), "bwd": ("backward", 2.5), "fwdbwd": ("forward
 def flops(b, s, hq, d, causal):
     f = 4.0 * b * hq * s * s * d
     return f / 2 if causal else f
+
+
+# Other FlashAttention builds timed when importable: (column, module, its flash_attn_func).
+OTHERS = (("FA3", "flash_attn_interface", "flash_attn_func"),
+          ("FA4", "flash_attn.cute", "flash_attn_func"))
+
+
+def find_others():
+    """{column: flash_attn_func} of the OTHERS that import, and {column: why not} of the rest."""
+    found, missing = {}, {}
+    for name, module, attr in OTHERS:
+        try:
+            found[name] = getattr(importlib.import_module(module), attr)
+        except Exception as e:  # ImportError, or a build that fails to load its kernels
+            missing[name] = "%s: %s" % (module, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return found, missing
+
+
+def _first(result):
+    """Some versions return out, others (out, lse, ...)."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def other_fn(func, q, k, v, causal, dout=None, with_forward=False):
+    """The closure timing one of OTHERS on the sweep's (batch, seq, heads, dim) tensors: the
+    forward, or (dout given) autograd's backward of one forward run / both per call."""
+    if dout is None:
+        return lambda: func(q, k, v, causal=causal)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+
+    def forward():
+        return _first(func(*leaves, causal=causal))
+    if with_forward:
+        return lambda: torch.autograd.grad(forward(), leaves, dout)
+    o = forward()
+    return lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)
+
+
+def checked_others(row, others, make):
+    """The OTHERS' closures that run (one call each); the others' errors into the row."""
+    runs = {}
+    for name, func in others.items():
+        try:
+            run = make(func)
+            run()
+            torch.cuda.synchronize()
+            runs[name] = run
+        except Exception as e:  # an unsupported head dim or pass: that column stays empty
+            row.setdefault("others", {})[name] = {"refused": str(e).splitlines()[0][:200]
+                                                  if str(e) else type(e).__name__}
+    return runs
 
 
 def sdpa_fn(backend, q, k, v, causal):
@@ -172,7 +228,7 @@ def make_inputs(kind, b, s, hq, hkv, d, dtype):
     return q, k, v
 
 
-def measure_row(builds, rounds, q, k, v, out, lse, causal):
+def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     """One (shape, causal) row: per build a checked run (NaN-poisoned output, compared with cuDNN;
     rescale counts when built in), then `rounds` rounds of timing, builds in rotated order."""
     row = {"libs": {}}
@@ -197,18 +253,24 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal):
             .abs().max().item()
         runs[bld.name] = run
 
-    time_rounds(row, rounds, cudnn, sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal), runs)
+    other_runs = checked_others(row, others or {}, lambda f: other_fn(f, q, k, v, causal))
+    time_rounds(row, rounds, cudnn, sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal), runs,
+                other_runs)
     return row
 
 
-def time_rounds(row, rounds, cudnn, fa2, runs):
-    """`rounds` rounds of cuDNN, the builds (in a rotated order each round) and torch FA2 (None:
-    refused already); medians into the row."""
+def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
+    """`rounds` rounds of cuDNN, the builds (in a rotated order each round), torch FA2 (None:
+    refused already) and the OTHERS that ran; medians into the row."""
+    other_runs = other_runs or {}
     times = {"cudnn": [], "fa2": []}
     times.update({name: [] for name in runs})
+    other_times = {name: [] for name in other_runs}
     names = list(runs)
     for r in range(rounds):
         times["cudnn"].append(median_ms(cudnn))
+        for name, run in other_runs.items():
+            other_times[name].append(median_ms(run))
         shift = r % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
             times[name].append(median_ms(runs[name]))
@@ -223,6 +285,8 @@ def time_rounds(row, rounds, cudnn, fa2, runs):
     for name in names:
         row["libs"][name]["ms_rounds"] = times[name]
         row["libs"][name]["ms"] = statistics.median(times[name])
+    for name, t in other_times.items():
+        row.setdefault("others", {})[name] = {"ms": statistics.median(t)}
 
 
 def sdpa_backward_fn(backend, q, k, v, causal, dout, with_forward=False):
@@ -241,7 +305,8 @@ def sdpa_backward_fn(backend, q, k, v, causal, dout, with_forward=False):
     return lambda: torch.autograd.grad(o, (qt, kt, vt), go, retain_graph=True)
 
 
-def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward=False):
+def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward=False,
+                         others=None):
     """A backward row: per build the forward once (its out and LSE), a checked backward run (dQ,
     dK, dV NaN-poisoned, dQ compared with cuDNN's), then the timing rounds as measure_row's; with
     with_forward every timed call runs the forward and then the backward."""
@@ -277,7 +342,9 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward
         fa2 = sdpa_backward_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, dout, with_forward)
     except RuntimeError as e:
         fa2, row["fa2_refused"] = None, str(e).splitlines()[0]
-    time_rounds(row, rounds, cudnn, fa2, runs)
+    other_runs = checked_others(row, others or {},
+                                lambda f: other_fn(f, q, k, v, causal, dout, with_forward))
+    time_rounds(row, rounds, cudnn, fa2, runs, other_runs)
     return row
 
 
@@ -285,6 +352,9 @@ def add_rates(row, fl):
     for key in ("cudnn", "fa2"):
         if key + "_ms" in row:
             row[key + "_tflops"] = fl / (row[key + "_ms"] * 1e-3) / 1e12
+    for entry in row.get("others", {}).values():
+        if "ms" in entry:
+            entry["tflops"] = fl / (entry["ms"] * 1e-3) / 1e12
     for entry in row["libs"].values():
         if "ms" in entry:
             entry["tflops"] = fl / (entry["ms"] * 1e-3) / 1e12
@@ -332,6 +402,7 @@ def main():
     facts_before = gpu_facts()
 
     rows = []
+    others, others_missing = find_others()
     for b, s, hq, hkv, d in shapes(hdims, seqlens):
         q, k, v = make_inputs(args.inputs, b, s, hq, hkv, d, dtype)
         out = torch.empty_like(q)
@@ -340,10 +411,11 @@ def main():
             row = {"batch": b, "seqlen": s, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
                    "causal": causal, "dtype": args.dtype, "inputs": args.inputs}
             if args.pass_ == "fwd":
-                row.update(measure_row(builds, args.rounds, q, k, v, out, lse, causal))
+                row.update(measure_row(builds, args.rounds, q, k, v, out, lse, causal, others))
             else:
                 row.update(measure_row_backward(builds, args.rounds, q, k, v, out, lse, causal,
-                                                with_forward=args.pass_ == "fwdbwd"))
+                                                with_forward=args.pass_ == "fwdbwd",
+                                                others=others))
             add_rates(row, flops(b, s, hq, d, causal) * PASSES[args.pass_][1])
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -353,6 +425,8 @@ def main():
         "benchmark": PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
         "pass": args.pass_,
         "git_sha": args.sha,
+        "others": sorted(others),
+        "others_missing": others_missing,
         "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
                   "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic}
                  for x in builds],
@@ -386,27 +460,34 @@ def markdown(r):
     builds = "; ".join("%s = fa4cpp %s (%s%s)" % (x["name"], x["version"], x["path"],
                                                   ", deterministic" if x.get("deterministic") else "")
                        for x in r["libs"])
+    others = r.get("others", [])
+    missing = r.get("others_missing", {})
     lines = [
         "# %s, TFLOP/s (%s)" % (PASSES[r.get("pass", "fwd")][0].capitalize(), r["benchmark"]), "",
         "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "
-        "%s inputs; %s; FLOPs %s. Ratio = fa4cpp build / cuDNN, same run, same tensors."
+        "%s inputs; %s; FLOPs %s. Ratio = fa4cpp build / cuDNN, same run, same tensors.%s"
         % (builds, r["git_sha"], g.get("name"), g.get("driver_version"), g.get("clocks.sm"),
            g.get("clocks.max.sm"), r["torch"], r["cudnn"], r.get("inputs", "normal"),
-           r["timing"], r["flops"]), "",
-        "| d | seqlen | b | hq/hkv | causal | %s | cuDNN | torch FA2 | %s | max abs diff%s vs cuDNN |"
-        % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names),
+           r["timing"], r["flops"],
+           " Not importable here: %s." % "; ".join("%s (%s)" % kv for kv in sorted(missing.items()))
+           if missing else ""), "",
+        "| d | seqlen | b | hq/hkv | causal | %s | cuDNN | torch FA2 | %s%s | max abs diff%s vs cuDNN |"
+        % (" | ".join(names), "".join(o + " | " for o in others),
+           " | ".join(n + "/cuDNN" for n in names),
            "" if r.get("pass", "fwd") == "fwd" else " of dQ"),
-        "|---" * (8 + 2 * len(names)) + "|",
+        "|---" * (8 + 2 * len(names) + len(others)) + "|",
     ]
     for x in r["rows"]:
         libs = [x["libs"].get(n, {}) for n in names]
         fmt = lambda d, k: "%.1f" % d[k] if k in d else "—"
         diffs = ["%.3g" % e["max_abs_diff_vs_cudnn"] if "max_abs_diff_vs_cudnn" in e
                  else e.get("refused", "—")[:60] for e in libs]
-        lines.append("| %d | %d | %d | %d/%d | %s | %s | %s | %s | %s | %s |" % (
+        other_cells = "".join(fmt(x.get("others", {}).get(o, {}), "tflops") + " | "
+                              for o in others)
+        lines.append("| %d | %d | %d | %d/%d | %s | %s | %s | %s | %s%s | %s |" % (
             x["head_dim"], x["seqlen"], x["batch"], x["heads_q"], x["heads_kv"],
             "yes" if x["causal"] else "no", " | ".join(fmt(e, "tflops") for e in libs),
-            fmt(x, "cudnn_tflops"), fmt(x, "fa2_tflops"),
+            fmt(x, "cudnn_tflops"), fmt(x, "fa2_tflops"), other_cells,
             " | ".join("%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs),
             " / ".join(diffs)))
     lines += rescale_markdown(r, names)

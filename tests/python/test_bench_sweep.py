@@ -1,0 +1,83 @@
+"""bench/sweep.py's other FlashAttention builds (FA3 / FA4 columns when importable), on the CPU
+with stand-in modules: which import, the closures they are timed through (forward, backward of one
+forward, both), refusals per row, and the table's columns."""
+import importlib.util
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    spec = importlib.util.spec_from_file_location("sweep", os.path.join(REPO, "bench", "sweep.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    return module
+
+
+def attention(q, k, v, causal=False):
+    """A stand-in flash_attn_func on (batch, seq, heads, dim) tensors, returning (out, lse) as
+    some versions do."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+    return out.transpose(1, 2), None
+
+
+def test_others_found_only_when_importable(sweep, monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn_interface",
+                        types.SimpleNamespace(flash_attn_func=attention))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # import raises ImportError
+    found, missing = sweep.find_others()
+    assert found == {"FA3": attention}
+    assert list(missing) == ["FA4"] and missing["FA4"].startswith("flash_attn.cute")
+
+
+def test_other_closures_run_forward_backward_and_both(sweep):
+    q, k, v = (torch.randn(1, 16, 2, 8) for _ in range(3))
+    dout = torch.randn(1, 16, 2, 8)
+    want = attention(q, k, v, causal=True)[0]
+    assert torch.allclose(sweep._first(sweep.other_fn(attention, q, k, v, True)()), want)
+    ref = [x.detach().requires_grad_() for x in (q, k, v)]
+    want_grads = torch.autograd.grad(attention(*ref, causal=True)[0], ref, dout)
+    for with_forward in (False, True):
+        run = sweep.other_fn(attention, q, k, v, True, dout, with_forward)
+        for _ in range(2):  # the backward alone reuses one forward's graph
+            for got, w in zip(run(), want_grads):
+                assert torch.allclose(got, w, atol=1e-6)
+
+
+def test_refusals_and_the_table(sweep, monkeypatch):
+    def refuses(*args, **kwargs):
+        raise RuntimeError("head dim not supported\nmore detail")
+    q, k, v = (torch.randn(1, 16, 2, 8) for _ in range(3))
+    row = {}
+    runs = sweep.checked_others(row, {"FA3": attention, "FA4": refuses},
+                                lambda f: sweep.other_fn(f, q, k, v, False))
+    assert list(runs) == ["FA3"]
+    assert row["others"]["FA4"] == {"refused": "head dim not supported"}
+
+    monkeypatch.setattr(sweep, "median_ms", lambda fn: (fn(), 2.0)[1])
+    row.update({"batch": 1, "seqlen": 16, "heads_q": 2, "heads_kv": 2, "head_dim": 8,
+                "causal": False, "libs": {"fa4cpp": {}}})
+    sweep.time_rounds(row, 1, lambda: None, None, {"fa4cpp": lambda: None}, runs)
+    sweep.add_rates(row, 4e9)
+    assert row["others"]["FA3"]["tflops"] == pytest.approx(4e9 / 2e-3 / 1e12)
+    result = {"benchmark": "forward sweep", "pass": "fwd", "git_sha": "abc", "torch": "t",
+              "cudnn": 1, "timing": "median", "flops": "4*b*h*s*s*d", "gpu_before": {},
+              "libs": [{"name": "fa4cpp", "version": "0", "path": "lib"}],
+              "others": ["FA3", "FA4"], "others_missing": {}, "rows": [row]}
+    header, rule, line = sweep.markdown(result).splitlines()[4:7]
+    assert "| torch FA2 | FA3 | FA4 | fa4cpp/cuDNN |" in header
+    assert rule.count("|---") == header.count("|") - 1
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[8:10] == ["2.0", "—"]  # FA3 timed, FA4 refused in this row
+    result.update(others=[], others_missing={"FA3": "flash_attn_interface: No module"})
+    assert "Not importable here: FA3 (flash_attn_interface: No module)." in sweep.markdown(result)
