@@ -388,6 +388,9 @@ def main():
         raise SystemExit("--rounds must be >= 1")
 
     deterministic = set(filter(None, args.deterministic.split(",")))
+    if deterministic and args.pass_ == "fwd":
+        raise SystemExit("--deterministic: the forward has no deterministic mode (use --pass bwd "
+                         "or fwdbwd)")
     libs = parse_libs(args.lib)
     if deterministic - {name for name, _ in libs}:
         raise SystemExit("--deterministic: no --lib named %s" % ", ".join(sorted(

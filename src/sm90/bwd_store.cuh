@@ -64,10 +64,10 @@ struct BwdStore {
   }
 
   // Adds consecutive value pairs of an accumulator (two adjacent columns of one row: the wgmma
-  // accumulator's order) to rows[row · kDim + col], for rows below `len`. Each address is this
-  // thread's first element's plus a compile-time offset; the base goes through an empty asm so
-  // that the compiler computes the addresses here instead of hoisting one 64-bit pointer per pair
-  // out of the tile loop (32 registers, spilled).
+  // accumulator's order) to rows[row · kDim + col], for rows below `len` (GQA's dK / dV, once per
+  // CTA). Each address is this thread's first element's plus a compile-time offset; the base goes
+  // through an empty asm so that the compiler computes the addresses here rather than precomputing
+  // one 64-bit pointer per pair (32 registers; they spilled when dQ was added this way per tile).
   template <class Acc, class Coords>
   CUTE_DEVICE static void add_pairs(Acc const& acc, Coords const& coords, int len, float* rows) {
     static_assert(decltype(size(acc))::value % 2 == 0);
@@ -83,9 +83,9 @@ struct BwdStore {
     }
   }
 
-  template <class ThrMma, class Acc>
   // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0). Rows up to
   // stored_k are written: those past seqused_k (seq.len_k) hold 0, since their keys were masked.
+  template <class ThrMma, class Acc>
   CUTE_DEVICE static void store_dkv(Params const& p, int batch, int head, int n_block,
                                     Sequence const& seq, int stored_k, ThrMma const& thr, Acc& dk,
                                     Acc const& dv) {

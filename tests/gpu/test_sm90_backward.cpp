@@ -2,10 +2,11 @@
 // tests/cpu/test_backward.cpp applies it), on the out / LSE the sm90 forward produced, as a user
 // would run the two: fixed-length (sq, sk) pairs from 1 to 512 both ways with no mask, causal, a
 // sliding window and softcap, GQA 1 / 4 (MQA once); varlen batches with empty sequences on either
-// side; q, k, v and dq, dk, dv as slices of packed qkv / dqkv tensors; one long causal sequence.
-// Every case runs three times (workspace poisoned, workspace reused, CUDA-graph replay): dQ is
-// summed with atomics, so runs may differ in the last bits, but each must pass the rule (an error
-// that moves between runs is a race). Gradients are poisoned before every run: every element must
+// side; seqused_k; q, k, v and dq, dk, dv as slices of packed qkv / dqkv tensors; one long causal
+// sequence; the deterministic mode. Every case runs three times (workspace poisoned, workspace
+// reused, CUDA-graph replay): by default dQ (and GQA's dK / dV) are summed in the order the CTAs
+// get there, so runs may differ in the last bits, but each must pass the rule (an error that moves
+// between runs is a race); in deterministic mode the three runs must agree bit for bit. Gradients are poisoned before every run: every element must
 // be written, varlen rows outside every sequence must not be, and neither may anything around the
 // tensors nor any input. Problems the backward does not implement must be refused with nothing
 // written.
@@ -275,6 +276,18 @@ std::vector<Case> deterministic_cases(const Kernel& k) {
   u.deterministic = true;
   u.name += "_used_deterministic";
   cases.push_back(u);
+  // Without GQA (dK / dV stored directly), causal with query tiles that see no key.
+  Case mha = fixed_case(k, long_queries, Mask::kCausal, kMha, true, false);
+  mha.deterministic = true;
+  mha.name += "_deterministic";
+  cases.push_back(mha);
+  // Varlen with seqused_k.
+  Case vu = varlen_case(k, {"used", {150, 64, 1, 257, 100, 0, 129}, {300, 64, 500, 256, 0, 10, 128}},
+                        Mask::kCausal, kGqa4, false, false);
+  vu.seqused_k = {0, 64, 1, 129, 0, 10, 127};
+  vu.deterministic = true;
+  vu.name += "_deterministic";
+  cases.push_back(vu);
   return cases;
 }
 
@@ -553,6 +566,7 @@ void check_backward(const Case& c) {
   const std::vector<unsigned char> q_rows = rows_in_sequences(p, false),
                                    k_rows = rows_in_sequences(p, true);
   std::vector<std::vector<double>> results[kRuns];  // per run: dq, dk, dv
+  std::vector<std::vector<uint64_t>> bits[kRuns];    // the same, as stored
   for (int attempt = 0; attempt < kRuns; ++attempt) {
     SCOPED_TRACE(kRunNames[attempt]);
     if (attempt == 0) ASSERT_CUDA(run.workspace.poison());
@@ -562,7 +576,11 @@ void check_backward(const Case& c) {
     ASSERT_TRUE(status.ok()) << to_string(status.code) << ": " << status.message;
     expect_gradients_written(run, q_rows, k_rows);
     expect_inputs_unchanged(run, inputs_before);
-    for (const HostTensor& g : run.grads) results[attempt].push_back(g.dense());
+    for (const HostTensor& g : run.grads) {
+      results[attempt].push_back(g.dense());
+      bits[attempt].emplace_back();
+      for (int64_t e = 0; e < g.size(); ++e) bits[attempt].back().push_back(g.bits(e));
+    }
   }
 
   // D = rowsum(dO ∘ O) from the O the backward was handed. The two references are independent:
@@ -583,17 +601,11 @@ void check_backward(const Case& c) {
                           std::count(k_rows.begin(), k_rows.end(), 1) * p.heads_kv};
   const int64_t widths[] = {p.head_dim_qk, p.head_dim_qk, p.head_dim_v};
   // Deterministic mode: the three runs (the last a graph replay) agree bit for bit (the rows
-  // outside every sequence hold the poison, a NaN, in each).
-  auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
-    return a.size() == b.size() &&
-           std::equal(a.begin(), a.end(), b.begin(), [](double x, double y) {
-             return x == y || (std::isnan(x) && std::isnan(y));
-           });
-  };
+  // outside every sequence hold the same poison in each).
   if (c.deterministic)
     for (int attempt = 1; attempt < kRuns; ++attempt)
       for (size_t g = 0; g < 3; ++g)
-        EXPECT_TRUE(same(results[attempt][g], results[0][g]))
+        EXPECT_TRUE(bits[attempt][g] == bits[0][g])
             << kGradNames[g] << ": " << kRunNames[attempt] << " differs from run 1";
   const FlashRule rule = flash_rule(p, Pass::kBackward);
   for (int attempt = 0; attempt < kRuns; ++attempt) {
