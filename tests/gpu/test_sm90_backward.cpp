@@ -251,43 +251,30 @@ std::vector<Case> packed_cases(const Kernel& k) {
 // tile (the turn count starts there), varlen.
 std::vector<Case> deterministic_cases(const Kernel& k) {
   std::vector<Case> cases;
+  auto add = [&](Case c, const char* suffix) {
+    c.deterministic = true;
+    c.name += suffix;
+    cases.push_back(c);
+  };
   const Shape long_keys = {"q300_k600", 1, 300, 600};
   const Shape long_queries = {"q600_k300", 1, 600, 300};
-  for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kWindow}) {
-    Case c = fixed_case(k, long_keys, m, kGqa4, false, false);
-    c.deterministic = true;
-    c.name += "_deterministic";
-    cases.push_back(c);
-  }
+  for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kWindow})
+    add(fixed_case(k, long_keys, m, kGqa4, false, false), "_deterministic");
   // More queries than keys: the band's left side moves each query tile's first key tile.
-  Case w = fixed_case(k, long_queries, Mask::kWindow, kGqa4, false, false);
-  w.deterministic = true;
-  w.name += "_deterministic";
-  cases.push_back(w);
-  for (Mask m : {Mask::kCausal, Mask::kWindow}) {
-    Case v = varlen_case(k, kOdd, m, kGqa4, false, false);
-    v.deterministic = true;
-    v.name += "_deterministic";
-    cases.push_back(v);
-  }
+  add(fixed_case(k, long_queries, Mask::kWindow, kGqa4, false, false), "_deterministic");
+  for (Mask m : {Mask::kCausal, Mask::kWindow})
+    add(varlen_case(k, kOdd, m, kGqa4, false, false), "_deterministic");
   // seqused_k: key tiles past it add zeros to the GQA accumulators in turn too.
   Case u = fixed_case(k, {"q200_k300", 3, 200, 300}, Mask::kCausal, kGqa4, false, false);
   u.seqused_k = {129, 0, 300};
-  u.deterministic = true;
-  u.name += "_used_deterministic";
-  cases.push_back(u);
+  add(u, "_used_deterministic");
   // Without GQA (dK / dV stored directly), causal with query tiles that see no key.
-  Case mha = fixed_case(k, long_queries, Mask::kCausal, kMha, true, false);
-  mha.deterministic = true;
-  mha.name += "_deterministic";
-  cases.push_back(mha);
+  add(fixed_case(k, long_queries, Mask::kCausal, kMha, true, false), "_deterministic");
   // Varlen with seqused_k.
   Case vu = varlen_case(k, {"used", {150, 64, 1, 257, 100, 0, 129}, {300, 64, 500, 256, 0, 10, 128}},
                         Mask::kCausal, kGqa4, false, false);
   vu.seqused_k = {0, 64, 1, 129, 0, 10, 127};
-  vu.deterministic = true;
-  vu.name += "_deterministic";
-  cases.push_back(vu);
+  add(vu, "_deterministic");
   return cases;
 }
 
