@@ -103,13 +103,17 @@ def other_fn(func, q, k, v, causal, dout=None, with_forward=False):
     if dout is None:
         return lambda: func(q, k, v, causal=causal)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    return backward_closure(lambda: _first(func(*leaves, causal=causal)), leaves, dout,
+                            with_forward)
 
-    def forward():
-        return _first(func(*leaves, causal=causal))
+
+def backward_closure(forward, leaves, grad_out, with_forward):
+    """Autograd's backward of forward() with respect to leaves: of one forward run made here
+    (each call reuses its graph), or, with_forward, forward and backward in each call."""
     if with_forward:
-        return lambda: torch.autograd.grad(forward(), leaves, dout)
+        return lambda: torch.autograd.grad(forward(), leaves, grad_out)
     o = forward()
-    return lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)
+    return lambda: torch.autograd.grad(o, leaves, grad_out, retain_graph=True)
 
 
 def checked_others(row, others, make):
@@ -293,16 +297,12 @@ def sdpa_backward_fn(backend, q, k, v, causal, dout, with_forward=False):
     """SDPA's backward alone: the forward runs once here (its kernel choice made under `backend`),
     each call of the closure runs autograd's backward of it; with_forward: each call runs both."""
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-    go = dout.transpose(1, 2)
 
     def forward():
         with sdpa_kernel(backend):
             return torch.nn.functional.scaled_dot_product_attention(
                 qt, kt, vt, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
-    if with_forward:
-        return lambda: torch.autograd.grad(forward(), (qt, kt, vt), go)
-    o = forward()
-    return lambda: torch.autograd.grad(o, (qt, kt, vt), go, retain_graph=True)
+    return backward_closure(forward, (qt, kt, vt), dout.transpose(1, 2), with_forward)
 
 
 def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward=False,
