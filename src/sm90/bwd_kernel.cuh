@@ -288,8 +288,8 @@ struct BwdKernel {
     asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
     Work done;
     find_work(p, again, done);
-    Store::store_dkv(p.store, done.batch, done.head, done.n_block, done.seq, done.stored_k, thr_kv,
-                     dK, dV);
+    Store::template store_dkv<kDeterministic>(p.store, done.batch, done.head, done.n_block,
+                                              done.seq, done.stored_k, thr_kv, dK, dV);
     BwdDqReduce<Config>::drain(thread);
   }
 };

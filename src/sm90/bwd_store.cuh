@@ -85,7 +85,7 @@ struct BwdStore {
 
   // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0). Rows up to
   // stored_k are written: those past seqused_k (seq.len_k) hold 0, since their keys were masked.
-  template <class ThrMma, class Acc>
+  template <bool kDeterministic, class ThrMma, class Acc>
   CUTE_DEVICE static void store_dkv(Params const& p, int batch, int head, int n_block,
                                     Sequence const& seq, int stored_k, ThrMma const& thr, Acc& dk,
                                     Acc const& dv) {
@@ -100,7 +100,7 @@ struct BwdStore {
       // Deterministic: the query heads of the kv head add in head order.
       int32_t* counter = nullptr;
       const bool leader = threadIdx.x == 128;  // the first MMA thread
-      if (p.dkv_turns != nullptr) {
+      if constexpr (kDeterministic) {
         const int kv_head = head / p.head_group;
         counter = p.dkv_turns +
                   (int64_t(batch) * (p.heads_q / p.head_group) + kv_head) * p.n_tiles + n_block;
@@ -109,7 +109,7 @@ struct BwdStore {
       }
       add_pairs(dk, coords, len, p.dk_accum + first * kDim);
       add_pairs(dv, coords, len, p.dv_accum + first * kDim);
-      if (counter != nullptr) Turns::pass(counter, leader, Config::kMmaThreads, kBwdTurnBoth);
+      if constexpr (kDeterministic) Turns::pass(counter, leader, Config::kMmaThreads, kBwdTurnBoth);
       return;
     }
     store_pairs(p.dk, dk, coords, len, seq, head, first_key);
