@@ -204,6 +204,13 @@ struct BwdKernel {
                           thr_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
                               _, _, _, stage),
                           tSrS);
+        // dPᵀ right behind Sᵀ, as FA3 does: it runs during the exponentials.
+        Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+        pipeline_do.consumer_wait(read);
+        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
+                          thr_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
+                              _, _, _, stage),
+                          tSrDp);
         auto s = rowcol_view(tSrS);
         // LSE and D are read from shared memory per column where they are used: held in
         // registers for the whole tile they would push dK and dV out of the register file.
@@ -211,7 +218,7 @@ struct BwdKernel {
         const float* dpsum_row = smem.dpsum.data() + stage * Config::kBlockM;
         const int valid_cols = rows.len - m * Config::kBlockM;
 
-        warpgroup_wait<0>();  // Sᵀ is ready
+        warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
         if (softcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
           Mask::apply(s, score_coords, row_queries, m);
@@ -229,20 +236,12 @@ struct BwdKernel {
             s(i, j) = softcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
           }
         }
-        // dPᵀ and dV are issued only now: with dPᵀ's accumulator in flight during the
-        // exponentials, dK and dV would not fit in the register file beside them.
-        Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
-        pipeline_do.consumer_wait(read);
-        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
-                          thr_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
-                              _, _, _, stage),
-                          tSrDp);
         wgmma_issue<false>(mma_kv, tKVrP,
                            thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
                                _, _, _, stage),
                            dV);
         auto dp = rowcol_view(tSrDp);
-        warpgroup_wait<0>();  // dPᵀ is ready, and dV: P's registers are free
+        warpgroup_wait<1>();  // dPᵀ is ready (dV may still run: P's registers stay as they are)
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int col = get<1>(score_coords(0, j));
@@ -250,7 +249,6 @@ struct BwdKernel {
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) s(i, j) *= dp(i, j) - dpsum;
         }
-        pipeline_do.consumer_release(read);  // dPᵀ, dV and D were the stage's readers
         convert_fragment(tSrS, tKVrDs);
         // dS of both warpgroups into shared memory for dQ. Its two stages alternate: a warpgroup
         // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,
@@ -270,7 +268,8 @@ struct BwdKernel {
                            thr_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
                                _, _, _, stage),
                            dK);
-        warpgroup_wait<1>();  // dQ is done
+        warpgroup_wait<1>();  // dV and dQ are done
+        pipeline_do.consumer_release(read);  // dPᵀ, dV and D were the stage's readers
         if constexpr (kDeterministic)
           BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread,
                                    Store::dq_counter(p.store, w.batch, w.head, m, thread / 128),
