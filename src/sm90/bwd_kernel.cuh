@@ -188,7 +188,6 @@ struct BwdKernel {
 
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
-    const typename Store::QueryRows rows = Store::query_rows(p.store, w.head, w.seq);
     const bool softcap = p.softcap.enabled();
     const SeqRows dq_rows = BwdDqReduce<Config>::rows(p.dq, w.seq);
 
@@ -216,7 +215,7 @@ struct BwdKernel {
         // registers for the whole tile they would push dK and dV out of the register file.
         const float* lse_row = smem.lse.data() + stage * Config::kBlockM;
         const float* dpsum_row = smem.dpsum.data() + stage * Config::kBlockM;
-        const int valid_cols = rows.len - m * Config::kBlockM;
+        const int valid_cols = w.seq.len_q - m * Config::kBlockM;
 
         warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
         if (softcap) p.softcap.apply(tSrS);

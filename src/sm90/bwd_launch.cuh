@@ -112,10 +112,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                     p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
                                     v.head_stride};
     };
-    const typename Store::Params store{dq_accum,
-                                       q_total,
-                                       q_per_batch,
-                                       output(t.dk),
+    const typename Store::Params store{output(t.dk),
                                        output(t.dv),
                                        dk_accum,
                                        dv_accum,

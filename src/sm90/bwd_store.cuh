@@ -31,9 +31,6 @@ struct BwdStore {
   };
 
   struct Params {
-    float* dq_accum;        // [heads_q][query rows][dim]
-    int64_t q_rows;         // query rows per head in the workspace
-    int32_t q_rows_per_batch;  // seqlen_q (fixed length), 0 (varlen: rows start at cu_seqlens_q)
     Output dk, dv;
     float* dk_accum;        // GQA: [heads_kv][key rows][dim]; null without GQA
     float* dv_accum;
@@ -53,15 +50,6 @@ struct BwdStore {
     return p.dq_turns + ((int64_t(batch) * p.heads_q + head) * p.m_tiles + m) * 2 + wg;
   }
 
-  // One query head of one sequence in the workspace.
-  struct QueryRows {
-    int64_t first;  // workspace row of the sequence's row 0, this head
-    int32_t len;
-  };
-  CUTE_DEVICE static QueryRows query_rows(Params const& p, int head, Sequence const& seq) {
-    return {int64_t(head) * p.q_rows + seq.start_q + int64_t(seq.batch) * p.q_rows_per_batch,
-            seq.len_q};
-  }
 
   // Adds consecutive value pairs of an accumulator (two adjacent columns of one row: the wgmma
   // accumulator's order) to rows[row · kDim + col], for rows below `len` (GQA's dK / dV, once per
