@@ -19,6 +19,11 @@
 #include "sm90/bwd_workspace.hpp"
 #include "sm90/smem_atom.cuh"
 
+// A/B switch (bench/ab_variants.sh): 1 or 0 forces BwdConfig::kDvBeforeDs; -1 chooses by tile.
+#ifndef FA4_SM90_BWD_DV_BEFORE_DS
+#define FA4_SM90_BWD_DV_BEFORE_DS -1
+#endif
+
 namespace fa4::sm90 {
 
 using namespace cute;
@@ -30,10 +35,14 @@ struct BwdConfig {
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kMmaWarpgroups = 2;
-  static constexpr int kBlockM = kBwdBlockM;  // query rows per step
+  static constexpr int kBlockM = bwd_block_m(kHeadDim_);  // query rows per step
   static constexpr int kBlockN = 64 * kMmaWarpgroups;  // keys per CTA
   static_assert(kBlockN == kBwdBlockN);
   static constexpr int kStages = 2;  // Q and dO rings
+  // dV issued right after the exponentials (to run during dS) rather than after dS: it keeps P
+  // (kBlockM/4 registers) alive beside Sᵀ and dPᵀ, which 128-row tiles cannot afford.
+  static constexpr bool kDvBeforeDs =
+      FA4_SM90_BWD_DV_BEFORE_DS < 0 ? kBlockM == 64 : FA4_SM90_BWD_DV_BEFORE_DS != 0;
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
 
@@ -88,6 +97,7 @@ struct BwdConfig {
 
   static_assert(kHeadDim % 64 == 0, "dQ splits the head dim into 32-element halves or wider");
   static_assert(kBlockM % 64 == 0, "Sᵀ's N and dQ's M are kBlockM");
+  static_assert(kBwdStatAlign % kBlockM == 0, "each sequence's stat rows are padded for a whole tile");
 };
 
 }  // namespace fa4::sm90

@@ -188,10 +188,14 @@ struct BwdKernel {
 
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
-    const bool softcap = p.softcap.enabled();
     const SeqRows dq_rows = BwdDqReduce<Config>::rows(p.dq, w.seq);
 
-    if (!w.queries.empty()) {
+    // The tile loop, compiled once with softcap and once without: each path then holds only the
+    // registers it needs (with softcap, P must be rounded before Sᵀ becomes dS's factor).
+    auto tiles = [&](auto softcap_tag) {
+      constexpr bool kSoftcap = decltype(softcap_tag)::value;
+      // P rounded with the exponentials (Config::kDvBeforeDs), or from Sᵀ once dS is known.
+      constexpr bool kEarlyP = Config::kDvBeforeDs || kSoftcap;
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
       PipelineState read;  // the Q and dO rings advance together
       CUTE_NO_UNROLL
@@ -211,14 +215,19 @@ struct BwdKernel {
                               _, _, _, stage),
                           tSrDp);
         auto s = rowcol_view(tSrS);
-        // LSE and D are read from shared memory per column where they are used: held in
-        // registers for the whole tile they would push dK and dV out of the register file.
-        const float* lse_row = smem.lse.data() + stage * Config::kBlockM;
-        const float* dpsum_row = smem.dpsum.data() + stage * Config::kBlockM;
         const int valid_cols = w.seq.len_q - m * Config::kBlockM;
+        // LSE and D are read from shared memory per column where they are used: held in
+        // registers for the whole tile they would push dK and dV out of the register file. Their
+        // offset is made opaque after each wait so that the loads are not hoisted above it.
+        auto stat_row = [stage](float* stats) {
+          int offset = stage * Config::kBlockM;
+          asm volatile("" : "+r"(offset));
+          return stats + offset;
+        };
 
         warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
-        if (softcap) p.softcap.apply(tSrS);
+        const float* lse_row = stat_row(smem.lse.data());
+        if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
           Mask::apply(s, score_coords, row_queries, m);
         CUTE_UNROLL
@@ -229,31 +238,42 @@ struct BwdKernel {
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
             const float prob = exp2_approx(fmaf(t, p.score_scale_log2, -lse));
-            p_rc(i, j) = Element(prob);
+            if constexpr (kEarlyP) p_rc(i, j) = Element(prob);
             // With softcap, dS carries d tanh / d(its argument) = 1 − t² (t = −inf is masked and
             // its probability 0).
-            s(i, j) = softcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
+            s(i, j) = kSoftcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
           }
         }
-        wgmma_issue<false>(mma_kv, tKVrP,
-                           thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
-                               _, _, _, stage),
-                           dV);
+        // The exponentials before the wait for dPᵀ, which they are to overlap.
+        warpgroup_fence_operand(tSrS);
+        if constexpr (Config::kDvBeforeDs)
+          wgmma_issue<false>(mma_kv, tKVrP,
+                             thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
+                                 _, _, _, stage),
+                             dV);
         auto dp = rowcol_view(tSrDp);
-        warpgroup_wait<1>();  // dPᵀ is ready (dV may still run: P's registers stay as they are)
+        // dPᵀ is ready (dV may still run: P's registers stay as they are)
+        warpgroup_wait<Config::kDvBeforeDs ? 1 : 0>();
+        const float* dpsum_row = stat_row(smem.dpsum.data());
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int col = get<1>(score_coords(0, j));
           const float dpsum = col < valid_cols ? dpsum_row[col] : 0.0f;
           CUTE_UNROLL
-          for (int i = 0; i < size<0>(s); ++i) s(i, j) *= dp(i, j) - dpsum;
+          for (int i = 0; i < size<0>(s); ++i) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }
-        convert_fragment(tSrS, tKVrDs);
+        if constexpr (!kEarlyP) convert_fragment(tSrS, tKVrP);
+        convert_fragment(tSrDp, tKVrDs);
         // dS of both warpgroups into shared memory for dQ. Its two stages alternate: a warpgroup
         // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,
         // since each waits for its own dQ before the next step's barrier.
         copy(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()),
              thr_sdp.partition_C(sDst(_, _, m & 1)));
+        if constexpr (!Config::kDvBeforeDs)
+          wgmma_issue<false>(mma_kv, tKVrP,
+                             thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
+                                 _, _, _, stage),
+                             dV);
 
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
@@ -279,6 +299,12 @@ struct BwdKernel {
         pipeline_q.consumer_release(read);
         ++read;
       }
+    };
+    if (!w.queries.empty()) {
+      if (p.softcap.enabled())
+        tiles(cute::true_type{});
+      else
+        tiles(cute::false_type{});
     }
     // The sequence is read again rather than held through the loop (registers): the empty asm
     // keeps the compiler from reusing the first reads.

@@ -10,7 +10,7 @@
 //   dkv_turns [batch][heads_kv][key tiles]      GQA: how many query heads have added dK / dV
 // Query rows are batch·seqlen_q (fixed length; sequence b starts at b·seqlen_q) or total_q
 // (varlen; sequence b starts at cu_seqlens_q[b]); key rows likewise.
-// Stat rows are the query rows with each sequence moved to a multiple of kBwdBlockM, so that the
+// Stat rows are the query rows with each sequence moved to a multiple of kBwdStatAlign, so that the
 // main kernel's producer fetches a query tile's LSE and D with one aligned bulk copy each (a TMA
 // bulk copy needs 16-byte aligned addresses and sizes); a tile that runs past its sequence reads
 // the gap or the next sequence, which the kernel discards.
@@ -24,19 +24,24 @@
 
 namespace fa4::sm90 {
 
-constexpr int kBwdBlockM = 64;   // query rows per step of the backward kernel (BwdConfig)
+// Query rows per step of the backward kernel (BwdConfig): 128 at head dim 64, where Sᵀ and dPᵀ of
+// 128 queries fit in the registers beside dK and dV; 64 above.
+constexpr int bwd_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
 constexpr int kBwdBlockN = 128;  // keys per CTA (BwdConfig)
+// Each sequence's stat rows start at a multiple of this, which every bwd_block_m divides.
+constexpr int kBwdStatAlign = 128;
 
 // The stat row of row 0 of sequence b, whose rows start at packed query row `start` (b·seqlen_q,
-// or cu_seqlens_q[b]): a multiple of kBwdBlockM, past the end of sequence b − 1 (whose start moved
-// back by less than kBwdBlockM, with kBwdBlockM more added per sequence).
+// or cu_seqlens_q[b]): a multiple of kBwdStatAlign, past the end of sequence b − 1 (whose start
+// moved back by less than kBwdStatAlign, with kBwdStatAlign more added per sequence).
 FA4_HD int64_t bwd_stat_row(int64_t start, int64_t b) {
-  return (start + b * kBwdBlockM) / kBwdBlockM * kBwdBlockM;
+  return (start + b * kBwdStatAlign) / kBwdStatAlign * kBwdStatAlign;
 }
 
-// Stat rows per head: the last sequence's last tile ends before rows + batch·kBwdBlockM.
+// Stat rows per head: the last sequence's last tile (at most kBwdStatAlign rows) ends before
+// rows + batch·kBwdStatAlign.
 FA4_HD int64_t bwd_stat_rows(int64_t q_rows, int64_t batch) {
-  return (q_rows + batch * kBwdBlockM + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
+  return (q_rows + batch * kBwdStatAlign + kBwdStatAlign - 1) / kBwdStatAlign * kBwdStatAlign;
 }
 
 struct BwdWorkspace {
@@ -69,7 +74,8 @@ struct BwdWorkspace {
       at = round(at + size_t(p.heads_kv) * k_rows * size_t(p.head_dim_v) * f);
     }
     if (p.deterministic) {
-      const size_t m_tiles = size_t((p.seqlen_q + kBwdBlockM - 1) / kBwdBlockM);
+      const int block_m = bwd_block_m(p.head_dim_qk);
+      const size_t m_tiles = size_t((p.seqlen_q + block_m - 1) / block_m);
       const size_t n_tiles = size_t((p.seqlen_k + kBwdBlockN - 1) / kBwdBlockN);
       const size_t i = sizeof(int32_t);
       w.dq_turns = at;
