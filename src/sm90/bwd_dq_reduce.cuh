@@ -1,7 +1,8 @@
 // dQ of one (query tile, key tile) pair added to the fp32 accumulator in the workspace by the TMA
 // unit (cp.reduce.async.bulk.tensor .add), instead of per-thread atomics: each MMA warpgroup
-// stages its half of the head dim in shared memory and one of its threads issues the reduction,
-// which then runs asynchronously. The accumulator is viewed like the inputs (gmem_layout.cuh), so
+// stages its half of the head dim in shared memory and hands it to a writer warp of the producer
+// warpgroup, which issues the reduction (and, in deterministic mode, waits for its turn), so that
+// the MMA warpgroups wait neither on the TMA unit nor on other CTAs. The accumulator is viewed like the inputs (gmem_layout.cuh), so
 // rows past the sequence's end are clipped by the TMA unit.
 #pragma once
 
@@ -63,26 +64,23 @@ struct BwdDqReduce {
     return seq.q_rows(get<0>(p.shape));
   }
 
-  // Called by every thread of both MMA warpgroups, once per query tile m, with the tiled MMA of
-  // dQ. `thread`: among the MMA threads. The staging buffer of a warpgroup is reused only once its
-  // previous reduction has read it. Deterministic mode (`counter` not null): the issuer waits
-  // for the counter to read `turn` before its reduction, and moves it on once the reduction has
-  // landed in global memory.
+  // The staging buffers' handshake: a warpgroup's half is full (its 128 threads arrive, the
+  // writer warp waits) or empty (the writer arrives once its reduction has read the half).
+  static constexpr uint32_t kHandshakeThreads = 128 + 32;
+  CUTE_DEVICE static uint32_t full_barrier(int wg) { return wg == 0 ? kBwdDqFull0 : kBwdDqFull1; }
+  CUTE_DEVICE static uint32_t empty_barrier(int wg) { return wg == 0 ? kBwdDqEmpty0 : kBwdDqEmpty1; }
+
+  // Called by every thread of both MMA warpgroups, once per query tile, with the tiled MMA of
+  // dQ. `thread`: among the MMA threads. Waits until the writer has read the warpgroup's previous
+  // half, stages this one and hands it over without waiting for the reduction.
   template <class TiledMma, class Acc>
-  CUTE_DEVICE static void add(Params const& p, float* smem, TiledMma const& mma, Acc const& dq,
-                              int head, SeqRows rows, int m, int thread,
-                              int32_t* counter = nullptr, int turn = 0) {
-    // What depends on the thread (its four swizzled staging addresses, the issuer's smem address
-    // and column) comes from an index the compiler cannot see through, so that it is computed
-    // here, a few integer ops per tile, instead of hoisted out of the tile loop: held there, these
-    // registers pushed scores out to local memory around dPᵀ in every tile (d128, ptxas).
+  CUTE_DEVICE static void stage(float* smem, TiledMma const& mma, Acc const& dq, int thread) {
+    // The four swizzled staging addresses come from an index the compiler cannot see through, so
+    // that they are computed here, a few integer ops per tile, instead of hoisted out of the tile
+    // loop: held there, these registers pushed scores out to local memory around dPᵀ (d128).
     asm volatile("" : "+r"(thread));
     const int wg = thread / 128;
-    const bool issuer = thread % 128 == 0;
-    const uint32_t barrier = wg == 0 ? kBwdDqStaged0Barrier : kBwdDqStaged1Barrier;
-    if (issuer) tma_store_wait<0>();
-    __syncwarp();  // the barrier is .aligned
-    cutlass::arch::NamedBarrier::sync(128, barrier);
+    cutlass::arch::NamedBarrier::sync(kHandshakeThreads, empty_barrier(wg));
     // The swizzle applied to element offsets from the buffer's base rather than to the pointer:
     // XOR on a pointer's bits hides that it points into shared memory, and the stores become
     // generic ones through 64-bit addresses (two registers each). Pairs of columns are 8-byte
@@ -92,36 +90,58 @@ struct BwdDqReduce {
     copy_aligned(dq, mma.get_thread_slice(thread).partition_C(sDq));
     // st.shared is the generic proxy, the TMA reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(128, barrier);
-    if (issuer) {
-      Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
-      Tensor gDq = local_tile(domain_offset(make_coord(rows.offset, _0{}), mDq),
-                              Shape<BlockM, HalfDim>{}, make_coord(m, wg));
-      Tensor sDqHalf = make_tensor(make_smem_ptr(smem + wg * cosize_v<SmemLayoutHalf>),
-                                   SmemLayoutHalf{});
-      auto [tDgDq, tDsDq] = tma_partition(p.tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sDqHalf),
-                                          group_modes<0, 2>(gDq));
-      if (counter != nullptr) {
-        Turns::wait_one(counter, turn);
-        // The previous turn's reduction (async proxy, ordered by the acquire) before this one.
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-      }
-      copy(p.tma, tDsDq, tDgDq);
-      tma_store_arrive();
-      if (counter != nullptr) {
-        // Done writing, not only reading the staging buffer (no .read), and made visible to the
-        // generic proxy's release.
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        Turns::pass_one(counter);
-      }
-    }
-    __syncwarp();  // the next wgmma is warp-collective
+    cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, full_barrier(wg));
   }
 
-  // Before the CTA's shared memory goes away: the last reductions must have read it.
-  CUTE_DEVICE static void drain(int thread) {
-    if (thread % 128 == 0) tma_store_wait<0>();
+  // The writer warp (one warp of the producer warpgroup): for each query tile m in [begin, end)
+  // and each warpgroup's half, waits for the half, issues its reduce-add and frees the half once
+  // the TMA unit has read it. Deterministic mode (`counter(m, wg)` not null): before its reduction
+  // the writer waits for the counter to read turn(m), and moves it on once the reduction has
+  // landed in global memory; the MMA warpgroups never wait on a turn themselves.
+  template <class Counter, class Turn>
+  CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows, int begin,
+                                int end, Counter const& counter, Turn const& turn) {
+    const bool issuer = cute::elect_one_sync();
+    Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
+    Tensor gDq = local_tile(domain_offset(make_coord(rows.offset, _0{}), mDq),
+                            Shape<BlockM, HalfDim>{}, make_coord(_, _));
+    // Each half's first staging needs no wait; later ones wait for this warp's arrive below.
+    for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg)
+      cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
+    CUTE_NO_UNROLL
+    for (int m = begin; m < end; ++m) {
+      CUTE_UNROLL
+      for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg) {
+        cutlass::arch::NamedBarrier::sync(kHandshakeThreads, full_barrier(wg));
+        if (issuer) {
+          Tensor sDqHalf = make_tensor(make_smem_ptr(smem + wg * cosize_v<SmemLayoutHalf>),
+                                       SmemLayoutHalf{});
+          auto [tDgDq, tDsDq] = tma_partition(p.tma, _0{}, Layout<_1>{},
+                                              group_modes<0, 2>(sDqHalf),
+                                              group_modes<0, 2>(gDq(_, _, m, wg)));
+          int32_t* const turns = counter(m, wg);
+          if (turns != nullptr) {
+            Turns::wait_one(turns, turn(m));
+            // The previous turn's reduction (async proxy, ordered by the acquire) before this one.
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+          }
+          copy(p.tma, tDsDq, tDgDq);
+          tma_store_arrive();
+          if (turns != nullptr) {
+            // Done writing, not only reading the staging buffer (no .read), and made visible to
+            // the generic proxy's release.
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            Turns::pass_one(turns);
+          } else {
+            tma_store_wait<0>();  // the half has been read
+          }
+        }
+        __syncwarp();
+        // No arrive after the last tile: every arrive is matched by a staging.
+        if (m + 1 < end) cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
+      }
+    }
   }
 };
 

@@ -1,12 +1,12 @@
 // The sm90 backward kernel (docs/sm90_backward.md): one CTA per (key tile, query head, batch entry).
-//   warpgroup 0, one thread: TMA loads (bwd_load.cuh)
+//   warpgroup 0: one thread issues the TMA loads (bwd_load.cuh), warp 1 the dQ reduce-adds
 //   warpgroups 1, 2 (MMA, 240 registers): 64 keys each. Per query tile m that sees the keys:
 //     Sᵀ = K Qᵀ                        wgmma
 //     P = exp2(Sᵀ·scale·log2e − LSE·log2e)   from the forward's LSE: no max, no sum
 //     dPᵀ = V dOᵀ, dV += Pᵀ dO         wgmma, Pᵀ from registers
 //     dS = P ∘ (dP − D)                (∘ (1 − tanh²) with softcap)
-//     dS → shared memory; dQ = dS K     (half the head dim per warpgroup), added to the fp32 dQ
-//                                       accumulator by a TMA reduce-add (bwd_dq_reduce.cuh)
+//     dS → shared memory; dQ = dS K     (half the head dim per warpgroup), staged in shared
+//                                       memory for the writer warp (bwd_dq_reduce.cuh)
 //     dK += dSᵀ Q                      wgmma, dSᵀ from registers
 //   then dK ·= scale, and dK, dV written (or added to the GQA accumulators).
 #pragma once
@@ -135,10 +135,14 @@ struct BwdKernel {
     const bool has_work = find_work(p, p.sequences, w);
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-      if (!leader || !has_work || w.queries.empty()) return;
-      Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.queries.begin, w.queries.end,
-                smem.q.data(), smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
-                smem.dpsum.data(), smem.kv_full, pipeline_q, pipeline_do);
+      if (!has_work || w.queries.empty()) return;
+      if (leader) {
+        Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.queries.begin, w.queries.end,
+                  smem.q.data(), smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
+                  smem.dpsum.data(), smem.kv_full, pipeline_q, pipeline_do);
+      } else if (warp == 1) {
+        write_dq(p, smem, w);
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
       if (has_work) mma(p, smem, w, pipeline_q, pipeline_do);
@@ -188,7 +192,6 @@ struct BwdKernel {
 
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
-    const SeqRows dq_rows = BwdDqReduce<Config>::rows(p.dq, w.seq);
 
     // The tile loop, compiled once with softcap and once without: each path then holds only the
     // registers it needs (with softcap, P must be rounded before Sᵀ becomes dS's factor).
@@ -289,12 +292,7 @@ struct BwdKernel {
                            dK);
         warpgroup_wait<1>();  // dV and dQ are done
         pipeline_do.consumer_release(read);  // dPᵀ, dV and D were the stage's readers
-        if constexpr (kDeterministic)
-          BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread,
-                                   Store::dq_counter(p.store, w.batch, w.head, m, thread / 128),
-                                   w.mask.last_tile(m) - w.n_block);
-        else
-          BwdDqReduce<Config>::add(p.dq, smem.dq.data(), mma_q, dQ, w.head, dq_rows, m, thread);
+        BwdDqReduce<Config>::stage(smem.dq.data(), mma_q, dQ, thread);
         warpgroup_wait<0>();  // dK is done: Q's stage is free
         pipeline_q.consumer_release(read);
         ++read;
@@ -314,7 +312,19 @@ struct BwdKernel {
     find_work(p, again, done);
     Store::template store_dkv<kDeterministic>(p.store, done.batch, done.head, done.n_block,
                                               done.seq, done.stored_k, thr_kv, dK, dV);
-    BwdDqReduce<Config>::drain(thread);
+  }
+
+  // The dQ writer warp (bwd_dq_reduce.cuh). Deterministic mode: dQ of a query tile is added from
+  // its last key tile down, this key tile's turn being how many key tiles after it see the tile.
+  CUTE_DEVICE static void write_dq(Params const& p, SharedStorage& smem, Work const& w) {
+    const SeqRows rows = BwdDqReduce<Config>::rows(p.dq, w.seq);
+    auto counter = [&](int m, int wg) -> int32_t* {
+      if constexpr (kDeterministic) return Store::dq_counter(p.store, w.batch, w.head, m, wg);
+      else return nullptr;
+    };
+    auto turn = [&](int m) { return w.mask.last_tile(m) - w.n_block; };
+    BwdDqReduce<Config>::write(p.dq, smem.dq.data(), w.head, rows, w.queries.begin,
+                               w.queries.end, counter, turn);
   }
 };
 

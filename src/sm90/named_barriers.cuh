@@ -14,11 +14,13 @@ enum class ConsumerBarrier : uint32_t {
 };
 
 // The backward kernel's named barriers: dS of both MMA warpgroups is in shared memory; one
-// warpgroup's dQ staging is free / written (bwd_dq_reduce.cuh); in deterministic mode, both
-// warpgroups' turn to add dK / dV (bwd_turns.cuh).
+// warpgroup's dQ staging is written / read by the writer warp (bwd_dq_reduce.cuh); in
+// deterministic mode, both warpgroups' turn to add dK / dV (bwd_turns.cuh).
 constexpr uint32_t kBwdDsReadyBarrier = 0;
-constexpr uint32_t kBwdDqStaged0Barrier = 1;
-constexpr uint32_t kBwdDqStaged1Barrier = 2;
+constexpr uint32_t kBwdDqFull0 = 1;
+constexpr uint32_t kBwdDqFull1 = 2;
 constexpr uint32_t kBwdTurnBoth = 3;
+constexpr uint32_t kBwdDqEmpty0 = 4;
+constexpr uint32_t kBwdDqEmpty1 = 5;
 
 }  // namespace fa4::sm90
