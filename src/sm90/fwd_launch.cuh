@@ -42,15 +42,14 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   const TileScheduler::Params scheduler =
       TileScheduler::make((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads_q, p.batch,
                           /*heavy_last_rows=*/band.right >= 0);
-  // Tiles cost the same when nothing but the sequence end masks keys and every sequence has the
-  // same length: then persistent CTAs lose nothing to a static order.
-  const bool equal_cost_tiles =
-      band.left < 0 && band.right < 0 && !p.is_varlen() && p.seqused_k == nullptr;
+  // Persistent CTAs take tiles in a fixed order (tile_scheduler.cuh): balanced when every
+  // sequence has the same length and only the sequence end or the causal diagonal masks keys.
+  const bool balanced_static_order = band.left < 0 && !p.is_varlen() && p.seqused_k == nullptr;
   int device = 0, sm_count = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-  const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(equal_cost_tiles),
+  const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(balanced_static_order),
                                        sm_count);
 
   const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,

@@ -1,12 +1,14 @@
 // Which (query tile, head, batch) tiles a CTA computes, in a 1-D grid (no 65535 limit on heads or
 // batch). Consecutive tiles share a head so its K and V stay in L2.
 //
-// Each CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... With one CTA per tile that is one
-// tile each and the hardware hands out CTAs as SMs free up, which balances tiles of unequal cost
-// (causal, windows, varlen). With one CTA per SM (persistent) a CTA pays the CTA start-up once and
-// loads the next tile's first K tile during this tile's epilogue (its Q waits for O to leave the
-// shared buffer); tiles of equal cost (no mask, fixed lengths) lose nothing to the static order. With a mask that makes later rows see more keys
-// (causal), the heaviest query tiles come first so the short ones fill the tail.
+// With one CTA per tile each CTA computes one tile and the hardware hands out CTAs as SMs free
+// up, which balances tiles of unequal cost (windows, varlen). With one CTA per SM (persistent) a
+// CTA pays the CTA start-up once and loads the next tile's first K tile during this tile's
+// epilogue (its Q waits for O to leave the shared buffer). Persistent CTAs walk the tiles in a
+// zig-zag: CTA c of G takes c, 2G−1−c, 2G+c, 4G−1−c, ... With a causal mask the heaviest query
+// tiles of each head come first and a CTA's pairs then sum to about the same cost (with G a
+// multiple of the tiles per head, exactly), where a plain stride G would give some CTAs only the
+// heaviest tiles; without a mask the order changes nothing.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +44,7 @@ struct TileScheduler {
 
   // FA4_SM90_SCHEDULE=persistent|per_tile overrides the choice the launcher makes (auto), for
   // measuring one against the other; read once.
-  static bool persistent(bool equal_cost_tiles) {
+  static bool persistent(bool balanced_static_order) {
     static const int forced = [] {
       const char* v = std::getenv("FA4_SM90_SCHEDULE");
       if (v == nullptr) return -1;
@@ -50,11 +52,16 @@ struct TileScheduler {
       if (std::strcmp(v, "per_tile") == 0) return 0;
       return -1;
     }();
-    return forced < 0 ? equal_cost_tiles : forced == 1;
+    return forced < 0 ? balanced_static_order : forced == 1;
   }
 
   CUTE_DEVICE static int first() { return int(blockIdx.x); }
-  CUTE_DEVICE static int next(int tile) { return tile + int(gridDim.x); }
+  // The zig-zag: from the first half of a 2G-tile round to the mirrored tile of its second half,
+  // from there to the next round's first half. With one CTA per tile, past the last tile.
+  CUTE_DEVICE static int next(int tile) {
+    const int c = int(blockIdx.x), g = int(gridDim.x);
+    return tile % (2 * g) < g ? tile + 2 * (g - c) - 1 : tile + 2 * c + 1;
+  }
   CUTE_DEVICE static bool valid(Params const& p, int tile) { return tile < p.tiles; }
 
   CUTE_DEVICE static TileCoord coord(Params const& p, int tile) {

@@ -403,6 +403,35 @@ TEST(Sm90ForwardLong, Seq4224CausalSampledRows) {
   }
 }
 
+// Many more tiles than SMs, fixed lengths: the persistent schedule (one CTA per SM, several tiles
+// each, in the zig-zag order of tile_scheduler.cuh), with and without the causal diagonal. Rows
+// checked: around query-tile boundaries and at random, in every fifth head of each batch entry.
+TEST(Sm90ForwardLong, PersistentManyTilesSampledRows) {
+  for (const Kernel& k : built_kernels()) {
+    for (bool causal : {true, false}) {
+      Case c = base_case(k, {"", 3, 1000, 1200});
+      c.name = kernel_tag(k) + "_persistent_b3_h48_q1000_k1200" + (causal ? "_causal" : "");
+      c.heads_q = 48;
+      c.heads_kv = 8;
+      c.causal = causal;
+      std::mt19937_64 rng = make_rng(c.name + "/rows");
+      std::uniform_int_distribution<int64_t> any_row(0, c.seqlen_q - 1);
+      std::vector<ref::RowSample> sample;
+      for (int64_t b = 0; b < c.batch; ++b) {
+        for (int64_t h = b; h < c.heads_q; h += 5) {
+          std::vector<int64_t> picked = {0, 127, 128, 191, 192, 383, 384, 999};
+          for (int n = 0; n < 3; ++n) picked.push_back(any_row(rng));
+          std::sort(picked.begin(), picked.end());
+          picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+          for (int64_t row : picked) sample.push_back({b, h, row});
+        }
+      }
+      SCOPED_TRACE(c.name);
+      check_forward(c, sample);
+    }
+  }
+}
+
 // Long varlen sequences beside short ones, seqused_k cutting the long ones, causal: the tile
 // schedule walks many query tiles per sequence. Rows checked: each sequence's first and last, those
 // around query-tile boundaries, and random ones.
