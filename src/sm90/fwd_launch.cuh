@@ -42,13 +42,17 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   const TileScheduler::Params scheduler =
       TileScheduler::make((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads_q, p.batch,
                           /*heavy_last_rows=*/band.right >= 0);
-  // Persistent CTAs take tiles in a fixed order (tile_scheduler.cuh): balanced when every
-  // sequence has the same length and only the sequence end or the causal diagonal masks keys.
-  const bool balanced_static_order = band.left < 0 && !p.is_varlen() && p.seqused_k == nullptr;
   int device = 0, sm_count = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  // Persistent CTAs take tiles in a fixed order (tile_scheduler.cuh): balanced when every
+  // sequence has the same length and nothing but the sequence end masks keys, and, with the
+  // causal diagonal, where the zig-zag's share per CTA comes out even.
+  const bool fixed_lengths = !p.is_varlen() && p.seqused_k == nullptr;
+  const bool balanced_static_order =
+      fixed_lengths && band.left < 0 &&
+      (band.right < 0 || TileScheduler::zigzag_balanced(scheduler, sm_count));
   const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(balanced_static_order),
                                        sm_count);
 
