@@ -247,7 +247,9 @@ struct BwdKernel {
             s(i, j) = kSoftcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
           }
         }
-        // The exponentials before the wait for dPᵀ, which they are to overlap.
+        // The exponentials before the wait for dPᵀ, which they are to overlap. This orders them
+        // for the compiler only: ptxas may still place the wait first, and does at d64 (SASS,
+        // bench/NOTES.md backward v5), where nothing issued in between depends on them.
         warpgroup_fence_operand(tSrS);
         if constexpr (Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,

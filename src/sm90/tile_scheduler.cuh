@@ -75,8 +75,7 @@ struct TileScheduler {
     int64_t total = 0, busiest = 0;
     for (int c = 0; c < ctas && c < p.tiles; ++c) {
       int64_t load = 0;
-      for (int t = c; t < p.tiles;
-           t = t % (2 * ctas) < ctas ? t + 2 * (ctas - c) - 1 : t + 2 * c + 1)
+      for (int t = c; t < p.tiles; t = zigzag_next(t, c, ctas))
         load += p.num_m_blocks - t % p.num_m_blocks;
       total += load;
       busiest = load > busiest ? load : busiest;
@@ -85,12 +84,15 @@ struct TileScheduler {
     return last.balanced;
   }
 
-  CUTE_DEVICE static int first() { return int(blockIdx.x); }
-  // The zig-zag: from the first half of a 2G-tile round to the mirrored tile of its second half,
-  // from there to the next round's first half. With one CTA per tile, past the last tile.
-  CUTE_DEVICE static int next(int tile) {
-    const int c = int(blockIdx.x), g = int(gridDim.x);
+  // The zig-zag step of CTA c of g: from the first half of a 2g-tile round to the mirrored tile
+  // of its second half, from there to the next round's first half. With one CTA per tile (g =
+  // tiles), past the last tile.
+  CUTE_HOST_DEVICE static int zigzag_next(int tile, int c, int g) {
     return tile % (2 * g) < g ? tile + 2 * (g - c) - 1 : tile + 2 * c + 1;
+  }
+  CUTE_DEVICE static int first() { return int(blockIdx.x); }
+  CUTE_DEVICE static int next(int tile) {
+    return zigzag_next(tile, int(blockIdx.x), int(gridDim.x));
   }
   CUTE_DEVICE static bool valid(Params const& p, int tile) { return tile < p.tiles; }
 

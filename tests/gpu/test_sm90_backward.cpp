@@ -524,6 +524,18 @@ void run_forward(BackwardRun& run, cudaStream_t stream) {
   ASSERT_CUDA(DeviceRun::device_sync());
 }
 
+// Uploads the inputs, runs the forward and allocates the backward's workspace (not poisoned):
+// what every backward test needs before its first call. Callers check HasFatalFailure().
+void prepare_backward(BackwardRun& run, cudaStream_t stream) {
+  ASSERT_CUDA(run.upload());
+  run_forward(run, stream);
+  if (::testing::Test::HasFatalFailure()) return;
+  size_t bytes = 0;
+  const Status sized = workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward, &bytes);
+  ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
+  ASSERT_CUDA(run.workspace.allocate(bytes));
+}
+
 constexpr int kRuns = 3;
 const char* const kRunNames[kRuns] = {"run 1 of 3 (workspace poisoned)",
                                       "run 2 of 3 (workspace as run 1 left it)",
@@ -539,14 +551,9 @@ void check_backward(const Case& c) {
   const Status can = can_implement(device_problem, Backend::kSm90, Pass::kBackward);
   ASSERT_TRUE(can.ok()) << "a built backward kernel was refused: " << to_string(can.code) << ": "
                         << can.message;
-  ASSERT_CUDA(run.upload());
   Stream stream;
-  run_forward(run, stream.get());
+  prepare_backward(run, stream.get());
   if (::testing::Test::HasFatalFailure()) return;
-  size_t bytes = 0;
-  const Status sized = workspace_size(device_problem, Backend::kSm90, Pass::kBackward, &bytes);
-  ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
-  ASSERT_CUDA(run.workspace.allocate(bytes));
   std::vector<std::vector<unsigned char>> inputs_before;
   ASSERT_CUDA(run.snapshot_inputs(&inputs_before));
 
@@ -628,13 +635,9 @@ TEST(Sm90Backward, DeterministicRunsAreBitwiseEqual) {
     c.deterministic = deterministic;
     SCOPED_TRACE(deterministic ? "deterministic" : "default");
     BackwardRun run(c);
-    ASSERT_CUDA(run.upload());
     Stream stream;
-    run_forward(run, stream.get());
+    prepare_backward(run, stream.get());
     if (::testing::Test::HasFatalFailure()) return;
-    size_t bytes = 0;
-    ASSERT_TRUE(workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward, &bytes).ok());
-    ASSERT_CUDA(run.workspace.allocate(bytes));
     const int runs = deterministic ? 200 : 20;
     std::vector<std::vector<uint64_t>> first_bits;
     std::vector<std::vector<double>> first_values;
@@ -817,13 +820,9 @@ TEST(Sm90Backward, RefusesHostSequenceArrays) {
   Case c = varlen_case(backward_kernels().front(), kShort, Mask::kCausal, kGqa4, false, false);
   c.name = "host_sequence_arrays";
   BackwardRun run(c);
-  ASSERT_CUDA(run.upload());
   Stream stream;
-  run_forward(run, stream.get());
+  prepare_backward(run, stream.get());
   if (::testing::Test::HasFatalFailure()) return;
-  size_t bytes = 0;
-  ASSERT_TRUE(workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward, &bytes).ok());
-  ASSERT_CUDA(run.workspace.allocate(bytes));
   const std::vector<unsigned char> no_q(rows_in_sequences(run.setup->problem, false).size(), 0),
       no_k(rows_in_sequences(run.setup->problem, true).size(), 0);
   for (const std::string array : {"cu_seqlens_q", "cu_seqlens_k"}) {

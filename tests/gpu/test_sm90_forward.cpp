@@ -376,6 +376,18 @@ TEST_P(Sm90Forward, MatchesReference) { check_forward(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Matrix, Sm90Forward, ::testing::ValuesIn(forward_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// Rows of one (sequence, head) for a sampled check: `picked` (those outside [0, len) dropped) and
+// `random` more drawn from rng, each once, in order.
+void sample_rows(std::vector<ref::RowSample>& sample, int64_t batch, int64_t head, int64_t len,
+                 std::vector<int64_t> picked, int random, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int64_t> any_row(0, len - 1);
+  for (int n = 0; n < random; ++n) picked.push_back(any_row(rng));
+  std::sort(picked.begin(), picked.end());
+  picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+  for (int64_t row : picked)
+    if (row >= 0 && row < len) sample.push_back({batch, head, row});
+}
+
 // A long causal sequence (33 query tiles, 33 key tiles): every tile of the band, many rescales with
 // spiky inputs. The reference checks rows at the start, at tile boundaries, at the end, at random.
 TEST(Sm90ForwardLong, Seq4224CausalSampledRows) {
@@ -388,15 +400,10 @@ TEST(Sm90ForwardLong, Seq4224CausalSampledRows) {
       c.causal = causal;
       c.spiky = true;
       std::mt19937_64 rng = make_rng(c.name + "/rows");
-      std::uniform_int_distribution<int64_t> any_row(0, c.seqlen_q - 1);
       std::vector<ref::RowSample> sample;
-      for (int64_t h = 0; h < c.heads_q; h += 3) {
-        std::vector<int64_t> picked = {0, 1, 63, 64, 127, 128, 129, 2111, 2112, 4095, 4096, 4223};
-        for (int n = 0; n < 8; ++n) picked.push_back(any_row(rng));
-        std::sort(picked.begin(), picked.end());
-        picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
-        for (int64_t row : picked) sample.push_back({0, h, row});
-      }
+      for (int64_t h = 0; h < c.heads_q; h += 3)
+        sample_rows(sample, 0, h, c.seqlen_q,
+                    {0, 1, 63, 64, 127, 128, 129, 2111, 2112, 4095, 4096, 4223}, 8, rng);
       SCOPED_TRACE(c.name);
       check_forward(c, sample);
     }
@@ -415,17 +422,10 @@ TEST(Sm90ForwardLong, PersistentManyTilesSampledRows) {
       c.heads_kv = 8;
       c.causal = causal;
       std::mt19937_64 rng = make_rng(c.name + "/rows");
-      std::uniform_int_distribution<int64_t> any_row(0, c.seqlen_q - 1);
       std::vector<ref::RowSample> sample;
-      for (int64_t b = 0; b < c.batch; ++b) {
-        for (int64_t h = b; h < c.heads_q; h += 5) {
-          std::vector<int64_t> picked = {0, 127, 128, 191, 192, 383, 384, 999};
-          for (int n = 0; n < 3; ++n) picked.push_back(any_row(rng));
-          std::sort(picked.begin(), picked.end());
-          picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
-          for (int64_t row : picked) sample.push_back({b, h, row});
-        }
-      }
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t h = b; h < c.heads_q; h += 5)
+          sample_rows(sample, b, h, c.seqlen_q, {0, 127, 128, 191, 192, 383, 384, 999}, 3, rng);
       SCOPED_TRACE(c.name);
       check_forward(c, sample);
     }
@@ -449,15 +449,9 @@ TEST(Sm90ForwardLong, VarlenSequsedCausalSampledRows) {
     for (size_t b = 0; b < c.lens_q.size(); ++b) {
       const int64_t len = c.lens_q[b];
       if (len == 0) continue;
-      std::uniform_int_distribution<int64_t> any_row(0, len - 1);
-      for (int64_t h = int64_t(b) % 3; h < c.heads_q; h += 3) {
-        std::vector<int64_t> picked = {0, 1, 127, 128, 129, 2047, 2048, len - 2, len - 1};
-        for (int n = 0; n < 6; ++n) picked.push_back(any_row(rng));
-        std::sort(picked.begin(), picked.end());
-        picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
-        for (int64_t row : picked)
-          if (row >= 0 && row < len) sample.push_back({int64_t(b), h, row});
-      }
+      for (int64_t h = int64_t(b) % 3; h < c.heads_q; h += 3)
+        sample_rows(sample, int64_t(b), h, len,
+                    {0, 1, 127, 128, 129, 2047, 2048, len - 2, len - 1}, 6, rng);
     }
     SCOPED_TRACE(c.name);
     check_forward(c, sample);
