@@ -17,6 +17,7 @@ set(FA4_SM90_FWD_TABLE
 # that is also here gets its backward built too (src/sm90/bwd_instance.cu.in, sm90_bwd_kernels.inc).
 set(FA4_SM90_BWD_TABLE
   64:bf16 64:fp16
+  96:bf16 96:fp16
   128:bf16 128:fp16
 )
 string(REPLACE ";" " " _fa4_sm90_all "${FA4_SM90_FWD_TABLE}")

@@ -95,7 +95,8 @@ struct BwdConfig {
   static constexpr int kBytesRowStat = kBlockM * int(sizeof(float));
   static constexpr int kBytesKV = 2 * kBlockN * kHeadDim * int(sizeof(Element));
 
-  static_assert(kHeadDim % 64 == 0, "dQ splits the head dim into 32-element halves or wider");
+  static_assert(kHeadDim % 32 == 0,
+                "dQ splits the head dim into halves of whole 16-element (32-byte) swizzle atoms");
   static_assert(kBlockM % 64 == 0, "Sᵀ's N and dQ's M are kBlockM");
   static_assert(kBwdStatAlign % kBlockM == 0, "each sequence's stat rows are padded for a whole tile");
 };

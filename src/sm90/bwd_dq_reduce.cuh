@@ -13,6 +13,7 @@
 #include "sm90/gmem_layout.cuh"
 #include "sm90/named_barriers.cuh"
 #include "sm90/sequence.cuh"
+#include "sm90/smem_atom.cuh"
 
 namespace fa4::sm90 {
 
@@ -22,14 +23,14 @@ template <class Config>
 struct BwdDqReduce {
   using BlockM = typename Config::BlockM;
   using HalfDim = Int<Config::kHeadDim / Config::kMmaWarpgroups>;
-  // Both halves in one tile: with column-major 128-byte atoms (32 floats wide), warpgroup w's
-  // columns are the w-th contiguous half of the buffer, laid out as SmemLayoutHalf.
-  using SmemLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
-                                            Shape<BlockM, typename Config::HeadDim>{}));
-  using SmemLayoutHalf =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BlockM, HalfDim>{}));
-  static_assert(Config::kHeadDim / Config::kMmaWarpgroups % 32 == 0,
-                "each half is a whole number of 32-float swizzle atoms");
+  // Both halves in one tile: atoms tile it column by column, so with atoms that divide a half
+  // (128 bytes = 32 floats wide, or 64 bytes for d96's 48-float halves) warpgroup w's columns are
+  // the w-th contiguous half of the buffer, laid out as SmemLayoutHalf.
+  using Atom = SmemAtom<float, HalfDim::value>;
+  using SmemLayout = decltype(tile_to_shape(Atom{}, Shape<BlockM, typename Config::HeadDim>{}));
+  using SmemLayoutHalf = decltype(tile_to_shape(Atom{}, Shape<BlockM, HalfDim>{}));
+  static_assert(HalfDim::value * sizeof(float) % 64 == 0,
+                "each half is a whole number of 64- or 128-byte swizzle atoms");
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),

@@ -20,6 +20,10 @@
 #ifndef FA4_SM90_RESCALE_THRESHOLD_LOG2
 #define FA4_SM90_RESCALE_THRESHOLD_LOG2 0
 #endif
+// A/B switch (bench/ab_variants.sh): 1 or 0 forces FwdConfig::kRescaleVote; -1 takes the table's.
+#ifndef FA4_SM90_RESCALE_VOTE
+#define FA4_SM90_RESCALE_VOTE -1
+#endif
 
 namespace fa4::sm90 {
 
@@ -31,13 +35,15 @@ using namespace cute;
 // (227 KB) and S, P and O fit in the registers per thread (240 with two consumer warpgroups, 160
 // with three; O takes dv/2, S N/2 and P N/4 registers). kSoftmaxChains: independent max / sum chains
 // per row in the softmax (softmax.cuh); 4 measured +2-6 % at d128, -3-4 % at d64 (bench/NOTES.md,
-// v3); the other head dims keep 1 until measured.
+// v3); the other head dims keep 1 until measured. kRescaleVote: O rescaled only on tiles where a
+// row of the warp has a new max (softmax.cuh), rather than on every tile.
 template <int kHeadDimQK, int kHeadDimV>
 struct FwdTileSize;
 template <>
 struct FwdTileSize<64, 64> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr bool kRescaleVote = false;
   // d64 is bound by the softmax (MUFU): three consumer warpgroups (192 query rows, 160 registers
   // each) keep more of it in flight per SM, as FA3 does.
   static constexpr int kConsumerWarpgroups = 3;
@@ -46,12 +52,14 @@ template <>
 struct FwdTileSize<96, 96> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
 };
 template <>
 struct FwdTileSize<128, 128> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 4;
+  static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
 };
 // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
@@ -59,19 +67,25 @@ template <>
 struct FwdTileSize<192, 192> {
   static constexpr int kBlockN = 96;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
 };
 template <>
 struct FwdTileSize<192, 128> {
   static constexpr int kBlockN = 128;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
 };
 // FA3 uses 80 here; with this kernel's register budget 80 spills 16 bytes (measured), 64 does not.
+// O's rescale is 128 multiplies per thread and tile here, 4x the exponentials: skipping it when no
+// row of the warp has a new max measured +2-8 % (bench/NOTES.md, forward v6; level or worse at
+// d128 and d192).
 template <>
 struct FwdTileSize<256, 256> {
   static constexpr int kBlockN = 64;
   static constexpr int kSoftmaxChains = 1;
+  static constexpr bool kRescaleVote = true;
   static constexpr int kConsumerWarpgroups = 2;
 };
 
@@ -107,6 +121,10 @@ struct FwdConfig {
   static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
   static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;
   static constexpr int kSoftmaxChains = FwdTileSize<kHeadDimQK, kHeadDimV>::kSoftmaxChains;
+  // At threshold 0, O rescaled only when a row of the warp has a new max (softmax.cuh).
+  static constexpr bool kRescaleVote = FA4_SM90_RESCALE_VOTE < 0
+                                           ? FwdTileSize<kHeadDimQK, kHeadDimV>::kRescaleVote
+                                           : FA4_SM90_RESCALE_VOTE != 0;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -175,7 +175,8 @@ struct FwdKernel {
         rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
 
     OnlineSoftmax<decltype(size<0>(score_coords))::value, Config::kExp2PolyNum,
-                  Config::kExp2PolyDen, Config::kRescaleThresholdLog2, Config::kSoftmaxChains>
+                  Config::kExp2PolyDen, Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
+                  Config::kRescaleVote>
         softmax(p.score_scale, p.score_scale * kLog2e);
     typename decltype(softmax)::RowVector rescale;
     using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));

@@ -14,9 +14,11 @@
 // probabilities may reach 2^threshold — harmless for fp32 sums and bf16/fp16 P — and O keeps its
 // scale. The check is per warp: if any row of the warp needs a move, every row of the warp moves to
 // its true max, so that the O rescale is one warp-uniform branch. Threshold 0 is the exact online
-// softmax (the held max is the running max); it rescales O on every tile without a vote, as the
-// vote and the branch it guards cost more than the multiplies they save (5-8 % at d64, measured:
-// bench/NOTES.md, v3). finish() is exact whatever the held max is.
+// softmax (the held max is the running max); by default it rescales O on every tile without a
+// vote, as at d64 the vote and the branch it guards cost more than the multiplies they save (5-8 %,
+// measured: bench/NOTES.md, v3). kVoteExact keeps the vote at threshold 0 — O is rescaled only when
+// a row of the warp has a new max, still exact — for wide O, where the multiplies are many (dv/2
+// per thread and tile). finish() is exact whatever the held max is.
 //
 // Chains: a row's max and sum over a thread's columns are kChains independent chains, combined at
 // the end. One chain is a dependency chain of N/4 FMNMX (and FADD) per row, whose latency the two
@@ -70,7 +72,7 @@ struct Exp2Split {
 };
 
 template <int kRows, int kPolyNum = 0, int kPolyDen = 1, int kRescaleThresholdLog2 = 0,
-          int kChains = 1>
+          int kChains = 1, bool kVoteExact = false>
 struct OnlineSoftmax {
   using RowVector = cute::array<float, kRows>;
   using Split = Exp2Split<kPolyNum, kPolyDen>;
@@ -130,8 +132,8 @@ struct OnlineSoftmax {
 #if FA4_SM90_RESCALE_STATS
     count_tile(new_max);
 #endif
-    constexpr bool kExact = kRescaleThresholdLog2 == 0;
-    if (!kExact && !__any_sync(kFullWarp, must_move)) return false;
+    constexpr bool kAlways = kRescaleThresholdLog2 == 0 && !kVoteExact;  // no vote
+    if (!kAlways && !__any_sync(kFullWarp, must_move)) return false;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       // exp2(−inf) = 0 covers a row that saw no key before; a row that still sees none keeps O = 0.
@@ -139,7 +141,7 @@ struct OnlineSoftmax {
       row_max[i] = new_max[i];
       row_sum[i] *= factor[i];
     }
-    const bool scale_o = kExact || __any_sync(kFullWarp, would_scale_o);
+    const bool scale_o = kAlways || __any_sync(kFullWarp, would_scale_o);
 #if FA4_SM90_RESCALE_STATS
     tally.adaptive_rescales += scale_o ? 1 : 0;
 #endif
