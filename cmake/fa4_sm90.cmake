@@ -13,12 +13,15 @@ set(FA4_SM90_FWD_TABLE
   192x128:bf16 192x128:fp16
   256:bf16 256:fp16
 )
-# The backward instances that exist (head_dim_qk = head_dim_v): every selected FA4_SM90_KERNELS entry
-# that is also here gets its backward built too (src/sm90/bwd_instance.cu.in, sm90_bwd_kernels.inc).
+# The backward instances that exist: every selected FA4_SM90_KERNELS entry that is also here gets
+# its backward built too (src/sm90/bwd_instance.cu.in, sm90_bwd_kernels.inc).
 set(FA4_SM90_BWD_TABLE
   64:bf16 64:fp16
   96:bf16 96:fp16
   128:bf16 128:fp16
+  192:bf16 192:fp16
+  192x128:bf16 192x128:fp16
+  256:bf16 256:fp16
 )
 string(REPLACE ";" " " _fa4_sm90_all "${FA4_SM90_FWD_TABLE}")
 set(FA4_SM90_KERNELS "${FA4_SM90_FWD_TABLE}" CACHE STRING
@@ -75,7 +78,7 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
     list(APPEND FA4_SM90_SOURCES ${_cu})
     list(APPEND FA4_SM90_BWD_KERNELS ${entry})
     string(APPEND _fa4_sm90_bwd_table_lines
-           "FA4_SM90_BWD_KERNEL(${FA4_HDIM_QK}, ${FA4_DTYPE_ENUM})\n")
+           "FA4_SM90_BWD_KERNEL(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
   endif()
 endforeach()
 # Written only when it changes, so a reconfigure does not rebuild the backend.

@@ -108,6 +108,9 @@ run_sanitize() {
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_varlen_*causal*'
   # and the backward's deterministic mode (counter turns, the reduce completed before each pass).
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_q300_k600_gqa4_causal_deterministic'
+  # and the wide backward (P and dS through shared memory): d256 (one-stage rings), 192x128.
+  small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q113_k203_gqa4_causal'
+  small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d192x128_bf16_q300_k600_gqa4_causal_deterministic'
   local tool rc
   for tool in memcheck racecheck synccheck; do
     timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \

@@ -1,6 +1,7 @@
-// Compile-time shape of one backward kernel instance (docs/sm90_backward.md).
+// Compile-time shape of one backward kernel instance (docs/sm90_backward.md): BwdConfig up to
+// head dim 128, BwdWideConfig above; BwdConfigFor picks one.
 //
-// A CTA owns one tile of kBlockN keys of one query head and walks the query tiles of kBlockM rows
+// BwdConfig: a CTA owns one tile of kBlockN keys of one query head and walks the query tiles of kBlockM rows
 // that see them. Each of the two MMA warpgroups owns 64 of the keys and computes, per query tile,
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ               (SS: 64 keys × kBlockM queries, K = head dim)
 //   dV += Pᵀ dO, dK += dSᵀ Q              (RS: Pᵀ and dSᵀ straight from the Sᵀ / dPᵀ registers)
@@ -32,12 +33,14 @@ template <int kHeadDim_, class Element_>
 struct BwdConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   using Accum = float;
+  static constexpr bool kWide = false;  // Sᵀ, P and dS in registers (bwd_kernel.cuh)
 
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDim = kHeadDim_;  // of Q and K
+  static constexpr int kHeadDimV = kHeadDim_;
   static constexpr int kMmaWarpgroups = 2;
   static constexpr int kBlockM = bwd_block_m(kHeadDim_);  // query rows per step
   static constexpr int kBlockN = 64 * kMmaWarpgroups;  // keys per CTA
-  static_assert(kBlockN == kBwdBlockN);
+  static_assert(kBlockN == bwd_block_n(kHeadDim_));
   static constexpr int kStages = 2;  // Q and dO rings
   // dV issued right after the exponentials (to run during dS) rather than after dS: it keeps P
   // (kBlockM/4 registers) alive beside Sᵀ and dPᵀ, which 128-row tiles cannot afford.
@@ -55,6 +58,7 @@ struct BwdConfig {
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
   using HeadDim = Int<kHeadDim>;
+  using HeadDimV = HeadDim;
   using Stages = Int<kStages>;
 
   // Warpgroups stack along the keys for Sᵀ, dPᵀ, dV and dK, and split the head dim for dQ.
@@ -85,12 +89,14 @@ struct BwdConfig {
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlockN>{}, Step<_2, _1>{})));
   using SmemLayoutV = decltype(tile_to_shape(SmemAtom<kHeadDim>{}, Shape<BlockN, HeadDim>{}));
+  using SmemLayoutDo = SmemLayoutQ;
   // dS, (query, key) per stage: the A operand of dQ, written transposed from the dSᵀ registers.
   using SmemLayoutDs = decltype(tile_to_shape(SmemAtom<kBlockN>{}, Shape<BlockM, BlockN, _2>{}));
   using SmemLayoutDst = decltype(composition(
       SmemLayoutDs{}, make_ordered_layout(Shape<BlockN, BlockM, _2>{}, Step<_2, _1, _3>{})));
 
-  static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));  // one stage; = dO
+  static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));  // one stage
+  static constexpr int kBytesDo = kBytesQ;
   // One query tile's LSE·log2e (with Q) or D (with dO), in the same stage.
   static constexpr int kBytesRowStat = kBlockM * int(sizeof(float));
   static constexpr int kBytesKV = 2 * kBlockN * kHeadDim * int(sizeof(Element));
@@ -100,5 +106,101 @@ struct BwdConfig {
   static_assert(kBlockM % 64 == 0, "Sᵀ's N and dQ's M are kBlockM");
   static_assert(kBwdStatAlign % kBlockM == 0, "each sequence's stat rows are padded for a whole tile");
 };
+
+// BwdWideConfig (head dims above 128): dK and dV of 128 keys no longer fit beside the scores, so
+// a CTA owns kBlockN = 64 keys, and each of the two MMA warpgroups 32 of them for the scores and
+// for dK / dV, which are computed transposed (all of the head dim × the warpgroup's keys):
+//   S = Q Kᵀ, dP = dO Vᵀ                   (SS: kBlockM queries × 32 keys)
+//   P, dS → shared memory                  (a warpgroup reads its own keys' P and dS back, and
+//                                           dQ reads every key's dS)
+//   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS             (SS: head dim × 32 keys, K = kBlockM queries)
+//   dQ = dS K                              (SS: kBlockM queries × dim/2, K = kBlockN keys)
+// B operands of a wgmma come from shared memory only, so P and dS cannot feed dVᵀ / dKᵀ from the
+// registers; in exchange no accumulator holds more than the head dim × 32 keys.
+template <int kHeadDimQK_, int kHeadDimV_, class Element_>
+struct BwdWideConfig {
+  using Element = Element_;
+  using Accum = float;
+  static constexpr bool kWide = true;
+
+  static constexpr int kHeadDim = kHeadDimQK_;  // of Q and K
+  static constexpr int kHeadDimV = kHeadDimV_;  // of V, dO (and O)
+  static constexpr int kMmaWarpgroups = 2;
+  static constexpr int kBlockM = bwd_block_m(kHeadDimQK_);
+  static constexpr int kBlockN = bwd_block_n(kHeadDimQK_);
+  static constexpr int kKeysPerWarpgroup = kBlockN / kMmaWarpgroups;
+  // Q and dO rings: two stages need 64 KB more than the 227 KB at head dim 256 (dQ's fp32
+  // staging alone is 64 KB there), so d256 loads each query tile after the last one is done.
+  static constexpr int kStages = kHeadDimQK_ + kHeadDimV_ <= 384 ? 2 : 1;
+  static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
+  static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kMmaRegisters = 240;
+
+  using BlockM = Int<kBlockM>;
+  using BlockN = Int<kBlockN>;
+  using HeadDim = Int<kHeadDim>;
+  using HeadDimV = Int<kHeadDimV>;
+  using Stages = Int<kStages>;
+
+  // Warpgroups side by side along the keys (S, dP, dVᵀ, dKᵀ) and along the head dim (dQ).
+  using NTiling = Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, Accum, Shape<BlockM, Int<kKeysPerWarpgroup>, HeadDim>>(),
+      NTiling{}));
+  using TiledMmaKV = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, Accum, Shape<_64, Int<kKeysPerWarpgroup>, BlockM>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      NTiling{}));
+  using TiledMmaQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, Accum, Shape<BlockM, Int<kHeadDim / kMmaWarpgroups>, BlockN>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      NTiling{}));
+
+  template <int kElements>
+  using SmemAtom = sm90::SmemAtom<Element, kElements>;
+  // Q and dO are read K-major (S, dP) and transposed, MN-major in 64-row slices of the head dim
+  // (dKᵀ, dVᵀ); K K-major (S) and transposed with N = dim / 2 per warpgroup (dQ); V K-major.
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom<kHeadDim>{}, Shape<BlockM, HeadDim, Stages>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<HeadDim, BlockM, Stages>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutDo =
+      decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockM, HeadDimV, Stages>{}));
+  using SmemLayoutDot = decltype(composition(
+      SmemLayoutDo{}, make_ordered_layout(Shape<HeadDimV, BlockM, Stages>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtom<kHeadDim / kMmaWarpgroups>{}, Shape<BlockN, HeadDim>{}));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlockN>{}, Step<_2, _1>{})));
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockN, HeadDimV>{}));
+  // P (one stage: a warpgroup rewrites its keys' columns only after its own dVᵀ has read them)
+  // and dS (two stages, as in BwdConfig), (query, key); read transposed from a warpgroup's first
+  // key, so the swizzle atom spans kKeysPerWarpgroup keys at most.
+  using SmemLayoutP =
+      decltype(tile_to_shape(SmemAtom<kKeysPerWarpgroup>{}, Shape<BlockM, BlockN>{}));
+  using SmemLayoutPt = decltype(composition(
+      SmemLayoutP{}, make_ordered_layout(Shape<BlockN, BlockM>{}, Step<_2, _1>{})));
+  using SmemLayoutDs =
+      decltype(tile_to_shape(SmemAtom<kKeysPerWarpgroup>{}, Shape<BlockM, BlockN, _2>{}));
+  using SmemLayoutDst = decltype(composition(
+      SmemLayoutDs{}, make_ordered_layout(Shape<BlockN, BlockM, _2>{}, Step<_2, _1, _3>{})));
+
+  static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));  // one stage
+  static constexpr int kBytesDo = kBlockM * kHeadDimV * int(sizeof(Element));
+  static constexpr int kBytesRowStat = kBlockM * int(sizeof(float));
+  static constexpr int kBytesKV = kBlockN * (kHeadDim + kHeadDimV) * int(sizeof(Element));
+
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
+                "dKᵀ and dVᵀ are 64-row wgmma atoms along the head dim");
+  static_assert(kHeadDim / kMmaWarpgroups % 16 == 0, "dQ's halves: whole 64-byte float atoms");
+  static_assert(kKeysPerWarpgroup % 16 == 0, "a warpgroup's keys: whole k16 / 32-byte atoms");
+  static_assert(kBwdStatAlign % kBlockM == 0, "each sequence's stat rows are padded for a whole tile");
+};
+
+// The configuration of a (head dim qk, head dim v) backward instance.
+template <int kHeadDimQK, int kHeadDimV, class Element>
+using BwdConfigFor =
+    std::conditional_t<(kHeadDimQK <= 128), BwdConfig<kHeadDimQK, Element>,
+                       BwdWideConfig<kHeadDimQK, kHeadDimV, Element>>;
 
 }  // namespace fa4::sm90

@@ -1,6 +1,7 @@
 // The sm90 backward kernel (docs/sm90_backward.md): one CTA per (key tile, query head, batch entry).
 //   warpgroup 0: one thread issues the TMA loads (bwd_load.cuh), warp 1 the dQ reduce-adds
-//   warpgroups 1, 2 (MMA, 240 registers): 64 keys each. Per query tile m that sees the keys:
+//   warpgroups 1, 2 (MMA, 240 registers): the tile loop below (BwdConfig), or, above head dim 128,
+//   bwd_mma_wide.cuh's (BwdWideConfig). Below: 64 keys each. Per query tile m that sees the keys:
 //     Sᵀ = K Qᵀ                        wgmma
 //     P = exp2(Sᵀ·scale·log2e − LSE·log2e)   from the forward's LSE: no max, no sum
 //     dPᵀ = V dOᵀ, dV += Pᵀ dO         wgmma, Pᵀ from registers
@@ -21,6 +22,7 @@
 #include "sm90/bwd_dq_reduce.cuh"
 #include "sm90/bwd_load.cuh"
 #include "sm90/bwd_mask.cuh"
+#include "sm90/bwd_mma_wide.cuh"
 #include "sm90/bwd_store.cuh"
 #include "sm90/fragment.cuh"
 #include "sm90/named_barriers.cuh"
@@ -51,6 +53,7 @@ struct BwdParams {
 // mode's tile loop carries none of its turn bookkeeping (measured 4-6 % when it did).
 template <class Config, bool kDeterministic>
 struct BwdKernel {
+  using KernelConfig = Config;
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
   using BlockN = typename Config::BlockN;
@@ -64,12 +67,15 @@ struct BwdKernel {
 
   using Params = BwdParams<Config>;
 
+  struct NoP {};
+  using SmemP = std::conditional_t<Config::kWide, BwdWideSmemP<Config>, NoP>;
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
-    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutDo>, 1024> dout;
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutDs>, 1024> ds;
+    SmemP p;  // the wide kernel's P
     // Per stage: the query tile's LSE·log2e (arrives with Q) and D (with dO).
     cute::array_aligned<float, Config::kStages * Config::kBlockM, 128> lse;
     cute::array_aligned<float, Config::kStages * Config::kBlockM, 128> dpsum;
@@ -125,8 +131,9 @@ struct BwdKernel {
                                : Pipeline::ThreadCategory::Consumer;
     pipe.is_leader = leader;
     pipe.num_consumers = Config::kMmaThreads;
-    pipe.transaction_bytes = Config::kBytesQ + Config::kBytesRowStat;  // = dO's + D's
+    pipe.transaction_bytes = Config::kBytesQ + Config::kBytesRowStat;  // Q and LSE
     Pipeline pipeline_q(smem.pipeline_q, pipe, Shape<_1, _1, _1>{});
+    pipe.transaction_bytes = Config::kBytesDo + Config::kBytesRowStat;  // dO and D
     Pipeline pipeline_do(smem.pipeline_do, pipe, Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
     __syncthreads();
@@ -145,8 +152,25 @@ struct BwdKernel {
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
-      if (has_work) mma(p, smem, w, pipeline_q, pipeline_do);
+      if (!has_work) return;
+      if constexpr (Config::kWide)
+        BwdMmaWide<BwdKernel>::run(p, smem, w, pipeline_q, pipeline_do);
+      else
+        mma(p, smem, w, pipeline_q, pipeline_do);
     }
+  }
+
+  // After the tile loop: dK ·= scale, and dK, dV written (or added to the GQA accumulators). The
+  // sequence is read again rather than held through the loop (registers): the empty asm keeps the
+  // compiler from reusing the first reads.
+  template <class ThrMma, class AccK, class AccV>
+  CUTE_DEVICE static void store_dkv(Params const& p, ThrMma const& thr_kv, AccK& dK, AccV& dV) {
+    SequenceParams again = p.sequences;
+    asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
+    Work done;
+    find_work(p, again, done);
+    Store::template store_dkv<kDeterministic>(p.store, done.batch, done.head, done.n_block,
+                                              done.seq, done.stored_k, thr_kv, dK, dV);
   }
 
  private:
@@ -160,15 +184,10 @@ struct BwdKernel {
     auto thr_kv = mma_kv.get_thread_slice(thread);
     auto thr_q = mma_q.get_thread_slice(thread);
 
-    // The wgmma operands' shared-memory descriptors are made where each GEMM is issued, from an
-    // address the compiler cannot see through, so that the k-blocks' descriptors of the five
-    // GEMMs are not hoisted out of the loop into registers dK and dV need (FA3 guards its larger
-    // GEMMs the same way). At d128 it made no difference to the spills when measured: what
+    // The wgmma operands' shared-memory descriptors are made where each GEMM is issued
+    // (opaque_smem_tensor). At d128 it made no difference to the spills when measured: what
     // spilled were the addresses of the dQ atomics this kernel used before its TMA reduce-add.
-    auto smem_tensor = [](auto* data, auto layout) {
-      asm volatile("" : "+l"(data));
-      return make_tensor(make_smem_ptr(data), layout);
-    };
+    auto smem_tensor = [](auto* data, auto layout) { return opaque_smem_tensor(data, layout); };
     using LayoutQ = typename Config::SmemLayoutQ;  // also dO's
     using LayoutQt = typename Config::SmemLayoutQt;
     using LayoutK = typename Config::SmemLayoutK;
@@ -306,14 +325,7 @@ struct BwdKernel {
       else
         tiles(cute::false_type{});
     }
-    // The sequence is read again rather than held through the loop (registers): the empty asm
-    // keeps the compiler from reusing the first reads.
-    SequenceParams again = p.sequences;
-    asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
-    Work done;
-    find_work(p, again, done);
-    Store::template store_dkv<kDeterministic>(p.store, done.batch, done.head, done.n_block,
-                                              done.seq, done.stored_k, thr_kv, dK, dV);
+    store_dkv(p, thr_kv, dK, dV);
   }
 
   // The dQ writer warp (bwd_dq_reduce.cuh). Deterministic mode: dQ of a query tile is added from

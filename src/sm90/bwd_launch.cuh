@@ -24,11 +24,12 @@ inline Status launch_error(const char* what, int head_dim, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-template <int kHeadDim, DType kDType>
+template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
                     void* stream) {
+  constexpr int kHeadDim = kHeadDimQK;  // in messages
   using Element = typename CutlassElement<kDType>::type;
-  using Config = BwdConfig<kHeadDim, Element>;
+  using Config = BwdConfigFor<kHeadDimQK, kHeadDimV, Element>;
   using Kernel = BwdKernel<Config, false>;  // and <Config, true> in deterministic mode
   using Store = BwdStore<Config>;
 

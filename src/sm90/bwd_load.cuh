@@ -24,7 +24,9 @@ struct BwdLoad {
   using BlockM = typename Config::BlockM;
   using BlockN = typename Config::BlockN;
   using HeadDim = typename Config::HeadDim;
-  using SmemLayoutQ = typename Config::SmemLayoutQ;  // also dO's
+  using HeadDimV = typename Config::HeadDimV;
+  using SmemLayoutQ = typename Config::SmemLayoutQ;
+  using SmemLayoutDo = typename Config::SmemLayoutDo;
   using SmemLayoutK = typename Config::SmemLayoutK;
   using SmemLayoutV = typename Config::SmemLayoutV;
 
@@ -36,16 +38,16 @@ struct BwdLoad {
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
       SmemLayout{}, Box{}, _1{}));
   using TmaQ = Tma<decltype(take<0, 2>(SmemLayoutQ{})), Shape<BlockM, HeadDim>>;
+  using TmaDo = Tma<decltype(take<0, 2>(SmemLayoutDo{})), Shape<BlockM, HeadDimV>>;
   using TmaK = Tma<SmemLayoutK, Shape<BlockN, HeadDim>>;
-  using TmaV = Tma<SmemLayoutV, Shape<BlockN, HeadDim>>;
+  using TmaV = Tma<SmemLayoutV, Shape<BlockN, HeadDimV>>;
 
   struct Params {
     TmaQ tma_q;
-    TmaQ tma_do;
+    TmaDo tma_do;
     TmaK tma_k;
     TmaV tma_v;
-    GmemShape shape_q;  // also dO's
-    GmemShape shape_k;  // also V's
+    GmemShape shape_q, shape_do, shape_k, shape_v;
     int head_group;     // query heads per kv head (GQA)
     const float* lse_log2;  // workspace, [heads_q][stat rows] (bwd_workspace.hpp)
     const float* dpsum;
@@ -64,14 +66,16 @@ struct BwdLoad {
                              p.head_dim_qk, p.heads_kv);
     const auto v = gmem_view(static_cast<Element const*>(t.v.data), t.v, key_rows(p), p.head_dim_v,
                              p.heads_kv);
-    const auto q_box = Shape<BlockM, HeadDim>{};
-    const auto k_box = Shape<BlockN, HeadDim>{};
-    return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), take<0, 2>(SmemLayoutQ{}), q_box, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, gmem(dout), take<0, 2>(SmemLayoutQ{}), q_box, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutK{}, k_box, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutV{}, k_box, _1{}),
+    return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), take<0, 2>(SmemLayoutQ{}),
+                          Shape<BlockM, HeadDim>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(dout), take<0, 2>(SmemLayoutDo{}),
+                          Shape<BlockM, HeadDimV>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutK{}, Shape<BlockN, HeadDim>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutV{}, Shape<BlockN, HeadDimV>{}, _1{}),
             q.layout.shape(),
+            dout.layout.shape(),
             k.layout.shape(),
+            v.layout.shape(),
             int(p.heads_q / p.heads_kv),
             lse_log2,
             dpsum,
@@ -101,7 +105,7 @@ struct BwdLoad {
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
 
     Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDim>{});
-    Tensor gV = sequence_tiles(p.tma_v, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDim>{});
+    Tensor gV = sequence_tiles(p.tma_v, p.shape_v, kv_head, k_rows, Shape<BlockN, HeadDimV>{});
     Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(smem_v), SmemLayoutV{});
     auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -113,9 +117,9 @@ struct BwdLoad {
     copy(p.tma_v.with(kv_full), tVgV(_, n_block), tVsV);
 
     Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, head, q_rows, Shape<BlockM, HeadDim>{});
-    Tensor gDo = sequence_tiles(p.tma_do, p.shape_q, head, q_rows, Shape<BlockM, HeadDim>{});
+    Tensor gDo = sequence_tiles(p.tma_do, p.shape_do, head, q_rows, Shape<BlockM, HeadDimV>{});
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});  // (M, D, stage)
-    Tensor sDo = make_tensor(make_smem_ptr(smem_do), SmemLayoutQ{});
+    Tensor sDo = make_tensor(make_smem_ptr(smem_do), SmemLayoutDo{});
     auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                       group_modes<0, 2>(gQ));
     auto [tDgDo, tDsDo] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDo),

@@ -22,8 +22,9 @@ struct BwdStore {
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
   using BlockN = typename Config::BlockN;
-  using HeadDim = typename Config::HeadDim;
-  static constexpr int kDim = Config::kHeadDim;
+  // Values of a thread's accumulator that are adjacent in memory: pairs along the head dim in
+  // dK / dV (BwdConfig), none in the wide kernel's dKᵀ / dVᵀ (pairs along the keys).
+  static constexpr int kRun = Config::kWide ? 1 : 2;
 
   struct Output {  // dK or dV: (batch, seq, head, dim) element strides; varlen: batch unused
     Element* data;
@@ -51,35 +52,52 @@ struct BwdStore {
   }
 
 
-  // Adds consecutive value pairs of an accumulator (two adjacent columns of one row: the wgmma
-  // accumulator's order) to rows[row · kDim + col], for rows below `len` (GQA's dK / dV, once per
-  // CTA). Each address is this thread's first element's plus a compile-time offset; the base goes
-  // through an empty asm so that the compiler computes the addresses here rather than precomputing
-  // one 64-bit pointer per pair (32 registers; they spilled when dQ was added this way per tile).
-  template <class Acc, class Coords>
-  CUTE_DEVICE static void add_pairs(Acc const& acc, Coords const& coords, int len, float* rows) {
-    static_assert(decltype(size(acc))::value % 2 == 0);
+  // (key, dim) of each value of a thread's dK / dV accumulator of head dim kDim.
+  template <int kDim, class ThrMma>
+  CUTE_DEVICE static auto key_dim_coords(ThrMma const& thr) {
+    if constexpr (Config::kWide) {
+      const auto c = thr.partition_C(make_identity_tensor(Shape<Int<kDim>, BlockN>{}));
+      return [c](int k) { return make_coord(get<1>(c(k)), get<0>(c(k))); };
+    } else {
+      const auto c = thr.partition_C(make_identity_tensor(Shape<BlockN, Int<kDim>>{}));
+      return [c](int k) { return c(k); };
+    }
+  }
+
+  // Adds an accumulator's values, kRun adjacent ones at a time, to rows[key · kDim + dim], for
+  // keys below `len` (GQA's dK / dV, once per CTA). Each address is this thread's first element's
+  // plus a compile-time offset; the base goes through an empty asm so that the compiler computes
+  // the addresses here rather than precomputing one 64-bit pointer per pair (32 registers; they
+  // spilled when dQ was added this way per tile).
+  template <int kDim, class Acc, class Coords>
+  CUTE_DEVICE static void add_values(Acc const& acc, Coords const& coords, int len, float* rows) {
+    static_assert(decltype(size(acc))::value % kRun == 0);
     const int row0 = get<0>(coords(0)), col0 = get<1>(coords(0));
     float* base = rows + row0 * kDim + col0;
     asm volatile("" : "+l"(base));
     CUTE_UNROLL
-    for (int k = 0; k < size(acc); k += 2) {
+    for (int k = 0; k < size(acc); k += kRun) {
       const int row = get<0>(coords(k));
       const int offset = (row - row0) * kDim + (get<1>(coords(k)) - col0);
-      if (row < len)
-        atomicAdd(reinterpret_cast<float2*>(base + offset), make_float2(acc(k), acc(k + 1)));
+      if (row < len) {
+        if constexpr (kRun == 2)
+          atomicAdd(reinterpret_cast<float2*>(base + offset), make_float2(acc(k), acc(k + 1)));
+        else
+          atomicAdd(base + offset, acc(k));
+      }
     }
   }
 
   // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0). Rows up to
   // stored_k are written: those past seqused_k (seq.len_k) hold 0, since their keys were masked.
-  template <bool kDeterministic, class ThrMma, class Acc>
+  template <bool kDeterministic, class ThrMma, class AccK, class AccV>
   CUTE_DEVICE static void store_dkv(Params const& p, int batch, int head, int n_block,
-                                    Sequence const& seq, int stored_k, ThrMma const& thr, Acc& dk,
-                                    Acc const& dv) {
+                                    Sequence const& seq, int stored_k, ThrMma const& thr, AccK& dk,
+                                    AccV const& dv) {
     CUTE_UNROLL
     for (int k = 0; k < size(dk); ++k) dk(k) *= p.dk_scale;
-    const auto coords = thr.partition_C(make_identity_tensor(Shape<BlockN, HeadDim>{}));
+    const auto coords_k = key_dim_coords<Config::kHeadDim>(thr);
+    const auto coords_v = key_dim_coords<Config::kHeadDimV>(thr);
     const int len = stored_k - n_block * Config::kBlockN;  // rows of this tile that exist
     const int64_t first_key = int64_t(n_block) * Config::kBlockN;
     if (p.dk_accum != nullptr) {
@@ -95,30 +113,30 @@ struct BwdStore {
         Turns::wait(counter, head - kv_head * p.head_group, leader, Config::kMmaThreads,
                     kBwdTurnBoth);
       }
-      add_pairs(dk, coords, len, p.dk_accum + first * kDim);
-      add_pairs(dv, coords, len, p.dv_accum + first * kDim);
+      add_values<Config::kHeadDim>(dk, coords_k, len, p.dk_accum + first * Config::kHeadDim);
+      add_values<Config::kHeadDimV>(dv, coords_v, len, p.dv_accum + first * Config::kHeadDimV);
       if constexpr (kDeterministic) Turns::pass(counter, leader, Config::kMmaThreads, kBwdTurnBoth);
       return;
     }
-    store_pairs(p.dk, dk, coords, len, seq, head, first_key);
-    store_pairs(p.dv, dv, coords, len, seq, head, first_key);
+    store_values(p.dk, dk, coords_k, len, seq, head, first_key);
+    store_values(p.dv, dv, coords_v, len, seq, head, first_key);
   }
 
  private:
   template <class Acc, class Coords>
-  CUTE_DEVICE static void store_pairs(Output const& o, Acc const& acc, Coords const& coords,
-                                      int len, Sequence const& seq, int head, int64_t first_key) {
+  CUTE_DEVICE static void store_values(Output const& o, Acc const& acc, Coords const& coords,
+                                       int len, Sequence const& seq, int head, int64_t first_key) {
     Element* base = o.data + int64_t(seq.batch) * o.batch_stride +
                     (seq.start_k + first_key) * o.seq_stride + int64_t(head) * o.head_stride;
     CUTE_UNROLL
-    for (int k = 0; k < size(acc); k += 2) {
+    for (int k = 0; k < size(acc); k += kRun) {
       const int row = get<0>(coords(k));
       if (row < len) {
-        cutlass::Array<Element, 2> pair;
-        pair[0] = Element(acc(k));
-        pair[1] = Element(acc(k + 1));
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(base + row * o.seq_stride +
-                                                       get<1>(coords(k))) = pair;
+        cutlass::Array<Element, kRun> run;
+        CUTE_UNROLL
+        for (int i = 0; i < kRun; ++i) run[i] = Element(acc(k + i));
+        *reinterpret_cast<cutlass::Array<Element, kRun>*>(base + row * o.seq_stride +
+                                                          get<1>(coords(k))) = run;
       }
     }
   }

@@ -24,10 +24,12 @@
 
 namespace fa4::sm90 {
 
-// Query rows per step of the backward kernel (BwdConfig): 128 at head dim 64, where Sᵀ and dPᵀ of
-// 128 queries fit in the registers beside dK and dV; 64 above.
-constexpr int bwd_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
-constexpr int kBwdBlockN = 128;  // keys per CTA (BwdConfig)
+// Query rows per step of the backward kernel (bwd_config.cuh): 128 at head dim 64, where Sᵀ and
+// dPᵀ of 128 queries fit in the registers beside dK and dV; 64 above.
+constexpr int bwd_block_m(int head_dim_qk) { return head_dim_qk <= 64 ? 128 : 64; }
+// Keys per CTA: 128 up to head dim 128 (BwdConfig), 64 above (BwdWideConfig), where dK and dV of
+// more keys do not fit in the registers.
+constexpr int bwd_block_n(int head_dim_qk) { return head_dim_qk <= 128 ? 128 : 64; }
 // Each sequence's stat rows start at a multiple of this, which every bwd_block_m divides.
 constexpr int kBwdStatAlign = 128;
 
@@ -76,7 +78,8 @@ struct BwdWorkspace {
     if (p.deterministic) {
       const int block_m = bwd_block_m(p.head_dim_qk);
       const size_t m_tiles = size_t((p.seqlen_q + block_m - 1) / block_m);
-      const size_t n_tiles = size_t((p.seqlen_k + kBwdBlockN - 1) / kBwdBlockN);
+      const int block_n = bwd_block_n(p.head_dim_qk);
+      const size_t n_tiles = size_t((p.seqlen_k + block_n - 1) / block_n);
       const size_t i = sizeof(int32_t);
       w.dq_turns = at;
       at = round(at + size_t(p.batch) * size_t(p.heads_q) * m_tiles * 2 * i);

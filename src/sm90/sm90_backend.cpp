@@ -105,10 +105,10 @@ constexpr ForwardKernel kForwardKernels[] = {
 #endif
     {0, 0, DType::kBF16, nullptr}};
 
-// The FA4_SM90_KERNELS entries that are in the backward table (head dim qk = v).
+// The FA4_SM90_KERNELS entries that are in the backward table.
 constexpr BackwardKernel kBackwardKernels[] = {
 #if defined(FA4_WITH_CUDA)
-#define FA4_SM90_BWD_KERNEL(d, dtype) {d, d, DType::dtype, &sm90::run_backward<d, DType::dtype>},
+#define FA4_SM90_BWD_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_backward<qk, v, DType::dtype>},
 #include "sm90/sm90_bwd_kernels.inc"
 #undef FA4_SM90_BWD_KERNEL
 #endif

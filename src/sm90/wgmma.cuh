@@ -29,4 +29,13 @@ CUTE_DEVICE void wgmma_issue(TiledMma& mma, TensorA const& a, TensorB const& b, 
   if constexpr (kAFromRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
 }
 
+// A shared-memory tensor whose address the compiler cannot see through, for wgmma operands made
+// where each GEMM is issued: otherwise the k-blocks' descriptors of a loop's GEMMs are hoisted out
+// of it into registers the accumulators need (FA3 guards its larger GEMMs the same way).
+template <class T, class Layout>
+CUTE_DEVICE auto opaque_smem_tensor(T* data, Layout layout) {
+  asm volatile("" : "+l"(data));
+  return make_tensor(make_smem_ptr(data), layout);
+}
+
 }  // namespace fa4::sm90

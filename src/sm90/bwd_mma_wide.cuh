@@ -1,0 +1,189 @@
+// The backward's MMA warpgroups above head dim 128 (BwdWideConfig, bwd_config.cuh): the CTA's 64
+// keys split 32 / 32 between the two warpgroups, S and dP computed the forward's way round
+// (queries × keys), P and dS through shared memory, dK and dV accumulated transposed. Per query
+// tile m that sees the keys:
+//   S = Q Kᵀ, dP = dO Vᵀ                 wgmma, dP issued right behind S
+//   P = exp2(S·scale·log2e − LSE·log2e)  from the forward's LSE
+//   dS = P ∘ (dP − D)                    (∘ (1 − tanh²) with softcap)
+//   P, dS → shared memory, then a barrier of both warpgroups (dQ reads every key's dS)
+//   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS           wgmma, the warpgroup's own keys
+//   dQ = dS K                            half the head dim per warpgroup, staged for the writer
+//                                        warp (bwd_dq_reduce.cuh)
+// The rest of the kernel (loads, dQ writer, dK / dV store, deterministic mode) is BwdKernel's.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "sm90/bwd_dq_reduce.cuh"
+#include "sm90/bwd_mask.cuh"
+#include "sm90/fragment.cuh"
+#include "sm90/mask.cuh"
+#include "sm90/named_barriers.cuh"
+#include "sm90/softmax.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+// P's shared memory (the narrow kernel has none).
+template <class Config>
+struct BwdWideSmemP {
+  cute::array_aligned<typename Config::Element, cosize_v<typename Config::SmemLayoutP>, 1024> buf;
+};
+
+template <class Kernel>
+struct BwdMmaWide {
+  using Config = typename Kernel::KernelConfig;
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using BlockN = typename Config::BlockN;
+  using HeadDim = typename Config::HeadDim;
+  using HeadDimV = typename Config::HeadDimV;
+  using Pipeline = typename Kernel::Pipeline;
+  using PipelineState = typename Kernel::PipelineState;
+
+  CUTE_DEVICE static void run(typename Kernel::Params const& p,
+                              typename Kernel::SharedStorage& smem,
+                              typename Kernel::Work const& w, Pipeline& pipeline_q,
+                              Pipeline& pipeline_do) {
+    const int thread = int(threadIdx.x) - 128;  // among the MMA threads
+    typename Config::TiledMmaSdP mma_sdp;
+    typename Config::TiledMmaKV mma_kv;
+    typename Config::TiledMmaQ mma_q;
+    auto thr_sdp = mma_sdp.get_thread_slice(thread);
+    auto thr_kv = mma_kv.get_thread_slice(thread);
+    auto thr_q = mma_q.get_thread_slice(thread);
+    using LayoutQ = typename Config::SmemLayoutQ;
+    using LayoutQt = typename Config::SmemLayoutQt;
+    using LayoutDo = typename Config::SmemLayoutDo;
+    using LayoutDot = typename Config::SmemLayoutDot;
+    using LayoutK = typename Config::SmemLayoutK;
+    using LayoutKt = typename Config::SmemLayoutKt;
+    using LayoutV = typename Config::SmemLayoutV;
+    using LayoutPt = typename Config::SmemLayoutPt;
+    using LayoutDs = typename Config::SmemLayoutDs;
+    using LayoutDst = typename Config::SmemLayoutDst;
+    Tensor sP = make_tensor(make_smem_ptr(smem.p.buf.data()), typename Config::SmemLayoutP{});
+    Tensor sDs = make_tensor(make_smem_ptr(smem.ds.data()), LayoutDs{});
+
+    Tensor dVt = partition_fragment_C(mma_kv, Shape<HeadDimV, BlockN>{});
+    Tensor dKt = partition_fragment_C(mma_kv, Shape<HeadDim, BlockN>{});
+    clear(dVt);
+    clear(dKt);
+    // (query, key) of this thread's S values, as (rows, cols).
+    const auto score_coords =
+        rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
+    using ScoreFrag = decltype(partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{}));
+    const TileMask<Config::kBlockM, Config::kBlockN> mask{w.mask.band};
+    const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
+
+    auto tiles = [&](auto softcap_tag) {
+      constexpr bool kSoftcap = decltype(softcap_tag)::value;
+      cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
+      PipelineState read;  // the Q and dO rings advance together
+      CUTE_NO_UNROLL
+      for (int m = w.queries.begin; m < w.queries.end; ++m) {
+        const int stage = read.index();
+        Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
+        pipeline_q.consumer_wait(read);
+        wgmma_issue<true>(
+            mma_sdp, thr_sdp.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQ{}))(
+                         _, _, _, stage),
+            thr_sdp.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutK{})), tSrS);
+        Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
+        pipeline_do.consumer_wait(read);
+        wgmma_issue<true>(
+            mma_sdp, thr_sdp.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDo{}))(
+                         _, _, _, stage),
+            thr_sdp.partition_fragment_B(opaque_smem_tensor(smem.v.data(), LayoutV{})), tSrDp);
+        auto s = rowcol_view(tSrS);
+        const int valid_rows = w.seq.len_q - m * Config::kBlockM;
+        // Offsets opaque after each wait, so that the stat loads are not hoisted above it.
+        auto stat_row = [stage](float* stats) {
+          int offset = stage * Config::kBlockM;
+          asm volatile("" : "+r"(offset));
+          return stats + offset;
+        };
+
+        warpgroup_wait<1>();  // S is ready (dP may still run)
+        const float* lse_row = stat_row(smem.lse.data());
+        if constexpr (kSoftcap) p.softcap.apply(tSrS);
+        if (m < unmasked.begin || m >= unmasked.end)
+          mask.apply(s, score_coords, mask.row_keys(score_coords, m), w.n_block);
+        Tensor tP = make_tensor<Element>(ScoreFrag{}.layout());
+        auto p_rc = rowcol_view(tP);
+        CUTE_UNROLL
+        for (int i = 0; i < size<0>(s); ++i) {
+          const int row = get<0>(score_coords(i, 0));
+          // Rows past the sequence's end: their LSE slot holds whatever follows; P = 0.
+          const float lse = row < valid_rows ? lse_row[row] : INFINITY;
+          CUTE_UNROLL
+          for (int j = 0; j < size<1>(s); ++j) {
+            const float t = s(i, j);
+            const float prob = exp2_approx(fmaf(t, p.score_scale_log2, -lse));
+            p_rc(i, j) = Element(prob);
+            // With softcap, dS carries d tanh / d(its argument) = 1 − t².
+            s(i, j) = kSoftcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
+          }
+        }
+        warpgroup_fence_operand(tSrS);
+        warpgroup_wait<0>();  // dP is ready
+        const float* dpsum_row = stat_row(smem.dpsum.data());
+        auto dp = rowcol_view(tSrDp);
+        CUTE_UNROLL
+        for (int i = 0; i < size<0>(s); ++i) {
+          const int row = get<0>(score_coords(i, 0));
+          const float dpsum = row < valid_rows ? dpsum_row[row] : 0.0f;
+          CUTE_UNROLL
+          for (int j = 0; j < size<1>(s); ++j) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
+        }
+        Tensor tDs = make_tensor<Element>(ScoreFrag{}.layout());
+        convert_fragment(tSrDp, tDs);
+        // P has one stage: this warpgroup's last dVᵀ, its only reader, finished last step. dS
+        // alternates between two, as in the narrow kernel: a warpgroup writing stage m+1 may be
+        // ahead of the other's dQ reading stage m, never further.
+        copy(tP, thr_sdp.partition_C(sP));
+        copy(tDs, thr_sdp.partition_C(sDs(_, _, m & 1)));
+        cutlass::arch::fence_view_async_shared();  // generic-proxy stores before wgmma reads
+        cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
+
+        wgmma_issue<false>(
+            mma_kv, thr_kv.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDot{}))(
+                        _, _, _, stage),
+            thr_kv.partition_fragment_B(opaque_smem_tensor(smem.p.buf.data(), LayoutPt{})), dVt);
+        wgmma_issue<false>(
+            mma_kv, thr_kv.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQt{}))(
+                        _, _, _, stage),
+            thr_kv.partition_fragment_B(opaque_smem_tensor(smem.ds.data(), LayoutDst{}))(
+                _, _, _, m & 1),
+            dKt);
+        Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
+        wgmma_issue<true>(
+            mma_q, thr_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
+                       _, _, _, m & 1),
+            thr_q.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+        // dVᵀ and dKᵀ are done: Q's and dO's stage is free (with one stage, as at d256, the next
+        // tile's loads start here, while dQ runs).
+        warpgroup_wait<1>();
+        pipeline_do.consumer_release(read);
+        pipeline_q.consumer_release(read);
+        warpgroup_wait<0>();
+        BwdDqReduce<Config>::stage(smem.dq.data(), mma_q, dQ, thread);
+        ++read;
+      }
+    };
+    if (!w.queries.empty()) {
+      if (p.softcap.enabled())
+        tiles(cute::true_type{});
+      else
+        tiles(cute::false_type{});
+    }
+    Kernel::store_dkv(p, thr_kv, dKt, dVt);
+  }
+};
+
+}  // namespace fa4::sm90
