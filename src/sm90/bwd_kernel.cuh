@@ -85,6 +85,7 @@ struct BwdKernel {
     alignas(8) uint64_t kv_full;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 
   // What this CTA works on; false when the key tile is past its sequence's keys or the sequence's
   // entries are invalid (nothing is written then).
