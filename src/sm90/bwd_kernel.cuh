@@ -23,6 +23,7 @@
 #include "sm90/bwd_load.cuh"
 #include "sm90/bwd_mask.cuh"
 #include "sm90/bwd_mma_wide.cuh"
+#include "sm90/bwd_scores.cuh"
 #include "sm90/bwd_store.cuh"
 #include "sm90/fragment.cuh"
 #include "sm90/named_barriers.cuh"
@@ -213,8 +214,8 @@ struct BwdKernel {
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
 
-    // The tile loop, compiled once with softcap and once without: each path then holds only the
-    // registers it needs (with softcap, P must be rounded before Sᵀ becomes dS's factor).
+    // The tile loop, compiled once with softcap and once without (run_by_softcap): with softcap,
+    // P must be rounded before Sᵀ becomes dS's factor.
     auto tiles = [&](auto softcap_tag) {
       constexpr bool kSoftcap = decltype(softcap_tag)::value;
       // P rounded with the exponentials (Config::kDvBeforeDs), or from Sᵀ once dS is known.
@@ -240,16 +241,9 @@ struct BwdKernel {
         auto s = rowcol_view(tSrS);
         const int valid_cols = w.seq.len_q - m * Config::kBlockM;
         // LSE and D are read from shared memory per column where they are used: held in
-        // registers for the whole tile they would push dK and dV out of the register file. Their
-        // offset is made opaque after each wait so that the loads are not hoisted above it.
-        auto stat_row = [stage](float* stats) {
-          int offset = stage * Config::kBlockM;
-          asm volatile("" : "+r"(offset));
-          return stats + offset;
-        };
-
+        // registers for the whole tile they would push dK and dV out of the register file.
         warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
-        const float* lse_row = stat_row(smem.lse.data());
+        const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
           Mask::apply(s, score_coords, row_queries, m);
@@ -260,11 +254,9 @@ struct BwdKernel {
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
-            const float prob = exp2_approx(fmaf(t, p.score_scale_log2, -lse));
+            const float prob = bwd_probability(t, p.score_scale_log2, lse);
             if constexpr (kEarlyP) p_rc(i, j) = Element(prob);
-            // With softcap, dS carries d tanh / d(its argument) = 1 − t² (t = −inf is masked and
-            // its probability 0).
-            s(i, j) = kSoftcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
+            s(i, j) = ds_factor<kSoftcap>(prob, t);
           }
         }
         // The exponentials before the wait for dPᵀ, which they are to overlap. This orders them
@@ -279,7 +271,7 @@ struct BwdKernel {
         auto dp = rowcol_view(tSrDp);
         // dPᵀ is ready (dV may still run: P's registers stay as they are)
         warpgroup_wait<Config::kDvBeforeDs ? 1 : 0>();
-        const float* dpsum_row = stat_row(smem.dpsum.data());
+        const float* dpsum_row = stage_stats<Config::kBlockM>(smem.dpsum.data(), stage);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int col = get<1>(score_coords(0, j));
@@ -320,12 +312,7 @@ struct BwdKernel {
         ++read;
       }
     };
-    if (!w.queries.empty()) {
-      if (p.softcap.enabled())
-        tiles(cute::true_type{});
-      else
-        tiles(cute::false_type{});
-    }
+    if (!w.queries.empty()) run_by_softcap(p.softcap.enabled(), tiles);
     store_dkv(p, thr_kv, dK, dV);
   }
 

@@ -19,6 +19,7 @@
 
 #include "sm90/bwd_dq_reduce.cuh"
 #include "sm90/bwd_mask.cuh"
+#include "sm90/bwd_scores.cuh"
 #include "sm90/fragment.cuh"
 #include "sm90/mask.cuh"
 #include "sm90/named_barriers.cuh"
@@ -102,15 +103,8 @@ struct BwdMmaWide {
             thr_sdp.partition_fragment_B(opaque_smem_tensor(smem.v.data(), LayoutV{})), tSrDp);
         auto s = rowcol_view(tSrS);
         const int valid_rows = w.seq.len_q - m * Config::kBlockM;
-        // Offsets opaque after each wait, so that the stat loads are not hoisted above it.
-        auto stat_row = [stage](float* stats) {
-          int offset = stage * Config::kBlockM;
-          asm volatile("" : "+r"(offset));
-          return stats + offset;
-        };
-
         warpgroup_wait<1>();  // S is ready (dP may still run)
-        const float* lse_row = stat_row(smem.lse.data());
+        const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
           mask.apply(s, score_coords, mask.row_keys(score_coords, m), w.n_block);
@@ -124,15 +118,14 @@ struct BwdMmaWide {
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) {
             const float t = s(i, j);
-            const float prob = exp2_approx(fmaf(t, p.score_scale_log2, -lse));
+            const float prob = bwd_probability(t, p.score_scale_log2, lse);
             p_rc(i, j) = Element(prob);
-            // With softcap, dS carries d tanh / d(its argument) = 1 − t².
-            s(i, j) = kSoftcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
+            s(i, j) = ds_factor<kSoftcap>(prob, t);
           }
         }
         warpgroup_fence_operand(tSrS);
         warpgroup_wait<0>();  // dP is ready
-        const float* dpsum_row = stat_row(smem.dpsum.data());
+        const float* dpsum_row = stage_stats<Config::kBlockM>(smem.dpsum.data(), stage);
         auto dp = rowcol_view(tSrDp);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
@@ -176,12 +169,7 @@ struct BwdMmaWide {
         ++read;
       }
     };
-    if (!w.queries.empty()) {
-      if (p.softcap.enabled())
-        tiles(cute::true_type{});
-      else
-        tiles(cute::false_type{});
-    }
+    if (!w.queries.empty()) run_by_softcap(p.softcap.enabled(), tiles);
     Kernel::store_dkv(p, thr_kv, dKt, dVt);
   }
 };
