@@ -308,10 +308,43 @@ def test_gpu_varlen_forward_matches_reference(check):
     check.lse(lse, want_lse)
 
 
+GPU_BACKWARD_CASES = [
+    # (shape (b, sq, sk, hq, hkv, d, dv), flash_attn kwargs): every head dim of the sm90
+    # backward table, the wide kernel's (d > 128) with GQA and dv != d among them.
+    ((2, 200, 300, 4, 4, 64, 64), {"causal": True}),
+    ((1, 257, 129, 6, 2, 96, 96), {}),
+    ((2, 300, 300, 4, 1, 128, 128), {"window_size": (64, 0), "softcap": 20.0}),
+    ((1, 129, 400, 4, 2, 192, 192), {"causal": True}),
+    ((2, 200, 200, 4, 2, 192, 128), {"causal": True}),
+    ((1, 300, 257, 4, 4, 256, 256), {"softcap": 30.0}),
+]
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", GPU_BACKWARD_CASES)
+def test_gpu_backward_matches_reference(case, dtype, check):
+    shape, kwargs = case
+    q, k, v = make(*shape, dtype, device="cuda")
+    options = dict(causal=kwargs.get("causal", False), window=kwargs.get("window_size", (-1, -1)),
+                   softcap=kwargs.get("softcap", 0.0))
+    _require_forward(q, k, v, **options)
+    reason = ops.support("bwd", q, k, v, **options)
+    if reason is not None:
+        if "has no backward kernel" not in reason:
+            pytest.fail("the sm90 backend refuses a backward it has kernels for: " + reason)
+        pytest.skip("this build's sm90 backend has no backward kernel for the problem: " + reason)
+    out = fa4cpp.flash_attn_func(q, k, v, **kwargs)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want, sizes = reference.attention_backward(dout, q, k, v, magnitudes=True, **options)
+    check.grads(grads, want, sizes, dtype)
+
+
 @pytest.mark.sm90
 def test_gpu_backward_raises_or_falls_back(check):
-    """The sm90 backend has no backward yet: without fallback the gradient raises with the
-    library's reason; with fallback it comes from the reference. Once a backward kernel lands,
+    """Without a backward kernel for a problem the gradient raises with the library's reason;
+    with fallback it comes from the reference. With one (this d128 problem, in a full build)
     the gradients are checked either way."""
     q, k, v = make(2, 128, 128, 4, 2, 128, 128, torch.bfloat16, device="cuda")
     _require_forward(q, k, v, causal=True)
