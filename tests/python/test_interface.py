@@ -239,14 +239,23 @@ def test_packed_variants_equal_unpacked():
 
 # -- GPU (sm90) ------------------------------------------------------------------------------------
 
-def _require_forward(q, k, v, **kwargs):
-    # A problem without a kernel in this build (FA4_SM90_KERNELS) skips; any other refusal (no
-    # CUDA in the library, backend unavailable) is a broken GPU path and fails.
-    reason = ops.support("fwd", q, k, v, **kwargs)
+def _require(pass_, q, k, v, **kwargs):
+    # A problem without a kernel for pass_ ("fwd" / "bwd") in this build (FA4_SM90_KERNELS)
+    # skips; any other refusal (no CUDA in the library, backend unavailable) is a broken GPU path
+    # and fails.
+    name = {"fwd": "forward", "bwd": "backward"}[pass_]
+    reason = ops.support(pass_, q, k, v, **kwargs)
     if reason is not None:
-        if "has no forward kernel" not in reason:
-            pytest.fail("the sm90 backend refuses a problem it has kernels for: " + reason)
-        pytest.skip("this build's sm90 backend has no kernel for the problem: " + reason)
+        if "has no %s kernel" % name not in reason:
+            pytest.fail("the sm90 backend refuses a %s it has kernels for: %s" % (name, reason))
+        pytest.skip("this build's sm90 backend has no %s kernel for the problem: %s"
+                    % (name, reason))
+
+
+def _options(kwargs):
+    """The reference's mask / softcap arguments for flash_attn keyword arguments."""
+    return dict(causal=kwargs.get("causal", False), window=kwargs.get("window_size", (-1, -1)),
+                softcap=kwargs.get("softcap", 0.0))
 
 
 GPU_CASES = [
@@ -266,9 +275,8 @@ GPU_CASES = [
 def test_gpu_forward_matches_reference(case, dtype, check):
     shape, kwargs = case
     q, k, v = make(*shape, dtype, device="cuda")
-    options = dict(causal=kwargs.get("causal", False), window=kwargs.get("window_size", (-1, -1)),
-                   softcap=kwargs.get("softcap", 0.0))
-    _require_forward(q, k, v, **options)
+    options = _options(kwargs)
+    _require("fwd", q, k, v, **options)
     out, lse, _ = fa4cpp.flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
     want, want_lse = reference.attention(q, k, v, **options)
     check.out(out, want, v)
@@ -278,7 +286,7 @@ def test_gpu_forward_matches_reference(case, dtype, check):
 @pytest.mark.sm90
 def test_gpu_forward_on_a_side_stream_and_packed_qkv(check):
     q, k, v = make(2, 256, 256, 8, 8, 128, 128, torch.bfloat16, device="cuda")
-    _require_forward(q, k, v, causal=True)
+    _require("fwd", q, k, v, causal=True)
     qkv = torch.stack([q, k, v], dim=2).detach()
     want = fa4cpp.flash_attn_func(q, k, v, causal=True)
     stream = torch.cuda.Stream()
@@ -299,7 +307,7 @@ def test_gpu_varlen_forward_matches_reference(check):
     seqused_k = torch.tensor([250, 17, 100, 0], dtype=torch.int32, device="cuda")
     varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=257, max_seqlen_k=300,
                   seqused_k=seqused_k)
-    _require_forward(q, k, v, causal=True, **varlen)
+    _require("fwd", q, k, v, causal=True, **varlen)
     out, lse, _ = fa4cpp.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 257, 300, causal=True,
                                                 return_attn_probs=True, seqused_k=seqused_k)
     want, want_lse = reference.varlen_attention(q, k, v, cu_q, cu_k, causal=True,
@@ -326,14 +334,9 @@ GPU_BACKWARD_CASES = [
 def test_gpu_backward_matches_reference(case, dtype, check):
     shape, kwargs = case
     q, k, v = make(*shape, dtype, device="cuda")
-    options = dict(causal=kwargs.get("causal", False), window=kwargs.get("window_size", (-1, -1)),
-                   softcap=kwargs.get("softcap", 0.0))
-    _require_forward(q, k, v, **options)
-    reason = ops.support("bwd", q, k, v, **options)
-    if reason is not None:
-        if "has no backward kernel" not in reason:
-            pytest.fail("the sm90 backend refuses a backward it has kernels for: " + reason)
-        pytest.skip("this build's sm90 backend has no backward kernel for the problem: " + reason)
+    options = _options(kwargs)
+    _require("fwd", q, k, v, **options)
+    _require("bwd", q, k, v, **options)
     out = fa4cpp.flash_attn_func(q, k, v, **kwargs)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -347,7 +350,7 @@ def test_gpu_backward_raises_or_falls_back(check):
     with fallback it comes from the reference. With one (this d128 problem, in a full build)
     the gradients are checked either way."""
     q, k, v = make(2, 128, 128, 4, 2, 128, 128, torch.bfloat16, device="cuda")
-    _require_forward(q, k, v, causal=True)
+    _require("fwd", q, k, v, causal=True)
     out = fa4cpp.flash_attn_func(q, k, v, causal=True)
     dout = torch.randn_like(out)
     reason = ops.support("bwd", q, k, v, causal=True)
