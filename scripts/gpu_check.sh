@@ -158,12 +158,12 @@ run_bench() {
   if [ -n "${OUT:-}" ]; then cp "$out"/fwd_sweep.* "$OUT/" 2>/dev/null; fi
 }
 
-# The backward alone, and forward + backward, beside cuDNN's and torch FA2's (the head dims with a
-# backward kernel).
+# The backward alone, and forward + backward, beside cuDNN's and torch FA2's, at every head dim of the
+# backward table (FA4_BENCH_HDIMS narrows them).
 run_bench_pass() {
   local pass=$1
   PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
-    --pass "$pass" --hdims 64,128 --sha "${FA4_GIT_SHA:-unknown}" --out "$out" \
+    --pass "$pass" --hdims "${FA4_BENCH_HDIMS:-64,96,128,192,256}" --sha "${FA4_GIT_SHA:-unknown}" --out "$out" \
     >"$out/bench_$pass.log" 2>&1
   note "bench_$pass" "rc $? (${pass}_sweep.md; log in bench_$pass.log)"
   [ -f "$out/${pass}_sweep.json" ] && python3 "$root/bench/plot.py" "$out/${pass}_sweep.json" >/dev/null 2>&1
