@@ -4,8 +4,10 @@ on torch's current CUDA stream, CPU tensors on the CPU backend.
 The struct layouts here must match fa4.h (FA4_ABI_VERSION 1); fa4_*_init fills struct_size and the
 defaults. This file imports nothing from the fa4cpp package: bench/sweep.py loads it as a plain
 module (`import c_abi`) so that the sweep needs no package install."""
+import contextlib
 import ctypes
 import dataclasses
+import struct
 from typing import Optional
 
 import torch
@@ -109,51 +111,71 @@ def _ptr(t):
     return t.data_ptr() if t is not None and t.numel() > 0 else None
 
 
+def _strides(t, rank):
+    """t's strides (in elements) padded with leading 0s to `rank`; a last dimension of one element
+    has no meaningful stride: 1. Tuples, not lists: this runs several times per call."""
+    strides = t.stride()
+    if t.shape[-1] == 1:
+        strides = strides[:-1] + (1,)
+    if len(strides) == rank - 1:
+        strides = (0,) + strides
+    return strides
+
+
 def tensor_view(t):
     """A (batch, seq, heads, dim) tensor — (total, heads, dim) in varlen mode — as an fa4_tensor
     (strides in elements). A head dim of one element has no meaningful stride: report 1."""
-    strides = list(t.stride())
-    if t.shape[-1] == 1:
-        strides[-1] = 1
-    if t.dim() == 3:
-        strides = [0] + strides
-    return Tensor(_ptr(t), *strides)
+    return Tensor(_ptr(t), *_strides(t, 4))
 
 
 def lse_view(t):
     """(batch, heads, seq) fp32, or (heads, total) in varlen mode."""
-    strides = list(t.stride())
-    if t.shape[-1] == 1:
-        strides[-1] = 1
-    if t.dim() == 2:
-        strides = [0] + strides
-    return Lse(_ptr(t), *strides)
+    return Lse(_ptr(t), *_strides(t, 3))
+
+
+# The per-call structs get their fa4_tensor / fa4_lse members packed in place, as the data pointer
+# and the int64 strides: building each member as a ctypes Structure and assigning it (a copy)
+# costs about three times as much, and a backward has nine of them.
+_TENSOR_WORDS = struct.Struct("=Q4q")
+_LSE_WORDS = struct.Struct("=Q3q")
+assert _TENSOR_WORDS.size == ctypes.sizeof(Tensor) and _LSE_WORDS.size == ctypes.sizeof(Lse)
+
+
+def _put(s, name, t, words, rank, view):
+    strides = _strides(t, rank)
+    if len(strides) == rank:
+        words.pack_into(s, getattr(type(s), name).offset, _ptr(t) or 0, *strides)
+    else:  # a tensor of another rank: what assigning the ctypes view does (zeros or an error)
+        setattr(s, name, view(_ptr(t), *strides))
+
+
+def _put_tensor(s, name, t):
+    """s.<name> = tensor_view(t), written in place."""
+    _put(s, name, t, _TENSOR_WORDS, 4, Tensor)
+
+
+def _put_lse(s, name, t):
+    """s.<name> = lse_view(t), written in place."""
+    _put(s, name, t, _LSE_WORDS, 3, Lse)
+
+
+_BACKEND_OF_TYPE = {"cuda": BACKEND_SM90, "cpu": BACKEND_CPU}
 
 
 def backend_of(device):
     """The backend the tensors' device selects: cuda -> sm90, cpu -> cpu, anything else None."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return BACKEND_SM90
-    if device.type == "cpu":
-        return BACKEND_CPU
-    return None
+    if not isinstance(device, torch.device):  # a string or an index; t.device needs no parsing
+        device = torch.device(device)
+    return _BACKEND_OF_TYPE.get(device.type)
 
 
-class _DeviceScope:
+_NO_SCOPE = contextlib.nullcontext()  # reusable: CPU calls need no device made current
+
+
+def _device_scope(device):
     """The CUDA device of the tensors made current for the call: the sm90 backend checks the current
     device (availability, memory ownership) and launches on it."""
-
-    def __init__(self, device):
-        self.scope = torch.cuda.device(device) if device.type == "cuda" else None
-
-    def __enter__(self):
-        if self.scope is not None:
-            self.scope.__enter__()
-
-    def __exit__(self, *exc):
-        if self.scope is not None:
-            self.scope.__exit__(*exc)
+    return torch.cuda.device(device) if device.type == "cuda" else _NO_SCOPE
 
 
 # can_implement only needs to know that varlen mode is on (a non-null cu_seqlens pointer); it never
@@ -192,6 +214,18 @@ class Library:
         if lib.fa4_abi_version() != ABI_VERSION:
             raise Fa4Error("libfa4 ABI version %d, this binding speaks %d"
                            % (lib.fa4_abi_version(), ABI_VERSION))
+        # The fa4_*_init functions only write constants (struct_size and the defaults): run each
+        # once and copy its result per call, which is cheaper than a foreign call.
+        self._initialised = {}
+        for cls, init in ((Problem, lib.fa4_problem_init),
+                          (ForwardTensors, lib.fa4_forward_tensors_init),
+                          (BackwardTensors, lib.fa4_backward_tensors_init)):
+            self._initialised[cls] = cls()
+            init(ctypes.byref(self._initialised[cls]))
+
+    def _new(self, cls):
+        """A fresh `cls` (Problem, ForwardTensors or BackwardTensors) as fa4_*_init fills it."""
+        return cls.from_buffer_copy(self._initialised[cls])
 
     def version(self):
         return self.lib.fa4_version().decode()
@@ -209,22 +243,22 @@ class Library:
     def problem(self, q, k, v, params, *, pointers=True):
         """The fa4_problem of q/k/v (shapes and dtype) and params. pointers=False describes the
         problem without touching tensor memory (for can_implement on fake or meta tensors)."""
-        p = Problem()
-        self.lib.fa4_problem_init(ctypes.byref(p))
+        p = self._new(Problem)
+        q_shape, k_shape = q.shape, k.shape
         if params.varlen:
             p.batch = int(params.cu_seqlens_q.shape[0]) - 1
             p.seqlen_q, p.seqlen_k = int(params.max_seqlen_q), int(params.max_seqlen_k)
-            p.total_q, p.total_k = int(q.shape[0]), int(k.shape[0])
+            p.total_q, p.total_k = int(q_shape[0]), int(k_shape[0])
             if pointers:
                 p.cu_seqlens_q = params.cu_seqlens_q.data_ptr()
                 p.cu_seqlens_k = params.cu_seqlens_k.data_ptr()
             else:
                 p.cu_seqlens_q = p.cu_seqlens_k = ctypes.addressof(_VARLEN_MARKER)
         else:
-            p.batch, p.seqlen_q = int(q.shape[0]), int(q.shape[1])
-            p.seqlen_k = int(k.shape[1])
-        p.heads_q, p.heads_kv = int(q.shape[-2]), int(k.shape[-2])
-        p.head_dim_qk, p.head_dim_v = int(q.shape[-1]), int(v.shape[-1])
+            p.batch, p.seqlen_q = int(q_shape[0]), int(q_shape[1])
+            p.seqlen_k = int(k_shape[1])
+        p.heads_q, p.heads_kv = int(q_shape[-2]), int(k_shape[-2])
+        p.head_dim_qk, p.head_dim_v = int(q_shape[-1]), int(v.shape[-1])
         p.dtype = DTYPES[q.dtype]
         p.causal = int(params.causal)
         p.window_left, p.window_right = params.window_left, params.window_right
@@ -240,7 +274,7 @@ class Library:
     def can_implement(self, pass_, q, k, v, params, backend):
         """(status, message) of fa4_can_implement for the problem of q/k/v; shapes only."""
         p = self.problem(q, k, v, params, pointers=False)
-        with _DeviceScope(q.device):
+        with _device_scope(q.device):
             status = self.lib.fa4_can_implement(ctypes.byref(p), backend, pass_)
         return status, ("" if status == SUCCESS else self._message(status))
 
@@ -262,46 +296,49 @@ class Library:
         return torch.cuda.current_stream(device).cuda_stream
 
     def _forward_tensors(self, q, k, v, out, lse):
-        t = ForwardTensors()
-        self.lib.fa4_forward_tensors_init(ctypes.byref(t))
-        t.q, t.k, t.v, t.out = tensor_view(q), tensor_view(k), tensor_view(v), tensor_view(out)
+        t = self._new(ForwardTensors)
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+            _put_tensor(t, name, x)
         if lse is not None:
-            t.lse = lse_view(lse)
+            _put_lse(t, "lse", lse)
         return t
 
     def _backward_tensors(self, dout, q, k, v, out, lse, dq, dk, dv):
-        t = BackwardTensors()
-        self.lib.fa4_backward_tensors_init(ctypes.byref(t))
-        t.q, t.k, t.v = tensor_view(q), tensor_view(k), tensor_view(v)
-        t.out, t.dout, t.lse = tensor_view(out), tensor_view(dout), lse_view(lse)
-        t.dq, t.dk, t.dv = tensor_view(dq), tensor_view(dk), tensor_view(dv)
+        t = self._new(BackwardTensors)
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+            _put_tensor(t, name, x)
+        _put_lse(t, "lse", lse)
+        for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
+            _put_tensor(t, name, x)
         return t
 
     def forward(self, q, k, v, out, lse, params):
         """Runs the forward on the backend of q's device, on torch's current stream; raises
         Fa4Error with the library's message. out and lse are written."""
-        backend = backend_of(q.device)
+        device = q.device  # each .device builds a new torch.device
+        backend = backend_of(device)
         if backend is None:
-            raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % q.device.type)
+            raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % device.type)
         p = self.problem(q, k, v, params)
         t = self._forward_tensors(q, k, v, out, lse)
-        with _DeviceScope(q.device):
-            buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, q.device)
+        with _device_scope(device):
+            buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, device)
             self._check(self.lib.fa4_forward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
-                                             self._stream(q.device), backend))
+                                             self._stream(device), backend))
         del buf  # the caching allocator keeps it valid for work already queued on this stream
 
     def backward(self, dout, q, k, v, out, lse, dq, dk, dv, params):
         """Runs the backward like forward(); dq, dk and dv are written."""
-        backend = backend_of(q.device)
+        device = q.device
+        backend = backend_of(device)
         if backend is None:
-            raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % q.device.type)
+            raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % device.type)
         p = self.problem(q, k, v, params)
         t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
-        with _DeviceScope(q.device):
-            buf, ws, nbytes = self._workspace(p, backend, PASS_BACKWARD, q.device)
+        with _device_scope(device):
+            buf, ws, nbytes = self._workspace(p, backend, PASS_BACKWARD, device)
             self._check(self.lib.fa4_backward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
-                                              self._stream(q.device), backend))
+                                              self._stream(device), backend))
         del buf
 
     # -- bench/sweep.py's entry point ------------------------------------------------------------

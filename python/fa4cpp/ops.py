@@ -22,6 +22,7 @@ Tensors may have any strides (the library takes them); one whose last dimension 
 is copied. CUDA tensors run on the sm90 backend on torch's current stream, CPU tensors on the CPU
 backend. A problem the library refuses raises Fa4Error with its reason, or runs on
 fa4cpp.reference in fallback mode (fa4cpp.modes); verify mode checks results after the call."""
+import ctypes
 import dataclasses
 import math
 from typing import Optional
@@ -55,11 +56,14 @@ def _check_params(params):
         _fail("softmax_scale is %r; it must be finite (0 selects 1/sqrt(head_dim))",
               params.softmax_scale)
     # The library holds the scale in fp32: a value that rounds to 0 there would silently become
-    # the default scale, one that rounds to inf is not finite.
-    scale32 = float(torch.tensor(params.softmax_scale, dtype=torch.float32))
-    if params.softmax_scale != 0 and (scale32 == 0 or not math.isfinite(scale32)):
-        _fail("softmax_scale is %r, which is %r in fp32 (the library's precision); give one "
-              "that fp32 represents as a finite non-zero value", params.softmax_scale, scale32)
+    # the default scale, one that rounds to inf is not finite. c_float rounds as the fa4_problem
+    # field does (a C cast; torch.tensor(x, dtype=float32) gives the same value at ~30x the cost).
+    if params.softmax_scale != 0:
+        scale32 = ctypes.c_float(params.softmax_scale).value
+        if scale32 == 0 or not math.isfinite(scale32):
+            _fail("softmax_scale is %r, which is %r in fp32 (the library's precision); give one "
+                  "that fp32 represents as a finite non-zero value", params.softmax_scale,
+                  scale32)
 
 
 def _check_common(q, k, v, rank, layout):
@@ -70,16 +74,15 @@ def _check_common(q, k, v, rank, layout):
         _fail("q, k and v must have one dtype (got %s, %s, %s)", q.dtype, k.dtype, v.dtype)
     if not q.device == k.device == v.device:
         _fail("q, k and v must be on one device (got %s, %s, %s)", q.device, k.device, v.device)
-    if k.shape[-2] != v.shape[-2] or k.shape[-3] != v.shape[-3]:
-        _fail("k %s and v %s must have the same key rows and heads", tuple(k.shape),
-              tuple(v.shape))
-    if q.shape[-1] != k.shape[-1]:
-        _fail("q and k must have one head dim (got %d and %d)", q.shape[-1], k.shape[-1])
-    if k.shape[-2] < 1 or q.shape[-2] % k.shape[-2] != 0:
-        _fail("q's heads (%d) must be a multiple of k's and v's heads (%d)", q.shape[-2],
-              k.shape[-2])
-    if q.shape[-1] < 1 or v.shape[-1] < 1:
-        _fail("head dims must be >= 1 (q %d, v %d)", q.shape[-1], v.shape[-1])
+    qs, ks, vs = q.shape, k.shape, v.shape  # each .shape builds a new torch.Size
+    if ks[-2] != vs[-2] or ks[-3] != vs[-3]:
+        _fail("k %s and v %s must have the same key rows and heads", tuple(ks), tuple(vs))
+    if qs[-1] != ks[-1]:
+        _fail("q and k must have one head dim (got %d and %d)", qs[-1], ks[-1])
+    if ks[-2] < 1 or qs[-2] % ks[-2] != 0:
+        _fail("q's heads (%d) must be a multiple of k's and v's heads (%d)", qs[-2], ks[-2])
+    if qs[-1] < 1 or vs[-1] < 1:
+        _fail("head dims must be >= 1 (q %d, v %d)", qs[-1], vs[-1])
 
 
 def _check_fixed(q, k, v):
@@ -123,16 +126,16 @@ def _check(q, k, v, params):
 
 
 def _check_grads_inputs(dout, out, lse, q, v, params):
-    out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    lse_shape = ((q.shape[1], q.shape[0]) if params.varlen
-                 else (q.shape[0], q.shape[2], q.shape[1]))
+    qs, dtype, device = q.shape, q.dtype, q.device
+    out_shape = tuple(qs[:-1]) + (v.shape[-1],)
+    lse_shape = (qs[1], qs[0]) if params.varlen else (qs[0], qs[2], qs[1])
     for name, t in (("dout", dout), ("out", out)):
-        if tuple(t.shape) != out_shape or t.dtype != q.dtype or t.device != q.device:
-            _fail("%s must be a %s tensor of shape %s on %s (got %s %s on %s)", name, q.dtype,
-                  out_shape, q.device, t.dtype, tuple(t.shape), t.device)
-    if tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or lse.device != q.device:
+        if tuple(t.shape) != out_shape or t.dtype != dtype or t.device != device:
+            _fail("%s must be a %s tensor of shape %s on %s (got %s %s on %s)", name, dtype,
+                  out_shape, device, t.dtype, tuple(t.shape), t.device)
+    if tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or lse.device != device:
         _fail("lse must be a float32 tensor of shape %s on %s (got %s %s on %s)", lse_shape,
-              q.device, lse.dtype, tuple(lse.shape), lse.device)
+              device, lse.dtype, tuple(lse.shape), lse.device)
 
 
 # -- support --------------------------------------------------------------------------------------
@@ -156,6 +159,11 @@ def support(pass_, q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1),
         _check(q, k, v, params)
     except ValueError as e:
         return str(e)
+    return _checked_support(pass_, q, k, v, params, backend)
+
+
+def _checked_support(pass_, q, k, v, params, backend=None):
+    """support() past its input checks: the tail the ops run, having checked the inputs already."""
     if q.dtype not in c_abi.DTYPES:
         return "dtype %s: the library takes bfloat16, float16 or float32" % q.dtype
     if backend is None:
@@ -170,7 +178,14 @@ def support(pass_, q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1),
     return None if status == c_abi.SUCCESS else message
 
 
+_SUPPORT = support
+
+
 def _support(pass_, q, k, v, params):
+    """support() for the ops, whose callers have run _check(q, k, v, params): unless support() has
+    been replaced, its checks (and the Params it rebuilds) are skipped, having passed already."""
+    if support is _SUPPORT:
+        return _checked_support(pass_, q, k, v, params)
     # Through the module attribute, so that tests (and users) can replace support().
     return support(pass_, q, k, v, softmax_scale=params.softmax_scale, causal=params.causal,
                    window=(params.window_left, params.window_right), softcap=params.softcap,
@@ -217,6 +232,9 @@ def _index_arrays(params):
     """cu_seqlens / seqused_k contiguous (the library reads them as plain int32 arrays)."""
     def fix(t):
         return t if t is None or t.is_contiguous() else t.contiguous()
+    if all(t is None or t.is_contiguous()
+           for t in (params.cu_seqlens_q, params.cu_seqlens_k, params.seqused_k)):
+        return params  # nothing to copy (always so without varlen): dataclasses.replace is slow
     return dataclasses.replace(params, cu_seqlens_q=fix(params.cu_seqlens_q),
                                cu_seqlens_k=fix(params.cu_seqlens_k),
                                seqused_k=fix(params.seqused_k))
@@ -268,7 +286,7 @@ def _forward(q, k, v, params, out_like=None):
         return _reference_forward(q, k, v, params)
     q, k, v = _device_ready((q, k, v))
     out_shape, lse_shape = _out_shapes(q, v, params)
-    out = _like(out_like, torch.Size(out_shape), q.dtype, q.device)
+    out = None if out_like is None else _like(out_like, torch.Size(out_shape), q.dtype, q.device)
     if out is None:
         out = q.new_empty(out_shape)
     lse = q.new_empty(lse_shape, dtype=torch.float32)

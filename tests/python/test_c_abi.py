@@ -1,0 +1,62 @@
+"""c_abi's per-call structs. Their fa4_tensor / fa4_lse members are packed in place (a cheaper path
+than assigning ctypes views); the bytes must be those of the plain ctypes construction: the
+fa4_*_init defaults, then tensor_view() / lse_view() assigned member by member."""
+import ctypes
+
+import pytest
+import torch
+
+from fa4cpp import _library, c_abi
+
+
+def _tensors():
+    x = torch.randn(2, 5, 4, 8)
+    return [
+        x,                                               # contiguous
+        x.transpose(1, 2).contiguous().transpose(1, 2),  # heads outermost
+        x[..., :3],                                      # strided rows
+        torch.randn(3, 7, 2, 1),                         # head dim 1: its stride reads 1
+        torch.randn(2, 0, 4, 8),                         # empty: null data pointer
+        torch.randn(9, 4, 8),                            # varlen (total, heads, dim)
+        torch.randn(5, 1, 1),
+    ]
+
+
+def _lses():
+    return [torch.randn(2, 4, 5), torch.randn(4, 9), torch.randn(1, 1, 1),
+            torch.randn(2, 3, 0), torch.randn(3, 1)]
+
+
+def _plain(cls, init, **members):
+    s = cls()
+    init(ctypes.byref(s))
+    for name, t in members.items():
+        if t is not None:
+            setattr(s, name, (c_abi.lse_view if name == "lse" else c_abi.tensor_view)(t))
+    return bytes(s)
+
+
+@pytest.mark.parametrize("lse_index", range(len(_lses()) + 1))
+def test_packed_structs_equal_ctypes_views(lse_index):
+    lib = _library.library()
+    lse = (_lses() + [None])[lse_index]
+    for t in _tensors():
+        got = lib._forward_tensors(t, t, t, t, lse)
+        want = _plain(c_abi.ForwardTensors, lib.lib.fa4_forward_tensors_init,
+                      q=t, k=t, v=t, out=t, lse=lse)
+        assert bytes(got) == want
+        if lse is None:
+            continue
+        got = lib._backward_tensors(t, t, t, t, t, lse, t, t, t)
+        want = _plain(c_abi.BackwardTensors, lib.lib.fa4_backward_tensors_init,
+                      q=t, k=t, v=t, out=t, dout=t, lse=lse, dq=t, dk=t, dv=t)
+        assert bytes(got) == want
+
+
+def test_other_ranks_behave_as_ctypes_views():
+    lib = _library.library()
+    x = torch.randn(3, 4)  # too few strides: the view's missing fields stay 0, as before
+    assert bytes(lib._forward_tensors(x, x, x, x, None)) == _plain(
+        c_abi.ForwardTensors, lib.lib.fa4_forward_tensors_init, q=x, k=x, v=x, out=x)
+    with pytest.raises(TypeError):  # too many: ctypes' own error
+        lib._forward_tensors(*[torch.randn(1, 2, 3, 4, 5)] * 4, None)
