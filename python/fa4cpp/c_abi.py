@@ -145,18 +145,18 @@ def _put(s, name, t, words, rank, view):
     strides = _strides(t, rank)
     if len(strides) == rank:
         words.pack_into(s, getattr(type(s), name).offset, _ptr(t) or 0, *strides)
-    else:  # a tensor of another rank: what assigning the ctypes view does (zeros or an error)
-        setattr(s, name, view(_ptr(t), *strides))
+    else:  # a tensor of another rank: assign the ctypes view (zeros or an error, as before)
+        setattr(s, name, view(t))
 
 
 def _put_tensor(s, name, t):
     """s.<name> = tensor_view(t), written in place."""
-    _put(s, name, t, _TENSOR_WORDS, 4, Tensor)
+    _put(s, name, t, _TENSOR_WORDS, 4, tensor_view)
 
 
 def _put_lse(s, name, t):
     """s.<name> = lse_view(t), written in place."""
-    _put(s, name, t, _LSE_WORDS, 3, Lse)
+    _put(s, name, t, _LSE_WORDS, 3, lse_view)
 
 
 _BACKEND_OF_TYPE = {"cuda": BACKEND_SM90, "cpu": BACKEND_CPU}

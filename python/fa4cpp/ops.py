@@ -286,7 +286,7 @@ def _forward(q, k, v, params, out_like=None):
         return _reference_forward(q, k, v, params)
     q, k, v = _device_ready((q, k, v))
     out_shape, lse_shape = _out_shapes(q, v, params)
-    out = None if out_like is None else _like(out_like, torch.Size(out_shape), q.dtype, q.device)
+    out = _like(out_like, torch.Size(out_shape), q.dtype, q.device)
     if out is None:
         out = q.new_empty(out_shape)
     lse = q.new_empty(lse_shape, dtype=torch.float32)
