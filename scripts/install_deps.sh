@@ -5,7 +5,7 @@
 # this script installs them with apt-get when they are missing and it runs as root.
 # FA4_PYTHON_DEPS=1 (opt in): also the Python package's test environment, a venv in .venv/
 # (git-ignored) with the pinned torch, pytest and scikit-build-core; scripts/test.sh runs
-# tests/python with it when it exists. torch comes from PyPI with its CUDA libraries: about 3 GB
+# tests/python with it when it exists. torch comes from PyPI with its CUDA libraries: about 5 GB
 # and two minutes on a fresh machine.
 set -euo pipefail
 
@@ -22,7 +22,7 @@ if [ ! -f "$dest/.complete" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   python3 -m pip download --quiet --no-deps --only-binary=:all: \
-    "nvidia-cutlass==$CUTLASS_VERSION" -d "$tmp"
+    --no-cache-dir "nvidia-cutlass==$CUTLASS_VERSION" -d "$tmp"
   echo "$CUTLASS_SHA256  $tmp/$CUTLASS_WHEEL" | sha256sum --check --quiet
   rm -rf "$dest"
   mkdir -p "$dest"
@@ -60,6 +60,7 @@ echo "install_deps: CUTLASS $CUTLASS_VERSION headers in third_party/cutlass"
 if [ "${FA4_PYTHON_DEPS:-0}" = 1 ]; then
   venv=$root/.venv
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet "${PYTHON_TEST_DEPS[@]}"
+  # No pip cache: the wheels (~3 GB) would stay on disk beside the installed venv.
+  "$venv/bin/python" -m pip install --quiet --no-cache-dir "${PYTHON_TEST_DEPS[@]}"
   echo "install_deps: ${PYTHON_TEST_DEPS[*]} in .venv"
 fi
