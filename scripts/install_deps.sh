@@ -60,7 +60,7 @@ echo "install_deps: CUTLASS $CUTLASS_VERSION headers in third_party/cutlass"
 if [ "${FA4_PYTHON_DEPS:-0}" = 1 ]; then
   venv=$root/.venv
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  # No pip cache: the wheels (~3 GB) would stay on disk beside the installed venv.
+  # No pip cache: the downloaded wheels would stay on disk beside the installed venv.
   "$venv/bin/python" -m pip install --quiet --no-cache-dir "${PYTHON_TEST_DEPS[@]}"
   echo "install_deps: ${PYTHON_TEST_DEPS[*]} in .venv"
 fi
