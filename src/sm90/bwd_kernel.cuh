@@ -185,6 +185,9 @@ struct BwdKernel {
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
     auto thr_kv = mma_kv.get_thread_slice(thread);
     auto thr_q = mma_q.get_thread_slice(thread);
+    auto wg_sdp = warpgroup_operand_slice(mma_sdp, 1);
+    auto wg_kv = warpgroup_operand_slice(mma_kv, 1);
+    auto wg_q = warpgroup_operand_slice(mma_q, 1);
 
     // The wgmma operands' shared-memory descriptors are made where each GEMM is issued
     // (opaque_smem_tensor). At d128 it made no difference to the spills when measured: what
@@ -227,15 +230,15 @@ struct BwdKernel {
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_q.consumer_wait(read);
-        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
-                          thr_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
+        wgmma_issue<true>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
+                          wg_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
                               _, _, _, stage),
                           tSrS);
         // dPᵀ right behind Sᵀ, as FA3 does: it runs during the exponentials.
         Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_do.consumer_wait(read);
-        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
-                          thr_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
+        wgmma_issue<true>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
+                          wg_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
                               _, _, _, stage),
                           tSrDp);
         auto s = rowcol_view(tSrS);
@@ -265,7 +268,7 @@ struct BwdKernel {
         warpgroup_fence_operand(tSrS);
         if constexpr (Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,
-                             thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
+                             wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
                                  _, _, _, stage),
                              dV);
         auto dp = rowcol_view(tSrDp);
@@ -298,7 +301,7 @@ struct BwdKernel {
         }
         if constexpr (!Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,
-                             thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
+                             wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
                                  _, _, _, stage),
                              dV);
 
@@ -307,11 +310,11 @@ struct BwdKernel {
 
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
         wgmma_issue<true>(mma_q,
-                          thr_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
+                          wg_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
                               _, _, _, m & 1),
-                          thr_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+                          wg_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
         wgmma_issue<false>(mma_kv, tKVrDs,
-                           thr_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
+                           wg_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
                                _, _, _, stage),
                            dK);
         warpgroup_wait<1>();  // dV and dQ are done

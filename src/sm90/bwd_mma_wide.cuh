@@ -58,6 +58,9 @@ struct BwdMmaWide {
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
     auto thr_kv = mma_kv.get_thread_slice(thread);
     auto thr_q = mma_q.get_thread_slice(thread);
+    auto wg_sdp = warpgroup_operand_slice(mma_sdp, 1);
+    auto wg_kv = warpgroup_operand_slice(mma_kv, 1);
+    auto wg_q = warpgroup_operand_slice(mma_q, 1);
     using LayoutQ = typename Config::SmemLayoutQ;
     using LayoutQt = typename Config::SmemLayoutQt;
     using LayoutDo = typename Config::SmemLayoutDo;
@@ -92,15 +95,15 @@ struct BwdMmaWide {
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
         pipeline_q.consumer_wait(read);
         wgmma_issue<true>(
-            mma_sdp, thr_sdp.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQ{}))(
+            mma_sdp, wg_sdp.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQ{}))(
                          _, _, _, stage),
-            thr_sdp.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutK{})), tSrS);
+            wg_sdp.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutK{})), tSrS);
         Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
         pipeline_do.consumer_wait(read);
         wgmma_issue<true>(
-            mma_sdp, thr_sdp.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDo{}))(
+            mma_sdp, wg_sdp.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDo{}))(
                          _, _, _, stage),
-            thr_sdp.partition_fragment_B(opaque_smem_tensor(smem.v.data(), LayoutV{})), tSrDp);
+            wg_sdp.partition_fragment_B(opaque_smem_tensor(smem.v.data(), LayoutV{})), tSrDp);
         auto s = rowcol_view(tSrS);
         const int valid_rows = w.seq.len_q - m * Config::kBlockM;
         warpgroup_wait<1>();  // S is ready (dP may still run)
@@ -145,20 +148,20 @@ struct BwdMmaWide {
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
 
         wgmma_issue<false>(
-            mma_kv, thr_kv.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDot{}))(
+            mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDot{}))(
                         _, _, _, stage),
-            thr_kv.partition_fragment_B(opaque_smem_tensor(smem.p.buf.data(), LayoutPt{})), dVt);
+            wg_kv.partition_fragment_B(opaque_smem_tensor(smem.p.buf.data(), LayoutPt{})), dVt);
         wgmma_issue<false>(
-            mma_kv, thr_kv.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQt{}))(
+            mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQt{}))(
                         _, _, _, stage),
-            thr_kv.partition_fragment_B(opaque_smem_tensor(smem.ds.data(), LayoutDst{}))(
+            wg_kv.partition_fragment_B(opaque_smem_tensor(smem.ds.data(), LayoutDst{}))(
                 _, _, _, m & 1),
             dKt);
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
         wgmma_issue<true>(
-            mma_q, thr_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
+            mma_q, wg_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
                        _, _, _, m & 1),
-            thr_q.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+            wg_q.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutKt{})), dQ);
         // dVᵀ and dKᵀ are done: Q's and dO's stage is free (with one stage, as at d256, the next
         // tile's loads start here, while dQ runs).
         warpgroup_wait<1>();

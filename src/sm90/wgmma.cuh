@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
 
 namespace fa4::sm90 {
 
@@ -36,6 +37,17 @@ template <class T, class Layout>
 CUTE_DEVICE auto opaque_smem_tensor(T* data, Layout layout) {
   asm volatile("" : "+l"(data));
   return make_tensor(make_smem_ptr(data), layout);
+}
+
+// The slice of a tiled wgmma that partitions a warpgroup's shared-memory operands. Their
+// descriptors depend only on the warpgroup; built from a warp-uniform index (canonical_warp_group_idx
+// broadcasts lane 0's) they live in uniform registers, while a slice taken from threadIdx puts
+// them in ordinary ones and costs moves into uniform registers before every wgmma (SASS: R2UR,
+// UMOV, IMAD.MOV). Accumulators and register operands keep the per-thread slice.
+template <class TiledMma>
+CUTE_DEVICE auto warpgroup_operand_slice(TiledMma const& mma, int first_mma_warpgroup) {
+  const int wg = cutlass::canonical_warp_group_idx() - first_mma_warpgroup;
+  return mma.get_slice(wg * cutlass::NumThreadsPerWarpGroup);
 }
 
 }  // namespace fa4::sm90
