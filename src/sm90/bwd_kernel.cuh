@@ -242,7 +242,6 @@ struct BwdKernel {
                               _, _, _, stage),
                           tSrDp);
         auto s = rowcol_view(tSrS);
-        const int valid_cols = w.seq.len_q - m * Config::kBlockM;
         // LSE and D are read from shared memory per column where they are used: held in
         // registers for the whole tile they would push dK and dV out of the register file.
         warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
@@ -250,10 +249,12 @@ struct BwdKernel {
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
           Mask::apply(s, score_coords, row_queries, m);
+        static_assert(decltype(size<1>(s))::value % 2 == 0);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          const int col = get<1>(score_coords(0, j));
-          const float lse = col < valid_cols ? lse_row[col] : INFINITY;
+          // Columns come in pairs (stat_pair); the compiler folds the second load into the first.
+          const float2 pair = stat_pair(lse_row, get<1>(score_coords(0, j & ~1)));
+          const float lse = j % 2 == 0 ? pair.x : pair.y;
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
@@ -277,8 +278,8 @@ struct BwdKernel {
         const float* dpsum_row = stage_stats<Config::kBlockM>(smem.dpsum.data(), stage);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          const int col = get<1>(score_coords(0, j));
-          const float dpsum = col < valid_cols ? dpsum_row[col] : 0.0f;
+          const float2 pair = stat_pair(dpsum_row, get<1>(score_coords(0, j & ~1)));
+          const float dpsum = j % 2 == 0 ? pair.x : pair.y;
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }

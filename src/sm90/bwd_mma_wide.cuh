@@ -105,7 +105,6 @@ struct BwdMmaWide {
                          _, _, _, stage),
             wg_sdp.partition_fragment_B(opaque_smem_tensor(smem.v.data(), LayoutV{})), tSrDp);
         auto s = rowcol_view(tSrS);
-        const int valid_rows = w.seq.len_q - m * Config::kBlockM;
         warpgroup_wait<1>();  // S is ready (dP may still run)
         const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
@@ -115,9 +114,8 @@ struct BwdMmaWide {
         auto p_rc = rowcol_view(tP);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
-          const int row = get<0>(score_coords(i, 0));
-          // Rows past the sequence's end: their LSE slot holds whatever follows; P = 0.
-          const float lse = row < valid_rows ? lse_row[row] : INFINITY;
+          // No bounds check: rows past the sequence's end read the workspace's pad, LSE +inf.
+          const float lse = lse_row[get<0>(score_coords(i, 0))];
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) {
             const float t = s(i, j);
@@ -132,8 +130,7 @@ struct BwdMmaWide {
         auto dp = rowcol_view(tSrDp);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
-          const int row = get<0>(score_coords(i, 0));
-          const float dpsum = row < valid_rows ? dpsum_row[row] : 0.0f;
+          const float dpsum = dpsum_row[get<0>(score_coords(i, 0))];
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }
