@@ -288,18 +288,9 @@ struct BwdKernel {
         // dS of both warpgroups into shared memory for dQ. Its two stages alternate: a warpgroup
         // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,
         // since each waits for its own dQ before the next step's barrier.
-        {
-          // stmatrix.trans: eight dS values per instruction, into the (query, key) tile from the
-          // (key, query) registers. Its addresses are computed here from an index the compiler
-          // cannot see through, rather than hoisted out of the loop into registers.
-          int t = thread;
-          asm volatile("" : "+r"(t));
-          using StoreDs = decltype(make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{},
-                                                     typename Config::TiledMmaSdP{}));
-          auto store_ds = StoreDs{}.get_thread_slice(t);
-          copy(StoreDs{}, store_ds.retile_S(make_tensor(tKVrDs.data(), ScoreFrag{}.layout())),
-               store_ds.partition_D(sDst(_, _, m & 1)));
-        }
+        // stmatrix.trans: the (query, key) tile from the (key, query) registers.
+        store_accumulator<SM90_U16x8_STSM_T, typename Config::TiledMmaSdP>(
+            thread, make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, m & 1));
         if constexpr (!Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,
                              wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(

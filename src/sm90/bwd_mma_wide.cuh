@@ -139,8 +139,9 @@ struct BwdMmaWide {
         // P has one stage: this warpgroup's last dVᵀ, its only reader, finished last step. dS
         // alternates between two, as in the narrow kernel: a warpgroup writing stage m+1 may be
         // ahead of the other's dQ reading stage m, never further.
-        copy(tP, thr_sdp.partition_C(sP));
-        copy(tDs, thr_sdp.partition_C(sDs(_, _, m & 1)));
+        store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tP, sP);
+        store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tDs,
+                                                                            sDs(_, _, m & 1));
         cutlass::arch::fence_view_async_shared();  // generic-proxy stores before wgmma reads
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
 

@@ -50,4 +50,18 @@ CUTE_DEVICE auto warpgroup_operand_slice(TiledMma const& mma, int first_mma_warp
   return mma.get_slice(wg * cutlass::NumThreadsPerWarpGroup);
 }
 
+// A 16-bit accumulator-shaped fragment of `TiledMma` into shared memory by stmatrix, eight values
+// per instruction (StoreOp SM90_U32x4_STSM_N for the tile as computed, SM90_U16x8_STSM_T for it
+// transposed). Stores through a swizzled pointer would be generic ones, one or two values each.
+// The addresses are computed at the call from a thread index the compiler cannot see through:
+// hoisted out of a tile loop, they would hold registers the loop needs.
+template <class StoreOp, class TiledMma, class Frag, class SmemTensor>
+CUTE_DEVICE void store_accumulator(int thread, Frag const& frag, SmemTensor&& dst) {
+  asm volatile("" : "+r"(thread));
+  using Store = decltype(make_tiled_copy_C(
+      Copy_Atom<StoreOp, typename std::decay_t<Frag>::value_type>{}, TiledMma{}));
+  auto slice = Store{}.get_thread_slice(thread);
+  copy(Store{}, slice.retile_S(frag), slice.partition_D(dst));
+}
+
 }  // namespace fa4::sm90
