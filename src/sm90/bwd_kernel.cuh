@@ -200,6 +200,10 @@ struct BwdKernel {
     using LayoutV = typename Config::SmemLayoutV;
     using LayoutDs = typename Config::SmemLayoutDs;
     Tensor sDst = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutDst{});
+    constexpr int kDsStageElements = Config::kBlockM * Config::kBlockN;
+    static_assert(typename Config::SmemLayoutDst{}(0, 0, 1) == kDsStageElements);
+    const AccumulatorStore<SM90_U16x8_STSM_T, typename Config::TiledMmaSdP, Element> store_ds(
+        thread, sDst(_, _, 0));
 
     Tensor dV = partition_fragment_C(mma_kv, Shape<BlockN, HeadDim>{});
     Tensor dK = partition_fragment_C(mma_kv, Shape<BlockN, HeadDim>{});
@@ -289,8 +293,8 @@ struct BwdKernel {
         // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,
         // since each waits for its own dQ before the next step's barrier.
         // stmatrix.trans: the (query, key) tile from the (key, query) registers.
-        store_accumulator<SM90_U16x8_STSM_T, typename Config::TiledMmaSdP>(
-            thread, make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, m & 1));
+        store_ds(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, 0),
+                 (m & 1) * kDsStageElements);
         if constexpr (!Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,
                              wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
