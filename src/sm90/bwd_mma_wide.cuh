@@ -57,7 +57,6 @@ struct BwdMmaWide {
     typename Config::TiledMmaQ mma_q;
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
     auto thr_kv = mma_kv.get_thread_slice(thread);
-    auto thr_q = mma_q.get_thread_slice(thread);
     auto wg_sdp = warpgroup_operand_slice(mma_sdp, 1);
     auto wg_kv = warpgroup_operand_slice(mma_kv, 1);
     auto wg_q = warpgroup_operand_slice(mma_q, 1);

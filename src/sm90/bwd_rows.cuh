@@ -4,7 +4,7 @@
 //   finish_q: dQ = scale · accumulator, rounded to the output dtype
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
-// every sequence are never touched.
+// every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.
 #pragma once
 
 #include <cmath>

@@ -36,12 +36,11 @@ constexpr int bwd_block_n(int head_dim_qk) { return head_dim_qk <= 128 ? 128 : 6
 constexpr int kBwdStatAlign = 128;
 
 // The stat row of row 0 of sequence b, whose rows start at packed query row `start` (b·seqlen_q,
-// or cu_seqlens_q[b]): a multiple of kBwdStatAlign = A, with 2A more per sequence, so that
-// sequence b − 1 (length len = start_b − start_{b−1}) and its pad end before it:
-// stat_row(b − 1) + padded(len) ≤ start_{b−1} + 2A(b − 1) + len + A − 1 < start_b + 2Ab − A
-// < stat_row(b).
+// or cu_seqlens_q[b]): a multiple of A = kBwdStatAlign, with A more per sequence. Sequence b − 1
+// (length len = start_b − start_{b−1}) and its pad end no later: since
+// ⌊x/A⌋ + ⌈y/A⌉ ≤ ⌊(x + y)/A⌋ + 1, stat_row(b − 1) + padded(len) ≤ (⌊start_b/A⌋ + b)·A.
 FA4_HD int64_t bwd_stat_row(int64_t start, int64_t b) {
-  return (start + b * 2 * kBwdStatAlign) / kBwdStatAlign * kBwdStatAlign;
+  return (start + b * kBwdStatAlign) / kBwdStatAlign * kBwdStatAlign;
 }
 
 // A sequence's stat rows with its pad: its length rounded up to kBwdStatAlign.
@@ -49,10 +48,10 @@ FA4_HD int64_t bwd_padded_stat_rows(int64_t len) {
   return (len + kBwdStatAlign - 1) / kBwdStatAlign * kBwdStatAlign;
 }
 
-// Stat rows per head: the last sequence and its pad end before rows + 2·batch·kBwdStatAlign;
-// a multiple of kBwdStatAlign, so that each head's rows start aligned.
+// Stat rows per head: the last sequence and its pad end before rows + batch·kBwdStatAlign, rounded
+// up to a multiple of kBwdStatAlign so that each head's rows start aligned.
 FA4_HD int64_t bwd_stat_rows(int64_t q_rows, int64_t batch) {
-  return bwd_padded_stat_rows(q_rows + 2 * batch * kBwdStatAlign);
+  return bwd_padded_stat_rows(q_rows + batch * kBwdStatAlign);
 }
 
 struct BwdWorkspace {
