@@ -4,6 +4,7 @@ set(FA4_SOURCES
   src/api/validate.cpp
   src/api/c_api.cpp
   src/dispatch/dispatch.cpp
+  src/dispatch/pointer_memory.cpp
   src/cpu/cpu_backend.cpp
   src/cpu/forward.cpp
   src/cpu/backward.cpp
@@ -18,7 +19,7 @@ target_include_directories(fa4_objects
 target_compile_options(fa4_objects PRIVATE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 target_compile_definitions(fa4_objects PRIVATE FA4_VERSION_STRING="${PROJECT_VERSION}")
-target_link_libraries(fa4_objects PUBLIC Threads::Threads)
+target_link_libraries(fa4_objects PUBLIC Threads::Threads ${CMAKE_DL_LIBS})
 
 if(FA4_WITH_CUDA)
   target_compile_definitions(fa4_objects PUBLIC FA4_WITH_CUDA=1)
@@ -31,7 +32,7 @@ add_library(fa4_shared SHARED $<TARGET_OBJECTS:fa4_objects>)
 set_target_properties(fa4_shared PROPERTIES OUTPUT_NAME fa4)
 foreach(lib fa4 fa4_shared)
   target_include_directories(${lib} PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>)
-  target_link_libraries(${lib} PUBLIC Threads::Threads)
+  target_link_libraries(${lib} PUBLIC Threads::Threads ${CMAKE_DL_LIBS})
   if(FA4_WITH_CUDA)
     target_compile_definitions(${lib} PUBLIC FA4_WITH_CUDA=1)
     target_link_libraries(${lib} PUBLIC CUDA::cudart)

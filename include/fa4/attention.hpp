@@ -47,7 +47,9 @@ enum class DType : int {
 };
 
 enum class Backend : int {
-  kAuto = 0,  // by where Q lives: device memory -> GPU backend, host memory -> CPU backend
+  // By where Q lives: device memory -> GPU backend, host memory -> CPU backend. Asked of the CUDA
+  // driver without creating a context: a process that never used CUDA is not made to.
+  kAuto = 0,
   kCpu = 1,
   kSm90 = 2,  // NVIDIA Hopper (H100/H200), sm_90a
 };

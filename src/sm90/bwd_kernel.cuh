@@ -184,7 +184,9 @@ struct BwdKernel {
     typename Config::TiledMmaQ mma_q;
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
     auto thr_kv = mma_kv.get_thread_slice(thread);
-    auto thr_q = mma_q.get_thread_slice(thread);
+    auto wg_sdp = warpgroup_operand_slice(mma_sdp, 1);
+    auto wg_kv = warpgroup_operand_slice(mma_kv, 1);
+    auto wg_q = warpgroup_operand_slice(mma_q, 1);
 
     // The wgmma operands' shared-memory descriptors are made where each GEMM is issued
     // (opaque_smem_tensor). At d128 it made no difference to the spills when measured: what
@@ -197,6 +199,10 @@ struct BwdKernel {
     using LayoutV = typename Config::SmemLayoutV;
     using LayoutDs = typename Config::SmemLayoutDs;
     Tensor sDst = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutDst{});
+    constexpr int kDsStageElements = Config::kBlockM * Config::kBlockN;
+    static_assert(typename Config::SmemLayoutDst{}(0, 0, 1) == kDsStageElements);
+    const AccumulatorStore<SM90_U16x8_STSM_T, typename Config::TiledMmaSdP, Element> store_ds(
+        thread, sDst(_, _, 0));
 
     Tensor dV = partition_fragment_C(mma_kv, Shape<BlockN, HeadDim>{});
     Tensor dK = partition_fragment_C(mma_kv, Shape<BlockN, HeadDim>{});
@@ -227,19 +233,18 @@ struct BwdKernel {
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_q.consumer_wait(read);
-        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
-                          thr_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
+        wgmma_issue<true>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
+                          wg_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
                               _, _, _, stage),
                           tSrS);
         // dPᵀ right behind Sᵀ, as FA3 does: it runs during the exponentials.
         Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_do.consumer_wait(read);
-        wgmma_issue<true>(mma_sdp, thr_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
-                          thr_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
+        wgmma_issue<true>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
+                          wg_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
                               _, _, _, stage),
                           tSrDp);
         auto s = rowcol_view(tSrS);
-        const int valid_cols = w.seq.len_q - m * Config::kBlockM;
         // LSE and D are read from shared memory per column where they are used: held in
         // registers for the whole tile they would push dK and dV out of the register file.
         warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
@@ -247,10 +252,12 @@ struct BwdKernel {
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
           Mask::apply(s, score_coords, row_queries, m);
+        static_assert(decltype(size<1>(s))::value % 2 == 0);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          const int col = get<1>(score_coords(0, j));
-          const float lse = col < valid_cols ? lse_row[col] : INFINITY;
+          // Columns come in pairs (stat_pair); the compiler folds the second load into the first.
+          const float2 pair = stat_pair(lse_row, get<1>(score_coords(0, j & ~1)));
+          const float lse = j % 2 == 0 ? pair.x : pair.y;
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
@@ -265,7 +272,7 @@ struct BwdKernel {
         warpgroup_fence_operand(tSrS);
         if constexpr (Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,
-                             thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
+                             wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
                                  _, _, _, stage),
                              dV);
         auto dp = rowcol_view(tSrDp);
@@ -274,8 +281,8 @@ struct BwdKernel {
         const float* dpsum_row = stage_stats<Config::kBlockM>(smem.dpsum.data(), stage);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          const int col = get<1>(score_coords(0, j));
-          const float dpsum = col < valid_cols ? dpsum_row[col] : 0.0f;
+          const float2 pair = stat_pair(dpsum_row, get<1>(score_coords(0, j & ~1)));
+          const float dpsum = j % 2 == 0 ? pair.x : pair.y;
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }
@@ -284,21 +291,12 @@ struct BwdKernel {
         // dS of both warpgroups into shared memory for dQ. Its two stages alternate: a warpgroup
         // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,
         // since each waits for its own dQ before the next step's barrier.
-        {
-          // stmatrix.trans: eight dS values per instruction, into the (query, key) tile from the
-          // (key, query) registers. Its addresses are computed here from an index the compiler
-          // cannot see through, rather than hoisted out of the loop into registers.
-          int t = thread;
-          asm volatile("" : "+r"(t));
-          using StoreDs = decltype(make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{},
-                                                     typename Config::TiledMmaSdP{}));
-          auto store_ds = StoreDs{}.get_thread_slice(t);
-          copy(StoreDs{}, store_ds.retile_S(make_tensor(tKVrDs.data(), ScoreFrag{}.layout())),
-               store_ds.partition_D(sDst(_, _, m & 1)));
-        }
+        // stmatrix.trans: the (query, key) tile from the (key, query) registers.
+        store_ds(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, 0),
+                 (m & 1) * kDsStageElements);
         if constexpr (!Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,
-                             thr_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
+                             wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
                                  _, _, _, stage),
                              dV);
 
@@ -307,11 +305,11 @@ struct BwdKernel {
 
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
         wgmma_issue<true>(mma_q,
-                          thr_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
+                          wg_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
                               _, _, _, m & 1),
-                          thr_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+                          wg_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
         wgmma_issue<false>(mma_kv, tKVrDs,
-                           thr_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
+                           wg_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
                                _, _, _, stage),
                            dK);
         warpgroup_wait<1>();  // dV and dQ are done

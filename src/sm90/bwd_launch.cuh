@@ -93,8 +93,10 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                 q_per_batch,
                                 int(p.head_dim_qk),
                                 int(p.head_dim_v)};
-    err = launch_kernel(&bwd_prepare_kernel<Element>, row_grid(p.seqlen_q, p.heads_q), row_block,
-                        0, stream, prepare, const_rows(t.out), const_rows(t.dout));
+    // Rows up to the longest sequence's pad end (bwd_workspace.hpp).
+    err = launch_kernel(&bwd_prepare_kernel<Element>,
+                        row_grid(bwd_padded_stat_rows(p.seqlen_q), p.heads_q), row_block, 0,
+                        stream, prepare, const_rows(t.out), const_rows(t.dout));
     if (err != cudaSuccess) return launch_error("prepare kernel", kHeadDim, err);
   }
 

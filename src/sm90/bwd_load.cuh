@@ -3,7 +3,8 @@
 // by CUTLASS's PipelineTmaAsync, and with them the tile's LSE·log2e and D from the workspace (bulk
 // copies on the same barriers: read per column of Sᵀ, from global memory they stalled every step
 // on their latency). Rows past a sequence's end arrive as zeros (gmem_layout.cuh); their LSE and D
-// are whatever follows the sequence in the workspace, and the consumers discard them.
+// come from the sequence's pad in the workspace (+inf and 0, bwd_workspace.hpp), so those queries'
+// probabilities and dS are 0 with no check in the consumers.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -57,7 +57,9 @@ struct BwdMmaWide {
     typename Config::TiledMmaQ mma_q;
     auto thr_sdp = mma_sdp.get_thread_slice(thread);
     auto thr_kv = mma_kv.get_thread_slice(thread);
-    auto thr_q = mma_q.get_thread_slice(thread);
+    auto wg_sdp = warpgroup_operand_slice(mma_sdp, 1);
+    auto wg_kv = warpgroup_operand_slice(mma_kv, 1);
+    auto wg_q = warpgroup_operand_slice(mma_q, 1);
     using LayoutQ = typename Config::SmemLayoutQ;
     using LayoutQt = typename Config::SmemLayoutQt;
     using LayoutDo = typename Config::SmemLayoutDo;
@@ -92,17 +94,16 @@ struct BwdMmaWide {
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
         pipeline_q.consumer_wait(read);
         wgmma_issue<true>(
-            mma_sdp, thr_sdp.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQ{}))(
+            mma_sdp, wg_sdp.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQ{}))(
                          _, _, _, stage),
-            thr_sdp.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutK{})), tSrS);
+            wg_sdp.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutK{})), tSrS);
         Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
         pipeline_do.consumer_wait(read);
         wgmma_issue<true>(
-            mma_sdp, thr_sdp.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDo{}))(
+            mma_sdp, wg_sdp.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDo{}))(
                          _, _, _, stage),
-            thr_sdp.partition_fragment_B(opaque_smem_tensor(smem.v.data(), LayoutV{})), tSrDp);
+            wg_sdp.partition_fragment_B(opaque_smem_tensor(smem.v.data(), LayoutV{})), tSrDp);
         auto s = rowcol_view(tSrS);
-        const int valid_rows = w.seq.len_q - m * Config::kBlockM;
         warpgroup_wait<1>();  // S is ready (dP may still run)
         const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
@@ -112,9 +113,8 @@ struct BwdMmaWide {
         auto p_rc = rowcol_view(tP);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
-          const int row = get<0>(score_coords(i, 0));
-          // Rows past the sequence's end: their LSE slot holds whatever follows; P = 0.
-          const float lse = row < valid_rows ? lse_row[row] : INFINITY;
+          // No bounds check: rows past the sequence's end read the workspace's pad, LSE +inf.
+          const float lse = lse_row[get<0>(score_coords(i, 0))];
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) {
             const float t = s(i, j);
@@ -129,8 +129,7 @@ struct BwdMmaWide {
         auto dp = rowcol_view(tSrDp);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
-          const int row = get<0>(score_coords(i, 0));
-          const float dpsum = row < valid_rows ? dpsum_row[row] : 0.0f;
+          const float dpsum = dpsum_row[get<0>(score_coords(i, 0))];
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }
@@ -139,26 +138,27 @@ struct BwdMmaWide {
         // P has one stage: this warpgroup's last dVᵀ, its only reader, finished last step. dS
         // alternates between two, as in the narrow kernel: a warpgroup writing stage m+1 may be
         // ahead of the other's dQ reading stage m, never further.
-        copy(tP, thr_sdp.partition_C(sP));
-        copy(tDs, thr_sdp.partition_C(sDs(_, _, m & 1)));
+        store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tP, sP);
+        store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tDs,
+                                                                            sDs(_, _, m & 1));
         cutlass::arch::fence_view_async_shared();  // generic-proxy stores before wgmma reads
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
 
         wgmma_issue<false>(
-            mma_kv, thr_kv.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDot{}))(
+            mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDot{}))(
                         _, _, _, stage),
-            thr_kv.partition_fragment_B(opaque_smem_tensor(smem.p.buf.data(), LayoutPt{})), dVt);
+            wg_kv.partition_fragment_B(opaque_smem_tensor(smem.p.buf.data(), LayoutPt{})), dVt);
         wgmma_issue<false>(
-            mma_kv, thr_kv.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQt{}))(
+            mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQt{}))(
                         _, _, _, stage),
-            thr_kv.partition_fragment_B(opaque_smem_tensor(smem.ds.data(), LayoutDst{}))(
+            wg_kv.partition_fragment_B(opaque_smem_tensor(smem.ds.data(), LayoutDst{}))(
                 _, _, _, m & 1),
             dKt);
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
         wgmma_issue<true>(
-            mma_q, thr_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
+            mma_q, wg_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
                        _, _, _, m & 1),
-            thr_q.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+            wg_q.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutKt{})), dQ);
         // dVᵀ and dKᵀ are done: Q's and dO's stage is free (with one stage, as at d256, the next
         // tile's loads start here, while dQ runs).
         warpgroup_wait<1>();

@@ -1,9 +1,10 @@
 // The backward's row-wise kernels, before and after the main one: one warp per row of one head.
-//   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0
+//   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
+//             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
 //   finish_q: dQ = scale · accumulator, rounded to the output dtype
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
-// every sequence are never touched.
+// every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.
 #pragma once
 
 #include <cmath>
@@ -68,18 +69,26 @@ __global__ void __launch_bounds__(32 * kRowWarps)
     bwd_prepare_kernel(const PrepareParams p, const RowTensor<const Element> out,
                        const RowTensor<const Element> dout) {
   RowWork w;
-  if (!find_row(p.sequences, false, w)) return;
+  const bool is_row = find_row(p.sequences, false, w);
+  if (!w.seq.valid) return;
+  const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.q_rows_per_batch;
+  const int64_t stat_row = int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row;
+  if (!is_row) {
+    // The sequence's pad (bwd_workspace.hpp): what its last tile reads past its end.
+    if (w.lane == 0 && w.row < bwd_padded_stat_rows(w.seq.len_q)) {
+      p.dpsum[stat_row] = 0.0f;
+      p.lse_log2[stat_row] = INFINITY;
+    }
+    return;
+  }
   const Element* o = out.row(w.seq, w.row, w.head);
   const Element* d = dout.row(w.seq, w.row, w.head);
   float sum = 0.0f;
   for (int c = w.lane; c < p.dim_v; c += 32) sum += float(o[c]) * float(d[c]);
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.q_rows_per_batch;
   float* dq = p.dq_accum + (int64_t(w.head) * p.q_rows + start + w.row) * p.dim;
   for (int c = w.lane; c < p.dim; c += 32) dq[c] = 0.0f;
   if (w.lane == 0) {
-    const int64_t stat_row =
-        int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row;
     p.dpsum[stat_row] = sum;
     const float lse = p.lse[int64_t(w.seq.batch) * p.lse_batch_stride +
                             int64_t(w.head) * p.lse_head_stride +

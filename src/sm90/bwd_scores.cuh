@@ -21,6 +21,13 @@ CUTE_DEVICE const float* stage_stats(const float* stats, int stage) {
   return stats + offset;
 }
 
+// The stats of columns c and c + 1 (c even: the wgmma accumulator gives each thread its columns
+// in such pairs), with one 8-byte load. No bounds check: a tile past its sequence's end reads the
+// workspace's pad (bwd_workspace.hpp).
+CUTE_DEVICE float2 stat_pair(const float* stats, int c) {
+  return *reinterpret_cast<const float2*>(stats + c);
+}
+
 // P of raw score t (softcap: its tanh) from the row's LSE·log2e.
 CUTE_DEVICE float bwd_probability(float t, float score_scale_log2, float lse_log2) {
   return exp2_approx(fmaf(t, score_scale_log2, -lse_log2));

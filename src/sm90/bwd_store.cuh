@@ -17,6 +17,18 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
+// Fire-and-forget fp32 adds to global memory. atomicAdd through a generic pointer returns the old
+// value and, for a scalar float, checks the address space per value (shared / local fallbacks in
+// the SASS); `red.global` states the space and returns nothing.
+CUTE_DEVICE void red_add_global(float* p, float a) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "f"(a) : "memory");
+}
+CUTE_DEVICE void red_add_global(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(__cvta_generic_to_global(p)), "f"(a),
+               "f"(b)
+               : "memory");
+}
+
 template <class Config>
 struct BwdStore {
   using Element = typename Config::Element;
@@ -81,9 +93,9 @@ struct BwdStore {
       const int offset = (row - row0) * kDim + (get<1>(coords(k)) - col0);
       if (row < len) {
         if constexpr (kRun == 2)
-          atomicAdd(reinterpret_cast<float2*>(base + offset), make_float2(acc(k), acc(k + 1)));
+          red_add_global(base + offset, acc(k), acc(k + 1));
         else
-          atomicAdd(base + offset, acc(k));
+          red_add_global(base + offset, acc(k));
       }
     }
   }

@@ -10,10 +10,12 @@
 //   dkv_turns [batch][heads_kv][key tiles]      GQA: how many query heads have added dK / dV
 // Query rows are batch·seqlen_q (fixed length; sequence b starts at b·seqlen_q) or total_q
 // (varlen; sequence b starts at cu_seqlens_q[b]); key rows likewise.
-// Stat rows are the query rows with each sequence moved to a multiple of kBwdStatAlign, so that the
-// main kernel's producer fetches a query tile's LSE and D with one aligned bulk copy each (a TMA
-// bulk copy needs 16-byte aligned addresses and sizes); a tile that runs past its sequence reads
-// the gap or the next sequence, which the kernel discards.
+// Stat rows are the query rows with each sequence moved to a multiple of kBwdStatAlign and
+// followed by its pad, the rows up to its length rounded up to kBwdStatAlign: the main kernel's
+// producer fetches a query tile's LSE and D with one aligned bulk copy each (a TMA bulk copy needs
+// 16-byte aligned addresses and sizes), and a tile that runs past its sequence's end reads the pad,
+// where the prepare kernel wrote LSE +inf and D 0. So the main kernel reads a tile's stats with no
+// bounds check: those queries' probabilities and dS come out 0 (their Q and dO rows load as zeros).
 #pragma once
 
 #include <cstddef>
@@ -34,16 +36,22 @@ constexpr int bwd_block_n(int head_dim_qk) { return head_dim_qk <= 128 ? 128 : 6
 constexpr int kBwdStatAlign = 128;
 
 // The stat row of row 0 of sequence b, whose rows start at packed query row `start` (b·seqlen_q,
-// or cu_seqlens_q[b]): a multiple of kBwdStatAlign, past the end of sequence b − 1 (whose start
-// moved back by less than kBwdStatAlign, with kBwdStatAlign more added per sequence).
+// or cu_seqlens_q[b]): a multiple of A = kBwdStatAlign, with A more per sequence. Sequence b − 1
+// (length len = start_b − start_{b−1}) and its pad end no later: since
+// ⌊x/A⌋ + ⌈y/A⌉ ≤ ⌊(x + y)/A⌋ + 1, stat_row(b − 1) + padded(len) ≤ (⌊start_b/A⌋ + b)·A.
 FA4_HD int64_t bwd_stat_row(int64_t start, int64_t b) {
   return (start + b * kBwdStatAlign) / kBwdStatAlign * kBwdStatAlign;
 }
 
-// Stat rows per head: the last sequence's last tile (at most kBwdStatAlign rows) ends before
-// rows + batch·kBwdStatAlign.
+// A sequence's stat rows with its pad: its length rounded up to kBwdStatAlign.
+FA4_HD int64_t bwd_padded_stat_rows(int64_t len) {
+  return (len + kBwdStatAlign - 1) / kBwdStatAlign * kBwdStatAlign;
+}
+
+// Stat rows per head: the last sequence and its pad end before rows + batch·kBwdStatAlign, rounded
+// up to a multiple of kBwdStatAlign so that each head's rows start aligned.
 FA4_HD int64_t bwd_stat_rows(int64_t q_rows, int64_t batch) {
-  return (q_rows + batch * kBwdStatAlign + kBwdStatAlign - 1) / kBwdStatAlign * kBwdStatAlign;
+  return bwd_padded_stat_rows(q_rows + batch * kBwdStatAlign);
 }
 
 struct BwdWorkspace {

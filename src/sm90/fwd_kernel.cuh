@@ -158,13 +158,15 @@ struct FwdKernel {
     typename Config::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(thread);
     auto thr_pv = mma_pv.get_thread_slice(thread);
+    auto wg_qk = warpgroup_operand_slice(mma_qk, 1);
+    auto wg_pv = warpgroup_operand_slice(mma_pv, 1);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
-    Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
+    Tensor tSrQ = wg_qk.partition_fragment_A(sQ);
+    Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
+    Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
 
     Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockM, HeadDimV>{});
     clear(tOrO);

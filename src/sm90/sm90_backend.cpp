@@ -7,6 +7,7 @@
 #include "api/validate.hpp"
 #include "common/math_constants.hpp"
 #include "dispatch/backend.hpp"
+#include "dispatch/pointer_memory.hpp"
 
 #if defined(FA4_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -225,26 +226,6 @@ Status available() {
 #endif
 }
 
-// What cudaPointerGetAttributes says of ptr, once: kHost for host memory (and in a CPU-only build).
-enum class Memory { kHost, kDevice, kManaged };
-
-Memory memory_of(const void* ptr, int* device = nullptr) {
-#if defined(FA4_WITH_CUDA)
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    cudaGetLastError();
-    return Memory::kHost;
-  }
-  if (device != nullptr) *device = attr.device;
-  if (attr.type == cudaMemoryTypeDevice) return Memory::kDevice;
-  if (attr.type == cudaMemoryTypeManaged) return Memory::kManaged;
-#else
-  (void)ptr;
-  (void)device;
-#endif
-  return Memory::kHost;
-}
-
 struct NamedPointer {
   const char* name;
   const void* data;
@@ -320,10 +301,6 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
 }
 
 }  // namespace
-
-bool is_device_pointer(const void* ptr) { return memory_of(ptr) != Memory::kHost; }
-
-bool is_device_only_pointer(const void* ptr) { return memory_of(ptr) == Memory::kDevice; }
 
 const BackendOps& sm90_backend() {
   static const BackendOps ops{"sm90",        can_implement, check_tensors, workspace_size,
