@@ -108,7 +108,8 @@ struct FinishParams {
   float scale;
 };
 
-// dst = scale · accumulator, one row of one head per warp; `keys` walks key rows (dK, dV).
+// dst = scale · accumulator, one row of one head per warp; `keys` walks key rows (dK, dV), else
+// query rows (dQ, whose accumulator's columns are in stmatrix order: dq_accum_column).
 template <class Element>
 __global__ void __launch_bounds__(32 * kRowWarps)
     bwd_finish_kernel(const FinishParams p, const RowTensor<Element> dst, bool keys) {
@@ -118,7 +119,8 @@ __global__ void __launch_bounds__(32 * kRowWarps)
                                 int64_t(w.seq.batch) * p.rows_per_batch + w.row) *
                                    p.dim;
   Element* out = dst.row(w.seq, w.row, w.head);
-  for (int c = w.lane; c < p.dim; c += 32) out[c] = Element(src[c] * p.scale);
+  for (int c = w.lane; c < p.dim; c += 32)
+    out[c] = Element(src[keys ? c : dq_accum_column(c)] * p.scale);
 }
 
 }  // namespace fa4::sm90
