@@ -24,10 +24,6 @@
 #ifndef FA4_SM90_BWD_DV_BEFORE_DS
 #define FA4_SM90_BWD_DV_BEFORE_DS -1
 #endif
-// A/B switch: column pairs of LSE the narrow kernel loads before its wait for Sᵀ (0: none).
-#ifndef FA4_SM90_BWD_EARLY_LSE_PAIRS
-#define FA4_SM90_BWD_EARLY_LSE_PAIRS 4
-#endif
 
 namespace fa4::sm90 {
 
@@ -52,7 +48,6 @@ struct BwdConfig {
       FA4_SM90_BWD_DV_BEFORE_DS < 0 ? kBlockM == 64 : FA4_SM90_BWD_DV_BEFORE_DS != 0;
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
-  static constexpr int kEarlyLsePairs = FA4_SM90_BWD_EARLY_LSE_PAIRS;
 
   // dK and dV (dim/2 registers each) live through the whole CTA, next to Sᵀ, dPᵀ (kBlockM/2 each)
   // and dQ (dim/4): the MMA warpgroups need the whole budget.

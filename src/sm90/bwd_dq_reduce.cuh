@@ -3,8 +3,7 @@
 // stages its half of the head dim in shared memory and hands it to a writer warp of the producer
 // warpgroup, which issues the reduction (and, in deterministic mode, waits for its turn), so that
 // the MMA warpgroups wait neither on the TMA unit nor on other CTAs. The accumulator is viewed like the inputs (gmem_layout.cuh), so
-// rows past the sequence's end are clipped by the TMA unit. Within each block of eight columns the
-// accumulator holds the even columns first (dq_accum_column, bwd_workspace.hpp): stmatrix's order.
+// rows past the sequence's end are clipped by the TMA unit.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -75,62 +74,22 @@ struct BwdDqReduce {
   // Called by every thread of both MMA warpgroups, once per query tile, with the tiled MMA of
   // dQ. `thread`: among the MMA threads. Waits until the writer has read the warpgroup's previous
   // half, stages this one and hands it over without waiting for the reduction.
-  //
-  // By stmatrix, four values per thread and instruction: a thread holds columns 8k + 2t and
-  // 8k + 2t + 1 of rows r and r + 8 (t = lane % 4, the wgmma accumulator layout), and one 8x8
-  // matrix of 16-bit pairs takes a 32-bit value of each thread, so the even columns of a block of
-  // eight go to its first 16 bytes and the odd ones to its last (dq_accum_column). Each matrix
-  // row lands in a different 16-byte chunk of the swizzled tile: conflict-free. Stores of 8 bytes
-  // per thread here were two-way conflicted (ncu, bench/NOTES.md backward v8): a half-warp's four
-  // rows cover only half of a 128-byte swizzle row's chunks.
   template <class TiledMma, class Acc>
   CUTE_DEVICE static void stage(float* smem, TiledMma const& mma, Acc const& dq, int thread) {
-    // The swizzled staging addresses come from an index the compiler cannot see through, so
+    // The four swizzled staging addresses come from an index the compiler cannot see through, so
     // that they are computed here, a few integer ops per tile, instead of hoisted out of the tile
     // loop: held there, these registers pushed scores out to local memory around dPᵀ (d128).
     asm volatile("" : "+r"(thread));
     const int wg = thread / 128;
     cutlass::arch::NamedBarrier::sync(kHandshakeThreads, empty_barrier(wg));
     // The swizzle applied to element offsets from the buffer's base rather than to the pointer:
-    // XOR on a pointer's bits hides that it points into shared memory.
+    // XOR on a pointer's bits hides that it points into shared memory, and the stores become
+    // generic ones through 64-bit addresses (two registers each). Pairs of columns are 8-byte
+    // aligned in the swizzled tile (the swizzle permutes 16-byte chunks): st.shared.v2.
     Tensor sDq =
         as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayout{}));
-    // Fragments and their (row, column) coordinates as (column pair, row half, group).
-    auto by_group = [](auto&& t) {
-      auto flat = make_tensor(t.data(), flatten(t.layout()));
-      return group_modes<2, decltype(rank(flat))::value>(flat);
-    };
-    Tensor values = by_group(dq);
-    static_assert(decltype(size<0>(values))::value == 2 && decltype(size<1>(values))::value == 2,
-                  "the wgmma accumulator layout: column pairs of rows r and r + 8");
-    const auto identity = make_identity_tensor(Shape<BlockM, typename Config::HeadDim>{});
-    Tensor mine = by_group(mma.get_thread_slice(thread).partition_C(identity));
-    // Thread 0's coordinates: the groups' steps, the same for every thread and known to the
-    // compiler as constants.
-    Tensor ref = by_group(mma.get_thread_slice(0).partition_C(identity));
-    // Lane l gives the address of row l % 8 of matrix l / 8 = (row half, column half): rows r and
-    // r + 8 of this warp's 16, the even or odd columns of the block.
-    const int lane = thread % 32;
-    const int row = (get<0>(mine(0, 0, 0)) & ~7) + (lane >> 4) * 8 + (lane & 7);
-    const int col = (get<1>(mine(0, 0, 0)) & ~7) + ((lane >> 1) & 4);
-    // The swizzle acts within an atom, so one address per 8-column block of an atom's width
-    // serves every atom: the rest are constant offsets from these.
-    constexpr int kAtomCols = decltype(size<1>(Atom{}))::value;
-    float* block[kAtomCols / 8];
-    CUTE_UNROLL
-    for (int b = 0; b < kAtomCols / 8; ++b) block[b] = &sDq(row, col + 8 * b);
-    CUTE_UNROLL
-    for (int g = 0; g < size<2>(values); ++g) {
-      const int dr = get<0>(ref(0, 0, g)) - get<0>(ref(0, 0, 0));
-      const int dc = get<1>(ref(0, 0, g)) - get<1>(ref(0, 0, 0));
-      // Whole atoms (dr a multiple of 8 rows, dc − dc % kAtomCols of the atom's width) move the
-      // same for every thread as for the tile's origin.
-      float* at = block[dc % kAtomCols / 8] + (&sDq(dr, dc - dc % kAtomCols) - &sDq(0, 0));
-      SM90_U32x4_STSM_N::copy(__float_as_uint(values(0, 0, g)), __float_as_uint(values(1, 0, g)),
-                              __float_as_uint(values(0, 1, g)), __float_as_uint(values(1, 1, g)),
-                              *reinterpret_cast<uint128_t*>(at));
-    }
-    // stmatrix is the generic proxy, the TMA reads through the async proxy.
+    copy_aligned(dq, mma.get_thread_slice(thread).partition_C(sDq));
+    // st.shared is the generic proxy, the TMA reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, full_barrier(wg));
   }

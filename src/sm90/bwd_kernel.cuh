@@ -246,16 +246,9 @@ struct BwdKernel {
                           tSrDp);
         auto s = rowcol_view(tSrS);
         // LSE and D are read from shared memory per column where they are used: held in
-        // registers for the whole tile they would push dK and dV out of the register file. The
-        // first columns' LSE is loaded before the wait for Sᵀ, so that its latency does not stall
-        // the first exponentials (ncu: 5 % of the MMA warps' stall samples, bench/NOTES.md).
-        const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
-        constexpr int kEarlyPairs = Config::kEarlyLsePairs;
-        float2 early_lse[kEarlyPairs > 0 ? kEarlyPairs : 1];
-        CUTE_UNROLL
-        for (int q = 0; q < kEarlyPairs; ++q)
-          early_lse[q] = stat_pair(lse_row, get<1>(score_coords(0, 2 * q)));
+        // registers for the whole tile they would push dK and dV out of the register file.
         warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
+        const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
           Mask::apply(s, score_coords, row_queries, m);
@@ -263,9 +256,7 @@ struct BwdKernel {
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           // Columns come in pairs (stat_pair); the compiler folds the second load into the first.
-          const float2 pair = j / 2 < kEarlyPairs
-                                  ? early_lse[j / 2 < kEarlyPairs ? j / 2 : 0]
-                                  : stat_pair(lse_row, get<1>(score_coords(0, j & ~1)));
+          const float2 pair = stat_pair(lse_row, get<1>(score_coords(0, j & ~1)));
           const float lse = j % 2 == 0 ? pair.x : pair.y;
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {

@@ -1,7 +1,6 @@
 // The sm90 backward's workspace (caller-owned device memory, workspace_size bytes), shared by the
 // host launcher and the kernels. fp32 throughout, rows numbered like the packed query / key rows:
-//   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by TMA reduce-adds;
-//             in each block of eight columns the even ones first (dq_accum_column)
+//   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by TMA reduce-adds
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
 //   dk_accum, dv_accum [heads_kv][key rows][dim]   GQA only: summed over a group's query heads
@@ -26,12 +25,6 @@
 #include "fa4/attention.hpp"
 
 namespace fa4::sm90 {
-
-// Where dq_accum keeps column c of dQ: in the order the main kernel stages it by stmatrix
-// (bwd_dq_reduce.cuh), the even columns of each block of eight first, then the odd ones.
-FA4_HD constexpr int dq_accum_column(int c) {
-  return (c & ~7) | ((c & 1) << 2) | ((c & 7) >> 1);
-}
 
 // Query rows per step of the backward kernel (bwd_config.cuh): 128 at head dim 64, where Sᵀ and
 // dPᵀ of 128 queries fit in the registers beside dK and dV; 64 above.

@@ -80,20 +80,3 @@ TEST(BwdWorkspace, VarlenSequencesAndTheirPadsAreDisjoint) {
 }
 
 }  // namespace
-
-// dq_accum's column order: a permutation within each block of eight, the even columns in the first
-// 16 bytes (what one stmatrix 8x8 matrix of a thread's first values fills) and the odd ones after.
-TEST(BwdWorkspace, DqAccumColumnsAreStmatrixOrderWithinBlocksOfEight) {
-  for (int dim : {64, 96, 128, 192, 256}) {
-    std::vector<int> seen(size_t(dim), 0);
-    for (int c = 0; c < dim; ++c) {
-      const int at = fa4::sm90::dq_accum_column(c);
-      ASSERT_GE(at, 0);
-      ASSERT_LT(at, dim);
-      EXPECT_EQ(at / 8, c / 8) << "column " << c << " leaves its block";
-      EXPECT_EQ(at % 8, (c % 2) * 4 + (c % 8) / 2) << "column " << c;
-      ++seen[size_t(at)];
-    }
-    for (int at = 0; at < dim; ++at) EXPECT_EQ(seen[size_t(at)], 1) << "position " << at;
-  }
-}
