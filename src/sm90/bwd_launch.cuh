@@ -65,9 +65,14 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                     p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
                                     v.head_stride};
   };
+  // The row-wise kernels' lanes per row: dQ / dK rows, dV rows, and the prepare kernel's (O and
+  // dO rows, dQ's accumulator rows).
+  constexpr int kLanesQK = row_lanes(kHeadDimQK), kLanesV = row_lanes(kHeadDimV);
+  constexpr int kLanesPrepare = kLanesQK > kLanesV ? kLanesQK : kLanesV;
   const dim3 row_block(32 * kRowWarps);
-  auto row_grid = [&](int64_t rows, int64_t heads) {
-    return dim3(unsigned((rows + kRowWarps - 1) / kRowWarps), unsigned(heads), unsigned(p.batch));
+  auto row_grid = [&](int rows_per_block, int64_t rows, int64_t heads) {
+    return dim3(unsigned((rows + rows_per_block - 1) / rows_per_block), unsigned(heads),
+                unsigned(p.batch));
   };
 
   cudaError_t err = cudaSuccess;
@@ -94,9 +99,10 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                 int(p.head_dim_qk),
                                 int(p.head_dim_v)};
     // Rows up to the longest sequence's pad end (bwd_workspace.hpp).
-    err = launch_kernel(&bwd_prepare_kernel<Element>,
-                        row_grid(bwd_padded_stat_rows(p.seqlen_q), p.heads_q), row_block, 0,
-                        stream, prepare, const_rows(t.out), const_rows(t.dout));
+    err = launch_kernel(&bwd_prepare_kernel<Element, kLanesPrepare>,
+                        row_grid(kRowsPerBlock<kLanesPrepare>, bwd_padded_stat_rows(p.seqlen_q),
+                                 p.heads_q),
+                        row_block, 0, stream, prepare, const_rows(t.out), const_rows(t.dout));
     if (err != cudaSuccess) return launch_error("prepare kernel", kHeadDim, err);
   }
 
@@ -154,8 +160,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   if (q_total > 0) {
     const FinishParams finish{sequences, dq_accum, q_total, q_per_batch, int(p.head_dim_qk),
                               p.scale()};
-    err = launch_kernel(&bwd_finish_kernel<Element>, row_grid(p.seqlen_q, p.heads_q), row_block,
-                        0, stream, finish, row_tensor(t.dq), false);
+    err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
+                        row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_q, p.heads_q), row_block, 0,
+                        stream, finish, row_tensor(t.dq), false);
     if (err != cudaSuccess) return launch_error("dQ kernel", kHeadDim, err);
   }
   if (ws.gqa && k_total > 0) {
@@ -163,11 +170,13 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                 1.0f};
     const FinishParams finish_v{sequences, dv_accum, k_total, k_per_batch, int(p.head_dim_v),
                                 1.0f};
-    err = launch_kernel(&bwd_finish_kernel<Element>, row_grid(p.seqlen_k, p.heads_kv), row_block,
-                        0, stream, finish_k, row_tensor(t.dk), true);
+    err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
+                        row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_k, p.heads_kv), row_block, 0,
+                        stream, finish_k, row_tensor(t.dk), true);
     if (err == cudaSuccess)
-      err = launch_kernel(&bwd_finish_kernel<Element>, row_grid(p.seqlen_k, p.heads_kv),
-                          row_block, 0, stream, finish_v, row_tensor(t.dv), true);
+      err = launch_kernel(&bwd_finish_kernel<Element, kLanesV>,
+                          row_grid(kRowsPerBlock<kLanesV>, p.seqlen_k, p.heads_kv), row_block, 0,
+                          stream, finish_v, row_tensor(t.dv), true);
     if (err != cudaSuccess) return launch_error("dK / dV kernel", kHeadDim, err);
   }
   return Status::success();

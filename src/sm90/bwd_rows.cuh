@@ -1,4 +1,7 @@
-// The backward's row-wise kernels, before and after the main one: one warp per row of one head.
+// The backward's row-wise kernels, before and after the main one: kLanes lanes per row of one head
+// (row_lanes), each moving 16 bytes of every input row per access: one row per warp with
+// per-element loads left these kernels at 1–2.6 TB/s, 7–11 % of a d64–d128 backward (ncu,
+// bench/NOTES.md backward v9).
 //   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
 //             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
 //   finish_q: dQ = scale · accumulator, rounded to the output dtype
@@ -18,7 +21,17 @@
 
 namespace fa4::sm90 {
 
-constexpr int kRowWarps = 8;  // rows per block of the row-wise kernels
+constexpr int kRowWarps = 8;  // warps per block of the row-wise kernels
+
+// Lanes per row for rows of `dim` elements: one 8-element (16-byte) vector each, a power of two so
+// that a row's lanes are a shuffle group, at most a warp (wider rows loop).
+constexpr int row_lanes(int dim) {
+  int lanes = 1;
+  while (lanes < 32 && lanes * 8 < dim) lanes *= 2;
+  return lanes;
+}
+template <int kLanes>
+constexpr int kRowsPerBlock = kRowWarps * (32 / kLanes);
 
 template <class Element>
 struct RowTensor {  // (batch, seq, head, dim) element strides; varlen: batch unused
@@ -31,17 +44,33 @@ struct RowTensor {  // (batch, seq, head, dim) element strides; varlen: batch un
   }
 };
 
-// The rows of one head of one sequence this warp handles; false when there is none.
+// Eight elements, 16 bytes: the sm90 backend's tensors have 16-byte aligned rows (its TMA checks),
+// the workspace's rows are 32-byte multiples from a 256-byte aligned base.
+template <class T>
+struct alignas(16) Vec8 {
+  T v[8];
+};
+template <class T>
+CUTE_DEVICE Vec8<T> load8(const T* at) {
+  return *reinterpret_cast<const Vec8<T>*>(at);
+}
+template <class T>
+CUTE_DEVICE void store8(T* at, Vec8<T> const& x) {
+  *reinterpret_cast<Vec8<T>*>(at) = x;
+}
+
+// The rows of one head of one sequence these lanes handle; false when there is none.
 struct RowWork {
   Sequence seq;
   int64_t row;  // within the sequence
   int head;
-  int lane;
+  int lane;     // among the row's lanes
 };
+template <int kLanes>
 CUTE_DEVICE bool find_row(SequenceParams const& sequences, bool keys, RowWork& w) {
-  w.lane = int(threadIdx.x) % 32;
+  w.lane = int(threadIdx.x) % kLanes;
   w.head = int(blockIdx.y);
-  w.row = int64_t(blockIdx.x) * kRowWarps + int(threadIdx.x) / 32;
+  w.row = int64_t(blockIdx.x) * kRowsPerBlock<kLanes> + int(threadIdx.x) / kLanes;
   w.seq = load_sequence(sequences, int(blockIdx.z));
   if (!w.seq.valid) return false;
   if (keys) {  // walk key rows: the sequence's key rows stand in for its query rows, all of them
@@ -49,6 +78,16 @@ CUTE_DEVICE bool find_row(SequenceParams const& sequences, bool keys, RowWork& w
     w.seq.len_q = stored_keys(sequences, int(blockIdx.z));
   }
   return w.row < w.seq.len_q;
+}
+
+// The lanes of this thread's row, for shuffles among them.
+template <int kLanes>
+CUTE_DEVICE unsigned row_mask() {
+  if constexpr (kLanes == 32) {
+    return 0xffffffffu;
+  } else {
+    return ((1u << kLanes) - 1) << (int(threadIdx.x) % 32 / kLanes * kLanes);
+  }
 }
 
 struct PrepareParams {
@@ -64,12 +103,12 @@ struct PrepareParams {
   int dim, dim_v;
 };
 
-template <class Element>
+template <class Element, int kLanes>
 __global__ void __launch_bounds__(32 * kRowWarps)
     bwd_prepare_kernel(const PrepareParams p, const RowTensor<const Element> out,
                        const RowTensor<const Element> dout) {
   RowWork w;
-  const bool is_row = find_row(p.sequences, false, w);
+  const bool is_row = find_row<kLanes>(p.sequences, false, w);
   if (!w.seq.valid) return;
   const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.q_rows_per_batch;
   const int64_t stat_row = int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row;
@@ -84,10 +123,15 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const Element* o = out.row(w.seq, w.row, w.head);
   const Element* d = dout.row(w.seq, w.row, w.head);
   float sum = 0.0f;
-  for (int c = w.lane; c < p.dim_v; c += 32) sum += float(o[c]) * float(d[c]);
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  for (int c = w.lane * 8; c < p.dim_v; c += kLanes * 8) {
+    const Vec8<Element> a = load8(o + c), b = load8(d + c);
+    CUTE_UNROLL
+    for (int j = 0; j < 8; ++j) sum += float(a.v[j]) * float(b.v[j]);
+  }
+  for (int offset = kLanes / 2; offset > 0; offset /= 2)
+    sum += __shfl_xor_sync(row_mask<kLanes>(), sum, offset, kLanes);
   float* dq = p.dq_accum + (int64_t(w.head) * p.q_rows + start + w.row) * p.dim;
-  for (int c = w.lane; c < p.dim; c += 32) dq[c] = 0.0f;
+  for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) store8(dq + c, Vec8<float>{});
   if (w.lane == 0) {
     p.dpsum[stat_row] = sum;
     const float lse = p.lse[int64_t(w.seq.batch) * p.lse_batch_stride +
@@ -108,17 +152,24 @@ struct FinishParams {
   float scale;
 };
 
-// dst = scale · accumulator, one row of one head per warp; `keys` walks key rows (dK, dV).
-template <class Element>
+// dst = scale · accumulator, rounded; `keys` walks key rows (dK, dV), else query rows (dQ).
+template <class Element, int kLanes>
 __global__ void __launch_bounds__(32 * kRowWarps)
     bwd_finish_kernel(const FinishParams p, const RowTensor<Element> dst, bool keys) {
   RowWork w;
-  if (!find_row(p.sequences, keys, w)) return;
+  if (!find_row<kLanes>(p.sequences, keys, w)) return;
   const float* src = p.accum + (int64_t(w.head) * p.rows + w.seq.start_q +
                                 int64_t(w.seq.batch) * p.rows_per_batch + w.row) *
                                    p.dim;
   Element* out = dst.row(w.seq, w.row, w.head);
-  for (int c = w.lane; c < p.dim; c += 32) out[c] = Element(src[c] * p.scale);
+  for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) {
+    const Vec8<float> a = load8(src + c);
+    Vec8<Element> x;
+    CUTE_UNROLL
+    for (int j = 0; j < 8; ++j)
+      x.v[j] = Element(a.v[j] * p.scale);
+    store8(out + c, x);
+  }
 }
 
 }  // namespace fa4::sm90
