@@ -148,22 +148,22 @@ constexpr int64_t kMaxTiles = int64_t(1) << 30;
 // The smallest FwdConfig::kBlockM of the forward instances (128; d64 takes 192; src/sm90/
 // fwd_config.cuh, not includable here): the tile count below is then an upper bound.
 constexpr int64_t kQueryTileRows = 128;
-// BwdConfig::kBlockN, and the y / z extent of a CUDA grid (the backward's row kernels).
-constexpr int64_t kKeyTileRowsBwd = 128;
+// The y / z extent of a CUDA grid (the backward's row kernels).
 constexpr int64_t kMaxGridYZ = 65535;
 
 // The backward's own limits, after the checks both passes share.
 Status can_implement_backward(const Problem& p) {
   if (find_kernel(kBackwardKernels, p) == nullptr) return no_kernel("backward", kBackwardKernels, p);
   // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key
-  // tile (128 keys) x query head x batch entry.
-  const int64_t n_tiles = (p.seqlen_k + kKeyTileRowsBwd - 1) / kKeyTileRowsBwd;
+  // tile (bwd_block_n keys: 64 above head dim 128) x query head x batch entry.
+  const int64_t key_tile = sm90::bwd_block_n(int(p.head_dim_qk));
+  const int64_t n_tiles = (p.seqlen_k + key_tile - 1) / key_tile;
   if (p.seqlen_q >= kMaxExtent || p.seqlen_k >= kMaxExtent || p.varlen.total_q >= kMaxExtent ||
       p.varlen.total_k >= kMaxExtent || p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ ||
       n_tiles * p.heads_q > kMaxExtent / (p.batch > 0 ? p.batch : 1))
     return not_supported("the sm90 backward takes fewer than 2^31 - 1 rows, at most %lld heads "
-                         "and batch entries, and fewer than 2^31 - 1 CTAs (128-key tiles x heads "
-                         "x batch)",
+                         "and batch entries, and fewer than 2^31 - 1 CTAs (key tiles x heads x "
+                         "batch)",
                          (long long)kMaxGridYZ);
   return Status::success();
 }
