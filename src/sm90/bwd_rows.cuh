@@ -166,8 +166,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
     const Vec8<float> a = load8(src + c);
     Vec8<Element> x;
     CUTE_UNROLL
-    for (int j = 0; j < 8; ++j)
-      x.v[j] = Element(a.v[j] * p.scale);
+    for (int j = 0; j < 8; ++j) x.v[j] = Element(a.v[j] * p.scale);
     store8(out + c, x);
   }
 }

@@ -70,10 +70,10 @@ CUTE_DEVICE void store_accumulator(int thread, Frag const& frag, SmemTensor&& ds
 // the compiler reads off thread 0's partition as constants. That holds where the stores step by
 // whole swizzle atoms (the narrow backward's dS: 128-byte swizzle, stores 2 KB apart), not in
 // general (the wide kernel's 64-byte swizzled P and dS break it): a host-side test checks it for
-// every thread of each tile this is used for (offsets_shared; tests/gpu, run by CI too). A check in the kernel would cost more
-// than it saves: its branch makes the compiler drop the uniform registers of the wgmma
-// descriptors. Computed per store from the thread index instead, the swizzled addresses cost
-// about 15 instructions each.
+// every thread of each tile this is used for (offsets_shared; in tests/gpu, run by CI too). A
+// check in the kernel would cost more than it saves: its branch makes the compiler drop the
+// uniform registers of the wgmma descriptors. Computed per store from the thread index instead,
+// the swizzled addresses cost about 15 instructions each.
 template <class StoreOp, class TiledMma, class Element>
 class AccumulatorStore {
   using Store = decltype(make_tiled_copy_C(Copy_Atom<StoreOp, Element>{}, TiledMma{}));
