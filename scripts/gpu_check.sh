@@ -97,6 +97,24 @@ run_tests() {
   note tests "passed $passed, skipped $skipped, failing shards $failed/$shards"
   grep -h '^\[  FAILED  \]' "$out"/tests_shard*.log | sort -u | head -n 20 >"$out/tests_failed.txt"
   [ -s "$out/tests_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/tests_failed.txt" | cut -c1-300)"
+
+  # The forward tests again with 3 persistent CTAs, so that each CTA runs many tiles on every
+  # mask and sequence layout (tile_scheduler.cuh): the hand-over of Q's buffer and V's ring.
+  pids=() failed=0
+  for i in $(seq 0 $((shards - 1))); do
+    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 GTEST_TOTAL_SHARDS=$shards \
+      GTEST_SHARD_INDEX=$i timeout 240 "$bin/fa4_gpu_tests" --gtest_filter='*Sm90Forward*' \
+      >"$out/tests_persistent_shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
+  cat "$out"/tests_persistent_shard*.log >"$out/tests_persistent.log"
+  passed=$(grep -h '^\[  PASSED  \]' "$out"/tests_persistent_shard*.log | awk '{s += $4} END {print s + 0}')
+  note "" "forward, 3 persistent CTAs: passed $passed, failing shards $failed/$shards"
+  grep -h '^\[  FAILED  \]' "$out"/tests_persistent_shard*.log | sort -u | head -n 20 \
+    >"$out/tests_persistent_failed.txt"
+  [ -s "$out/tests_persistent_failed.txt" ] &&
+    note "" "$(tr '\n' ' ' <"$out/tests_persistent_failed.txt" | cut -c1-300)"
 }
 
 run_sanitize() {
@@ -117,6 +135,15 @@ run_sanitize() {
       --gtest_filter="$small" >"$out/sanitize_$tool.log" 2>&1
     rc=$?
     note "$tool" "rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -n 1)"
+  done
+  # The forward cases again on 2 persistent CTAs (many tiles each): the hand-over of Q's buffer
+  # and V's ring from tile to tile.
+  for tool in memcheck racecheck; do
+    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2 timeout 120 compute-sanitizer \
+      --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" --gtest_filter="${small%%:Matrix/Sm90Backward*}" \
+      >"$out/sanitize_fwd_persistent_$tool.log" 2>&1
+    rc=$?
+    note "$tool" "forward, 2 persistent CTAs: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_persistent_$tool.log" | tail -n 1)"
   done
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   if [ -x "$bin/fa4-bench" ]; then

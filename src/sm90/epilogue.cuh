@@ -1,5 +1,5 @@
 // The forward epilogue: the normalized O accumulator is rounded to the output dtype, staged in
-// shared memory (the query tile's buffer, free once the last QKᵀ is done) with stmatrix, and written
+// shared memory (V's ring, free once the last P·V is done) with stmatrix, and written
 // by one TMA store, which drops rows past the sequence's end (gmem_layout.cuh). LSE rows are written
 // straight from registers.
 #pragma once
@@ -68,8 +68,10 @@ struct FwdEpilogue {
     }
   }
 
-  // o: the normalized fp32 accumulator of this thread; smem_o: the query tile's buffer, whose
-  // barrier smem_o_free is arrived at when the buffer may be reused.
+  // o: the normalized fp32 accumulator of this thread; smem_o: V's ring, whose barrier
+  // smem_o_free is arrived at once the store has read O from it. The store is issued by the first
+  // thread of the last consumer warpgroup, which waits for that read: in the next tile it issues
+  // its GEMMs last, so the wait overlaps the other warpgroups' first QKᵀ.
   template <class TiledMma, class FragO>
   CUTE_DEVICE static void store_o(Params const& p, TileCoord tile, Sequence const& seq,
                                   TiledMma const& mma, FragO const& o, Element* smem_o,
@@ -81,14 +83,14 @@ struct FwdEpilogue {
     auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
     auto thr_copy = smem_copy.get_thread_slice(thread);
 
-    // Every consumer warpgroup must be past its last read of Q before O overwrites the buffer.
+    // Every consumer warpgroup must be past its last read of V before O overwrites the ring.
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
     copy(smem_copy, thr_copy.retile_S(o_low), thr_copy.partition_D(sO));
     // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
 
-    if (thread == 0) {
+    if (thread == kConsumerThreads - 128) {
       const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
       Tensor gO = local_tile(domain_offset(make_coord(rows.offset, _0{}), mO),
@@ -97,7 +99,7 @@ struct FwdEpilogue {
                                         group_modes<0, 2>(gO));
       copy(p.tma_o, tOsO, tOgO);
       tma_store_arrive();
-      // Once the store has read the buffer, the producer may load the next tile's Q into it (and
+      // Once the store has read the ring, the producer may load the next tile's V into it (and
       // the CTA may exit).
       tma_store_wait<0>();
       cutlass::arch::ClusterBarrier::arrive(&smem_o_free);

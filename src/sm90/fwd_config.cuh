@@ -154,7 +154,8 @@ struct FwdConfig {
   // The same bytes as V, indexed (dim, key, stage): the B operand of PV.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<HeadDimV, BlockN, Stages>{}, Step<_2, _1, _3>{})));
-  // O is staged through Q's buffer once the last QKᵀ has read it.
+  // O is staged in V's ring once the last P·V has read it (Q's buffer then already holds the next
+  // tile's Q): the ring's stages hold 2·kBlockN ≥ kBlockM rows.
   using SmemLayoutO = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
 
   static constexpr int kBytesQ = kBlockM * kHeadDimQK * int(sizeof(Element));
@@ -163,7 +164,7 @@ struct FwdConfig {
 
   static_assert(kHeadDimQK % 32 == 0 && kHeadDimV % 32 == 0,
                 "rows must fill whole 64-byte swizzle atoms");
-  static_assert(kHeadDimV <= kHeadDimQK, "O is staged in Q's shared memory");
+  static_assert(cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutV>, "O is staged in V's ring");
   static_assert(kBlockN % 16 == 0, "P is the A operand of a k16 wgmma");
 };
 

@@ -3,7 +3,8 @@
 // (tile_scheduler.cuh).
 //
 //   warpgroup 0 (producer, 24 or 32 registers): one thread loads, by TMA, each tile's first K
-//   tile, its Q (once the previous tile's O has left Q's buffer), then the other K and V tiles.
+//   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
+//   tiles (the first V once the previous tile's O, staged in V's ring, has been stored).
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
 //   each, taking turns at the tensor cores. Per key tile j, going down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
@@ -66,10 +67,11 @@ struct FwdKernel {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
     alignas(8) uint64_t q_full;   // Q of the current tile has landed
-    alignas(8) uint64_t q_empty;  // the previous tile's O has left Q's buffer: Q may be reloaded
+    alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
+    alignas(8) uint64_t o_free;   // the previous tile's O has left V's ring: V may be reloaded
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  static_assert(cosize_v<typename Config::SmemLayoutO> <= cosize_v<typename Config::SmemLayoutQ>);
+  static_assert(cosize_v<typename Config::SmemLayoutO> <= cosize_v<typename Config::SmemLayoutV>);
 
   // What a CTA does for one tile of the grid; false when the tile is past its sequence's end (the
   // grid covers the longest one) or the sequence's entries are invalid.
@@ -98,7 +100,8 @@ struct FwdKernel {
       Load::prefetch_descriptors(p.load);
       Epilogue::prefetch_descriptors(p.epilogue);
       cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full, 1);
-      cutlass::arch::ClusterBarrier::init(&smem.q_empty, 1);
+      cutlass::arch::ClusterBarrier::init(&smem.q_empty, Config::kConsumerWarpgroups);
+      cutlass::arch::ClusterBarrier::init(&smem.o_free, 1);
     }
     typename Pipeline::Params pipe;
     pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
@@ -125,8 +128,8 @@ struct FwdKernel {
         Work w;
         if (!find_work(p, t, w)) continue;
         Load::run(p.load, w.tile, w.seq, w.keys, q_tiles++, smem.q.data(), smem.k.data(),
-                  smem.v.data(), smem.q_full, smem.q_empty, pipeline_k, pipeline_v, write_k,
-                  write_v);
+                  smem.v.data(), smem.q_full, smem.q_empty, smem.o_free, pipeline_k, pipeline_v,
+                  write_k, write_v);
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
@@ -194,10 +197,16 @@ struct FwdKernel {
       }
     };
 
-    // Q is loaded even for a tile that sees no key: its buffer then stages that tile's O.
+    // Q is loaded even for a tile that sees no key, so that the Q barriers' phases advance once per
+    // tile. Once this warpgroup's QKᵀ of the last key tile (keys.begin) has completed, the producer
+    // may load the next tile's Q: that load then overlaps the last P·V and the epilogue.
+    auto release_q = [&] {
+      if (thread % 128 == 0) cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
+    };
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
-    if (!keys.empty()) {
-
+    if (keys.empty()) {
+      release_q();
+    } else {
       int n_block = keys.end - 1;
       {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
@@ -208,6 +217,7 @@ struct FwdKernel {
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read_k);
         ++read_k;
+        if (n_block == keys.begin) release_q();
         prepare_scores(tSrS, n_block);
         auto scores = rowcol_view(tSrS);
         softmax.update_max(scores, rescale);  // O is still empty: nothing to rescale
@@ -228,6 +238,7 @@ struct FwdKernel {
         warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
         pipeline_k.consumer_release(read_k);
         ++read_k;
+        if (n_block - 1 == keys.begin) release_q();
         prepare_scores(tSrS, n_block - 1);
         auto scores = rowcol_view(tSrS);
         const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
@@ -257,7 +268,7 @@ struct FwdKernel {
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
     Epilogue::store_lse(p.epilogue, tile, w.seq, out_coords, lse, thread);
-    Epilogue::store_o(p.epilogue, tile, w.seq, mma_pv, tOrO, smem.q.data(), smem.q_empty, thread);
+    Epilogue::store_o(p.epilogue, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free, thread);
   }
 };
 

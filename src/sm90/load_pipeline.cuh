@@ -83,11 +83,14 @@ struct FwdLoad {
   // Runs on a single thread, once per tile; `q_tile` counts the tiles before this one. Key tiles go
   // from the last to the first (the order the consumers take them: with a causal mask the partly
   // masked tiles come first); V trails K by one tile because the consumers need K of tile j
-  // together with V of tile j+1. Q's buffer holds the previous tile's O until its store has read
-  // it, so the first K tile is issued before waiting for that.
+  // together with V of tile j+1. Q's buffer is free once the previous tile's last QKᵀ is done, V's
+  // ring once the previous tile's O, staged there, has been stored: the first K tile is issued
+  // before waiting for the one, the next K tile before waiting for the other. Every tile after the
+  // first waits once for each (also one without keys), so the barriers' phases stay in step.
   CUTE_DEVICE static void run(Params const& p, TileCoord tile, Sequence const& seq, KeyTiles keys,
                               int q_tile, Element* smem_q, Element* smem_k, Element* smem_v,
-                              uint64_t& q_full, uint64_t& q_empty, Pipeline& pipeline_k,
+                              uint64_t& q_full, uint64_t& q_empty, uint64_t& o_free,
+                              Pipeline& pipeline_k,
                               Pipeline& pipeline_v, PipelineState& write_k,
                               PipelineState& write_v) {
     const int kv_head = tile.head / p.head_group;
@@ -122,12 +125,17 @@ struct FwdLoad {
     if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
     copy(p.tma_q.with(q_full), tQgQ, tQsQ);
-    if (keys.empty()) return;
+    if (keys.empty()) {
+      if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (q_tile - 1) & 1);
+      return;
+    }
 
+    if (n_block > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
+    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (q_tile - 1) & 1);
     CUTE_NO_UNROLL
     for (; n_block > keys.begin; --n_block) {
-      load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
       load(p.tma_v, pipeline_v, write_v, tVgV(_, n_block), tVsV);
+      if (n_block - 1 > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 2), tKsK);
     }
     load(p.tma_v, pipeline_v, write_v, tVgV(_, keys.begin), tVsV);
   }

@@ -9,7 +9,7 @@ namespace fa4::sm90 {
 enum class ConsumerBarrier : uint32_t {
   kTurn0 = 0,     // consumer warpgroup 0 may issue its GEMMs (WarpgroupTurns)
   kTurn1 = 1,     // consumer warpgroup 1 may issue its GEMMs
-  kEpilogue = 2,  // all consumers: Q's buffer is free for O / O is staged for the TMA store
+  kEpilogue = 2,  // all consumers: V's ring is free for O / O is staged for the TMA store
   kTurn2 = 3,     // consumer warpgroup 2 may issue its GEMMs (three consumer warpgroups)
 };
 

@@ -37,9 +37,17 @@ struct TileScheduler {
     return {int(num_m_blocks), int(heads), int(num_m_blocks * heads * batch), heavy_last_rows};
   }
 
-  // CTAs to launch: one per SM when persistent, else one per tile.
+  // CTAs to launch: one per SM when persistent, else one per tile. FA4_SM90_PERSISTENT_CTAS=n
+  // launches n persistent CTAs instead (read once), so that the tests' small problems run many
+  // tiles per CTA: the hand-over of the shared buffers from one tile to the next is then tested on
+  // every mask and sequence layout, not only on the large problems where it happens by itself.
   static int grid(Params const& p, bool persistent, int sm_count) {
-    return persistent && sm_count < p.tiles ? sm_count : p.tiles;
+    static const int forced_ctas = [] {
+      const char* v = std::getenv("FA4_SM90_PERSISTENT_CTAS");
+      return v == nullptr ? 0 : std::atoi(v);
+    }();
+    const int ctas = forced_ctas > 0 ? forced_ctas : sm_count;
+    return persistent && ctas < p.tiles ? ctas : p.tiles;
   }
 
   // FA4_SM90_SCHEDULE=persistent|per_tile overrides the choice the launcher makes (auto), for
