@@ -154,8 +154,8 @@ struct FwdConfig {
   // The same bytes as V, indexed (dim, key, stage): the B operand of PV.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<HeadDimV, BlockN, Stages>{}, Step<_2, _1, _3>{})));
-  // O is staged in V's ring once the last P·V has read it (Q's buffer then already holds the next
-  // tile's Q): the ring's stages hold 2·kBlockN ≥ kBlockM rows.
+  // O is staged in V's ring once the last P·V has read it (Q's buffer has been released for the
+  // next tile's Q by then): the ring's stages hold 2·kBlockN ≥ kBlockM rows.
   using SmemLayoutO = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
 
   static constexpr int kBytesQ = kBlockM * kHeadDimQK * int(sizeof(Element));
