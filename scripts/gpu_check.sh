@@ -80,41 +80,35 @@ smoke_ok() {
   fi
 }
 
-run_tests() {
-  # The reference is double-precision and single-threaded: shard the suite over the CPU cores
-  # (the kernels themselves take milliseconds).
-  local shards=8 pids=() failed=0
+# The test binary sharded over the CPU cores: the reference is double-precision and
+# single-threaded (the kernels themselves take milliseconds). `sharded NAME LABEL [VAR=value ...]
+# -- [test arguments]`: logs NAME_shard*.log, NAME.log and NAME_failed.txt, one summary line.
+sharded() {
+  local name=$1 label=$2 shards=8 pids=() failed=0 envs=() i p
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
   for i in $(seq 0 $((shards - 1))); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$bin/fa4_gpu_tests" \
-      >"$out/tests_shard$i.log" 2>&1 &
+    env "${envs[@]}" GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 \
+      "$bin/fa4_gpu_tests" "$@" >"$out/${name}_shard$i.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
-  cat "$out"/tests_shard*.log >"$out/tests.log"
+  cat "$out/${name}"_shard*.log >"$out/$name.log"
   local passed skipped
-  passed=$(grep -h '^\[  PASSED  \]' "$out"/tests_shard*.log | awk '{s += $4} END {print s + 0}')
-  skipped=$(grep -h '^\[  SKIPPED \]' "$out"/tests_shard*.log | awk '{s += $4} END {print s + 0}')
-  note tests "passed $passed, skipped $skipped, failing shards $failed/$shards"
-  grep -h '^\[  FAILED  \]' "$out"/tests_shard*.log | sort -u | head -n 20 >"$out/tests_failed.txt"
-  [ -s "$out/tests_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/tests_failed.txt" | cut -c1-300)"
+  passed=$(grep -h '^\[  PASSED  \]' "$out/${name}"_shard*.log | awk '{s += $4} END {print s + 0}')
+  skipped=$(grep -h '^\[  SKIPPED \]' "$out/${name}"_shard*.log | awk '{s += $4} END {print s + 0}')
+  note "$label" "passed $passed, skipped $skipped, failing shards $failed/$shards"
+  grep -h '^\[  FAILED  \]' "$out/${name}"_shard*.log | sort -u | head -n 20 >"$out/${name}_failed.txt"
+  [ -s "$out/${name}_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/${name}_failed.txt" | cut -c1-300)"
+}
 
+run_tests() {
+  sharded tests tests
   # The forward tests again with 3 persistent CTAs, so that each CTA runs many tiles on every
   # mask and sequence layout (tile_scheduler.cuh): the hand-over of Q's buffer and V's ring.
-  pids=() failed=0
-  for i in $(seq 0 $((shards - 1))); do
-    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 GTEST_TOTAL_SHARDS=$shards \
-      GTEST_SHARD_INDEX=$i timeout 240 "$bin/fa4_gpu_tests" --gtest_filter='*Sm90Forward*' \
-      >"$out/tests_persistent_shard$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
-  cat "$out"/tests_persistent_shard*.log >"$out/tests_persistent.log"
-  passed=$(grep -h '^\[  PASSED  \]' "$out"/tests_persistent_shard*.log | awk '{s += $4} END {print s + 0}')
-  note "" "forward, 3 persistent CTAs: passed $passed, failing shards $failed/$shards"
-  grep -h '^\[  FAILED  \]' "$out"/tests_persistent_shard*.log | sort -u | head -n 20 \
-    >"$out/tests_persistent_failed.txt"
-  [ -s "$out/tests_persistent_failed.txt" ] &&
-    note "" "$(tr '\n' ' ' <"$out/tests_persistent_failed.txt" | cut -c1-300)"
+  sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
+    -- --gtest_filter='*Sm90Forward*'
 }
 
 run_sanitize() {
