@@ -71,7 +71,6 @@ struct FwdKernel {
     alignas(8) uint64_t o_free;   // the previous tile's O has left V's ring: V may be reloaded
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  static_assert(cosize_v<typename Config::SmemLayoutO> <= cosize_v<typename Config::SmemLayoutV>);
 
   // What a CTA does for one tile of the grid; false when the tile is past its sequence's end (the
   // grid covers the longest one) or the sequence's entries are invalid.
