@@ -108,15 +108,19 @@ struct BwdConfig {
 };
 
 // BwdWideConfig (head dims above 128): dK and dV of 128 keys no longer fit beside the scores, so
-// a CTA owns kBlockN = 64 keys, and each of the two MMA warpgroups 32 of them for the scores and
-// for dK / dV, which are computed transposed (all of the head dim × the warpgroup's keys):
+// a CTA owns kBlockN = 64 keys, each of the two MMA warpgroups 32 of them for the scores; dK and
+// dV are computed transposed:
 //   S = Q Kᵀ, dP = dO Vᵀ                   (SS: kBlockM queries × 32 keys)
-//   P, dS → shared memory                  (a warpgroup reads its own keys' P and dS back, and
-//                                           dQ reads every key's dS)
-//   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS             (SS: head dim × 32 keys, K = kBlockM queries)
+//   P, dS → shared memory                  (dVᵀ / dKᵀ and dQ read them back)
+//   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS             (SS, K = kBlockM queries; per warpgroup, when both head
+//                                           dims are multiples of 128 (d256): half the head dim ×
+//                                           all 64 keys, else all of it × its own 32 keys)
 //   dQ = dS K                              (SS: kBlockM queries × dim/2, K = kBlockN keys)
 // B operands of a wgmma come from shared memory only, so P and dS cannot feed dVᵀ / dKᵀ from the
-// registers; in exchange no accumulator holds more than the head dim × 32 keys.
+// registers; in exchange dKᵀ and dVᵀ hold half of (head dim × 64 keys) per warpgroup either way.
+// The split by head dim (kDkvByDim) gives dVᵀ / dKᵀ wgmmas of N = 64 rather than 32: per FLOP a
+// third less shared memory read for their operands (the kernel is bound by shared memory there:
+// bench/NOTES.md), at the cost of a second P stage (both warpgroups read every key's P).
 template <int kHeadDimQK_, int kHeadDimV_, class Element_>
 struct BwdWideConfig {
   using Element = Element_;
@@ -129,6 +133,11 @@ struct BwdWideConfig {
   static constexpr int kBlockM = bwd_block_m(kHeadDimQK_);
   static constexpr int kBlockN = bwd_block_n(kHeadDimQK_);
   static constexpr int kKeysPerWarpgroup = kBlockN / kMmaWarpgroups;
+  static constexpr bool kDkvByDim = kHeadDimQK_ % 128 == 0 && kHeadDimV_ % 128 == 0;
+  // Keys of one warpgroup's dVᵀ / dKᵀ, and P's stages: a warpgroup rewrites P only after its own
+  // dVᵀ has read it, so one stage does while that dVᵀ is the only reader.
+  static constexpr int kDkvKeys = kDkvByDim ? kBlockN : kKeysPerWarpgroup;
+  static constexpr int kStagesP = kDkvByDim ? 2 : 1;
   // Q and dO rings: two stages need 64 KB more than the 227 KB at head dim 256 (dQ's fp32
   // staging alone is 64 KB there), so d256 loads each query tile after the last one is done.
   static constexpr int kStages = kHeadDimQK_ + kHeadDimV_ <= 384 ? 2 : 1;
@@ -143,15 +152,17 @@ struct BwdWideConfig {
   using HeadDimV = Int<kHeadDimV>;
   using Stages = Int<kStages>;
 
-  // Warpgroups side by side along the keys (S, dP, dVᵀ, dKᵀ) and along the head dim (dQ).
+  // Warpgroups side by side along the keys (S, dP; dVᵀ, dKᵀ unless kDkvByDim) and along the head
+  // dim (dQ; dVᵀ, dKᵀ with kDkvByDim, where M is the head dim).
   using NTiling = Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>;
+  using MTiling = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, Accum, Shape<BlockM, Int<kKeysPerWarpgroup>, HeadDim>>(),
       NTiling{}));
   using TiledMmaKV = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, Accum, Shape<_64, Int<kKeysPerWarpgroup>, BlockM>,
+      GMMA::ss_op_selector<Element, Element, Accum, Shape<_64, Int<kDkvKeys>, BlockM>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      NTiling{}));
+      std::conditional_t<kDkvByDim, MTiling, NTiling>{}));
   using TiledMmaQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, Accum, Shape<BlockM, Int<kHeadDim / kMmaWarpgroups>, BlockN>,
                            GMMA::Major::K, GMMA::Major::MN>(),
@@ -173,15 +184,15 @@ struct BwdWideConfig {
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlockN>{}, Step<_2, _1>{})));
   using SmemLayoutV = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockN, HeadDimV>{}));
-  // P (one stage: a warpgroup rewrites its keys' columns only after its own dVᵀ has read them)
-  // and dS (two stages, as in BwdConfig), (query, key); read transposed from a warpgroup's first
-  // key, so the swizzle atom spans kKeysPerWarpgroup keys at most.
+  // P (kStagesP) and dS (two stages, as in BwdConfig), (query, key); read transposed from the
+  // first key of a warpgroup's dVᵀ / dKᵀ, so the swizzle atom spans kDkvKeys keys at most.
   using SmemLayoutP =
-      decltype(tile_to_shape(SmemAtom<kKeysPerWarpgroup>{}, Shape<BlockM, BlockN>{}));
+      decltype(tile_to_shape(SmemAtom<kDkvKeys>{}, Shape<BlockM, BlockN, Int<kStagesP>>{}));
   using SmemLayoutPt = decltype(composition(
-      SmemLayoutP{}, make_ordered_layout(Shape<BlockN, BlockM>{}, Step<_2, _1>{})));
+      SmemLayoutP{},
+      make_ordered_layout(Shape<BlockN, BlockM, Int<kStagesP>>{}, Step<_2, _1, _3>{})));
   using SmemLayoutDs =
-      decltype(tile_to_shape(SmemAtom<kKeysPerWarpgroup>{}, Shape<BlockM, BlockN, _2>{}));
+      decltype(tile_to_shape(SmemAtom<kDkvKeys>{}, Shape<BlockM, BlockN, _2>{}));
   using SmemLayoutDst = decltype(composition(
       SmemLayoutDs{}, make_ordered_layout(Shape<BlockN, BlockM, _2>{}, Step<_2, _1, _3>{})));
 
@@ -194,6 +205,9 @@ struct BwdWideConfig {
                 "dKᵀ and dVᵀ are 64-row wgmma atoms along the head dim");
   static_assert(kHeadDim / kMmaWarpgroups % 16 == 0, "dQ's halves: whole 64-byte float atoms");
   static_assert(kKeysPerWarpgroup % 16 == 0, "a warpgroup's keys: whole k16 / 32-byte atoms");
+  static_assert(!kDkvByDim || (kHeadDim % (64 * kMmaWarpgroups) == 0 &&
+                               kHeadDimV % (64 * kMmaWarpgroups) == 0),
+                "dVᵀ / dKᵀ by head dim: whole 64-row wgmma atoms per warpgroup");
   static_assert(kBwdStatAlign % kBlockM == 0, "each sequence's stat rows are padded for a whole tile");
 };
 

@@ -1,12 +1,13 @@
 // The backward's MMA warpgroups above head dim 128 (BwdWideConfig, bwd_config.cuh): the CTA's 64
-// keys split 32 / 32 between the two warpgroups, S and dP computed the forward's way round
-// (queries × keys), P and dS through shared memory, dK and dV accumulated transposed. Per query
+// keys split 32 / 32 between the two warpgroups for S and dP, computed the forward's way round
+// (queries × keys), P and dS through shared memory, dK and dV accumulated transposed (per
+// warpgroup its own keys, or at d256 half the head dim: BwdWideConfig::kDkvByDim). Per query
 // tile m that sees the keys:
 //   S = Q Kᵀ, dP = dO Vᵀ                 wgmma, dP issued right behind S
 //   P = exp2(S·scale·log2e − LSE·log2e)  from the forward's LSE
 //   dS = P ∘ (dP − D)                    (∘ (1 − tanh²) with softcap)
 //   P, dS → shared memory, then a barrier of both warpgroups (dQ reads every key's dS)
-//   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS           wgmma, the warpgroup's own keys
+//   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS           wgmma
 //   dQ = dS K                            half the head dim per warpgroup, staged for the writer
 //                                        warp (bwd_dq_reduce.cuh)
 // The rest of the kernel (loads, dQ writer, dK / dV store, deterministic mode) is BwdKernel's.
@@ -135,10 +136,13 @@ struct BwdMmaWide {
         }
         Tensor tDs = make_tensor<Element>(ScoreFrag{}.layout());
         convert_fragment(tSrDp, tDs);
-        // P has one stage: this warpgroup's last dVᵀ, its only reader, finished last step. dS
-        // alternates between two, as in the narrow kernel: a warpgroup writing stage m+1 may be
-        // ahead of the other's dQ reading stage m, never further.
-        store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tP, sP);
+        // dS alternates between two stages, as in the narrow kernel: a warpgroup writing stage
+        // m+1 may be ahead of the other's dQ reading stage m, never further. So does P where both
+        // warpgroups read every key's P; with one stage, this warpgroup's last dVᵀ, its only
+        // reader, finished last step.
+        const int p_stage = Config::kStagesP == 2 ? (m & 1) : 0;
+        store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tP,
+                                                                            sP(_, _, p_stage));
         store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tDs,
                                                                             sDs(_, _, m & 1));
         cutlass::arch::fence_view_async_shared();  // generic-proxy stores before wgmma reads
@@ -147,7 +151,9 @@ struct BwdMmaWide {
         wgmma_issue<false>(
             mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDot{}))(
                         _, _, _, stage),
-            wg_kv.partition_fragment_B(opaque_smem_tensor(smem.p.buf.data(), LayoutPt{})), dVt);
+            wg_kv.partition_fragment_B(opaque_smem_tensor(smem.p.buf.data(), LayoutPt{}))(
+                _, _, _, p_stage),
+            dVt);
         wgmma_issue<false>(
             mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQt{}))(
                         _, _, _, stage),
