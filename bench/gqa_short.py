@@ -10,7 +10,6 @@ and, as DESIGN.md §5 asks for decode, GB/s of K and V read. Writes <out>/<name>
 import argparse
 import datetime
 import json
-import os
 
 import torch
 
@@ -83,18 +82,10 @@ def main():
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
         "rounds": args.rounds,
-        "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
-                  + ("; median of %d rounds, builds in rotated order" % args.rounds
-                     if args.rounds > 1 else ""),
+        "timing": sweep.timing_note(args.rounds),
         "rows": rows,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, args.name + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
-    md = markdown(result)
-    with open(os.path.join(args.out, args.name + ".md"), "w") as f:
-        f.write(md)
-    print(md)
+    sweep.write_result(result, args.out, args.name, markdown)
 
 
 def markdown(r):
