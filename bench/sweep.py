@@ -440,19 +440,27 @@ def main():
         "cudnn": torch.backends.cudnn.version(),
         "inputs": args.inputs,
         "rounds": args.rounds,
-        "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
-                  + ("; median of %d rounds, builds in rotated order" % args.rounds
-                     if args.rounds > 1 else ""),
+        "timing": timing_note(args.rounds),
         "flops": "4*b*h*s*s*d, halved for causal" + ("" if args.pass_ == "fwd" else
                                                       ", x%g (%s)" % (PASSES[args.pass_][1],
                                                                       PASSES[args.pass_][0])),
         "rows": rows,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, args.name + ".json"), "w") as f:
+    write_result(result, args.out, args.name, markdown)
+
+
+def timing_note(rounds):
+    return ("triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
+            + ("; median of %d rounds, builds in rotated order" % rounds if rounds > 1 else ""))
+
+
+def write_result(result, out, name, to_markdown):
+    """<out>/<name>.json and <out>/<name>.md (to_markdown(result)); prints the markdown."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(result, f, indent=1)
-    md = markdown(result)
-    with open(os.path.join(args.out, args.name + ".md"), "w") as f:
+    md = to_markdown(result)
+    with open(os.path.join(out, name + ".md"), "w") as f:
         f.write(md)
     print(md)
 

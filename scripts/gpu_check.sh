@@ -109,6 +109,11 @@ run_tests() {
   # mask and sequence layout (tile_scheduler.cuh): the hand-over of Q's buffer and V's ring.
   sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*'
+  # The forward's GQA / MQA tests with pack-GQA forced on (query_rows.cuh: by default only short
+  # query sequences pack), alone and with 3 persistent CTAs.
+  sharded tests_packed "fwd packed" FA4_SM90_PACK_GQA=1 -- --gtest_filter='*Sm90Forward*:-*_gqa1*'
+  sharded tests_packed_persistent "fwd packed, 3 CTAs" FA4_SM90_PACK_GQA=1 \
+    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*:-*_gqa1*'
 }
 
 run_sanitize() {
@@ -138,6 +143,16 @@ run_sanitize() {
       >"$out/sanitize_fwd_persistent_$tool.log" 2>&1
     rc=$?
     note "$tool" "forward, 2 persistent CTAs: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_persistent_$tool.log" | tail -n 1)"
+  done
+  # Packed GQA tiles (Q gathered by cp.async, O stored row by row), on 2 persistent CTAs.
+  local packed='Matrix/Sm90Forward.MatchesReference/d128_bf16_q113_k203_causal_gqa8*'
+  packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_odd_causal_gqa8*:Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_used_gqa8'
+  for tool in memcheck racecheck; do
+    FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2 timeout 120 \
+      compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
+      --gtest_filter="$packed" >"$out/sanitize_fwd_packed_$tool.log" 2>&1
+    rc=$?
+    note "$tool" "forward packed: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_packed_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_packed_$tool.log")"
   done
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   if [ -x "$bin/fa4-bench" ]; then

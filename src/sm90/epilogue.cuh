@@ -1,7 +1,8 @@
 // The forward epilogue: the normalized O accumulator is rounded to the output dtype, staged in
 // shared memory (V's ring, free once the last P·V is done) with stmatrix, and written
 // by one TMA store, which drops rows past the sequence's end (gmem_layout.cuh). LSE rows are written
-// straight from registers.
+// straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,
+// which one box cannot address: the consumer threads copy them out 16 bytes at a time instead.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -10,6 +11,7 @@
 #include "sm90/fragment.cuh"
 #include "sm90/gmem_layout.cuh"
 #include "sm90/named_barriers.cuh"
+#include "sm90/query_rows.cuh"
 #include "sm90/sequence.cuh"
 #include "sm90/tile_scheduler.cuh"
 
@@ -36,6 +38,9 @@ struct FwdEpilogue {
     int64_t lse_batch_stride;
     int64_t lse_head_stride;
     int64_t lse_seq_stride;
+    // O as given, for packed tiles: addressed like FwdLoad's q.
+    Element* o;
+    int64_t o_row_stride, o_head_stride, o_batch_stride;
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
@@ -47,7 +52,11 @@ struct FwdEpilogue {
             p.return_lse ? t.lse.data : nullptr,
             p.is_varlen() ? 0 : t.lse.batch_stride,
             t.lse.head_stride,
-            t.lse.seq_stride};
+            t.lse.seq_stride,
+            static_cast<Element*>(t.out.data),
+            t.out.seq_stride,
+            t.out.head_stride,
+            p.is_varlen() ? 0 : t.out.batch_stride};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -56,15 +65,20 @@ struct FwdEpilogue {
 
   // rows: the (rows, cols) view of the O tile's identity tensor as this thread holds it.
   template <class Rows, class RowVector>
-  CUTE_DEVICE static void store_lse(Params const& p, TileCoord tile, Sequence const& seq,
-                                    Rows const& rows, RowVector const& lse, int thread) {
+  CUTE_DEVICE static void store_lse(Params const& p, QueryRows const& query_rows, TileCoord tile,
+                                    Sequence const& seq, Rows const& rows, RowVector const& lse,
+                                    int thread) {
     if (p.lse == nullptr || thread % 4 != 0) return;  // a quad shares each row; its first writes
-    float* base = p.lse + seq.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
-                  seq.start_q * p.lse_seq_stride;
+    float* base = p.lse + seq.batch * p.lse_batch_stride + seq.start_q * p.lse_seq_stride;
+    const int first = tile.m_block * Config::kBlockM;
+    const int64_t count = query_rows.count(seq.len_q);
     CUTE_UNROLL
     for (int i = 0; i < size<0>(rows); ++i) {
-      const int row = tile.m_block * Config::kBlockM + get<0>(rows(i, 0));
-      if (row < seq.len_q) base[row * p.lse_seq_stride] = lse[i];
+      const int r = first + get<0>(rows(i, 0));
+      if (r < count) {
+        const QueryRows::Row row = query_rows.locate(r, tile.head);
+        base[row.head * p.lse_head_stride + row.position * p.lse_seq_stride] = lse[i];
+      }
     }
   }
 
@@ -73,7 +87,8 @@ struct FwdEpilogue {
   // thread of the last consumer warpgroup, which waits for that read: in the next tile it issues
   // its GEMMs last, so the wait overlaps the other warpgroups' first QKᵀ.
   template <class TiledMma, class FragO>
-  CUTE_DEVICE static void store_o(Params const& p, TileCoord tile, Sequence const& seq,
+  CUTE_DEVICE static void store_o(Params const& p, QueryRows const& query_rows, TileCoord tile,
+                                  Sequence const& seq,
                                   TiledMma const& mma, FragO const& o, Element* smem_o,
                                   uint64_t& smem_o_free, int thread) {
     Tensor o_low = make_tensor<Element>(o.layout());
@@ -90,7 +105,12 @@ struct FwdEpilogue {
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
 
-    if (thread == kConsumerThreads - 128) {
+    if (query_rows.packed()) {
+      store_packed_o(p, query_rows, tile, seq, sO, thread);
+      // Every thread has read its share of the ring.
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
+      if (thread == kConsumerThreads - 128) cutlass::arch::ClusterBarrier::arrive(&smem_o_free);
+    } else if (thread == kConsumerThreads - 128) {
       const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
       Tensor gO = local_tile(domain_offset(make_coord(rows.offset, _0{}), mO),
@@ -107,6 +127,29 @@ struct FwdEpilogue {
     // The next tile starts with warp-collective instructions (bar.sync, wgmma: .aligned), which
     // need the warp's threads together again.
     __syncwarp();
+  }
+
+ private:
+  // A packed tile's O rows from the staging buffer to their heads, 16 bytes per store, by all
+  // consumer threads (consecutive threads take consecutive chunks of a row).
+  template <class SmemO>
+  CUTE_DEVICE static void store_packed_o(Params const& p, QueryRows const& query_rows,
+                                         TileCoord tile, Sequence const& seq, SmemO const& sO,
+                                         int thread) {
+    constexpr int kChunkElems = 16 / int(sizeof(Element));
+    constexpr int kRowChunks = HeadDimV::value / kChunkElems;
+    const int first = tile.m_block * Config::kBlockM;
+    const int64_t count = query_rows.count(seq.len_q);
+    Element* o = p.o + seq.batch * p.o_batch_stride + int64_t(seq.start_q) * p.o_row_stride;
+    CUTE_NO_UNROLL
+    for (int c = thread; c < BlockM::value * kRowChunks; c += kConsumerThreads) {
+      const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
+      if (first + r >= count) continue;
+      const QueryRows::Row row = query_rows.locate(first + r, tile.head);
+      *reinterpret_cast<uint128_t*>(o + row.position * p.o_row_stride +
+                                    row.head * p.o_head_stride + col) =
+          *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
+    }
   }
 };
 

@@ -4,7 +4,8 @@
 //
 //   warpgroup 0 (producer, 24 or 32 registers): one thread loads, by TMA, each tile's first K
 //   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
-//   tiles (the first V once the previous tile's O, staged in V's ring, has been stored).
+//   tiles (the first V once the previous tile's O, staged in V's ring, has been stored). With
+//   pack-GQA (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q.
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
 //   each, taking turns at the tensor cores. Per key tile j, going down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
@@ -25,6 +26,7 @@
 #include "sm90/fragment.cuh"
 #include "sm90/load_pipeline.cuh"
 #include "sm90/mask.cuh"
+#include "sm90/query_rows.cuh"
 #include "sm90/sequence.cuh"
 #include "sm90/softcap.cuh"
 #include "sm90/softmax.cuh"
@@ -53,8 +55,9 @@ struct FwdKernel {
   struct Params {
     typename Load::Params load;
     typename Epilogue::Params epilogue;
-    TileScheduler::Params scheduler;
+    TileScheduler::Params scheduler;  // tiles of query heads, or of kv heads when packed
     SequenceParams sequences;
+    QueryRows rows;  // pack-GQA or not (query_rows.cuh)
     BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
     SoftcapScores softcap;
     float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
@@ -83,9 +86,11 @@ struct FwdKernel {
   CUTE_DEVICE static bool find_work(Params const& p, int tile_index, Work& w) {
     w.tile = TileScheduler::coord(p.scheduler, tile_index);
     w.seq = load_sequence(p.sequences, w.tile.batch);
-    if (!w.seq.valid || w.tile.m_block * Config::kBlockM >= w.seq.len_q) return false;
-    w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right)};
-    w.keys = w.mask.key_tiles(w.tile.m_block);
+    if (!w.seq.valid || w.tile.m_block * Config::kBlockM >= p.rows.count(w.seq.len_q))
+      return false;
+    w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right),
+                  p.rows};
+    w.keys = w.mask.key_tiles(w.mask.span(w.tile.m_block));
     return true;
   }
 
@@ -118,6 +123,16 @@ struct FwdKernel {
     // the Q barriers' phases carry over from tile to tile.
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+      if (warp == 1 && p.rows.packed()) {  // packed Q tiles are gathered row by row
+        int q_tiles = 0;
+        for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
+             t = TileScheduler::next(t)) {
+          Work w;
+          if (!find_work(p, t, w)) continue;
+          Load::load_packed_q(p.load, p.rows, w.tile, w.seq, q_tiles++, smem.q.data(), smem.q_full,
+                              smem.q_empty);
+        }
+      }
       if (!leader) return;
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
@@ -126,7 +141,7 @@ struct FwdKernel {
            t = TileScheduler::next(t)) {
         Work w;
         if (!find_work(p, t, w)) continue;
-        Load::run(p.load, w.tile, w.seq, w.keys, q_tiles++, smem.q.data(), smem.k.data(),
+        Load::run(p.load, p.rows, w.tile, w.seq, w.keys, q_tiles++, smem.q.data(), smem.k.data(),
                   smem.v.data(), smem.q_full, smem.q_empty, smem.o_free, pipeline_k, pipeline_v,
                   write_k, write_v);
       }
@@ -188,9 +203,10 @@ struct FwdKernel {
 
     // Softcap, then the mask, in the kernel's score units (see SoftcapScores).
     const auto row_keys = mask.row_keys(score_coords, tile.m_block);
+    const auto span = mask.span(tile.m_block);
     auto prepare_scores = [&](auto& scores, int n_block) {
       if (p.softcap.enabled()) p.softcap.apply(scores);
-      if (!mask.fully_visible(tile.m_block, n_block)) {
+      if (!mask.fully_visible(span, n_block)) {
         auto rc = rowcol_view(scores);
         mask.apply(rc, score_coords, row_keys, n_block);
       }
@@ -266,8 +282,9 @@ struct FwdKernel {
     softmax.finish(o_scale, lse);
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
-    Epilogue::store_lse(p.epilogue, tile, w.seq, out_coords, lse, thread);
-    Epilogue::store_o(p.epilogue, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free, thread);
+    Epilogue::store_lse(p.epilogue, p.rows, tile, w.seq, out_coords, lse, thread);
+    Epilogue::store_o(p.epilogue, p.rows, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free,
+                      thread);
   }
 };
 

@@ -39,9 +39,12 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
                                        p.window.right);
   const SoftcapScores softcap = SoftcapScores::make(Softcap{p.softcap}, p.scale());
-  const TileScheduler::Params scheduler =
-      TileScheduler::make((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads_q, p.batch,
-                          /*heavy_last_rows=*/band.right >= 0);
+  // With pack-GQA a tile belongs to a kv head and holds the rows of its query heads.
+  const QueryRows rows = QueryRows::make(p, Config::kBlockM);
+  const int64_t group = rows.group.divisor;
+  const TileScheduler::Params scheduler = TileScheduler::make(
+      (rows.count(p.seqlen_q) + Config::kBlockM - 1) / Config::kBlockM, p.heads_q / group, p.batch,
+      /*heavy_last_rows=*/band.right >= 0);
   int device = 0, sm_count = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
@@ -64,6 +67,7 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
                                        Kernel::Epilogue::make_params(p, t),
                                        scheduler,
                                        sequences,
+                                       rows,
                                        band,
                                        softcap,
                                        softcap.enabled() ? p.softcap : p.scale()};

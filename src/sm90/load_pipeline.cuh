@@ -1,15 +1,19 @@
 // The producer side of the forward kernel: one thread issues TMA loads of each query tile and
 // of its key / value tiles into two multi-stage shared-memory rings, each guarded by CUTLASS's
 // PipelineTmaAsync (a full mbarrier completed by the TMA's byte count, an empty mbarrier completed by
-// the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh).
+// the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh). With
+// pack-GQA a tile's Q rows come from several heads, which one box cannot address: a warp gathers
+// them with 16-byte cp.async copies instead.
 #pragma once
 
+#include <cute/arch/copy_sm80.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "sm90/gmem_layout.cuh"
 #include "sm90/mask.cuh"
+#include "sm90/query_rows.cuh"
 #include "sm90/sequence.cuh"
 #include "sm90/tile_scheduler.cuh"
 
@@ -47,6 +51,10 @@ struct FwdLoad {
     GmemShape shape_k;
     GmemShape shape_v;
     int head_group;  // query heads per kv head (GQA)
+    // Q as given, for the packed gather: row i of head h of batch entry b at
+    // q + b·q_batch_stride + h·q_head_stride + i·q_row_stride (varlen: i counts from the start).
+    Element const* q;
+    int64_t q_row_stride, q_head_stride, q_batch_stride;
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
@@ -70,7 +78,11 @@ struct FwdLoad {
             q.layout.shape(),
             k.layout.shape(),
             v.layout.shape(),
-            int(p.heads_q / p.heads_kv)};
+            int(p.heads_q / p.heads_kv),
+            static_cast<Element const*>(t.q.data),
+            t.q.seq_stride,
+            t.q.head_stride,
+            p.is_varlen() ? 0 : t.q.batch_stride};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -87,13 +99,14 @@ struct FwdLoad {
   // ring once the previous tile's O, staged there, has been stored: the first K tile is issued
   // before waiting for the one, the next K tile before waiting for the other. Every tile after the
   // first waits once for each (also one without keys), so the barriers' phases stay in step.
-  CUTE_DEVICE static void run(Params const& p, TileCoord tile, Sequence const& seq, KeyTiles keys,
+  CUTE_DEVICE static void run(Params const& p, QueryRows const& rows, TileCoord tile,
+                              Sequence const& seq, KeyTiles keys,
                               int q_tile, Element* smem_q, Element* smem_k, Element* smem_v,
                               uint64_t& q_full, uint64_t& q_empty, uint64_t& o_free,
                               Pipeline& pipeline_k,
                               Pipeline& pipeline_v, PipelineState& write_k,
                               PipelineState& write_v) {
-    const int kv_head = tile.head / p.head_group;
+    const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
     const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
 
@@ -122,9 +135,11 @@ struct FwdLoad {
     int n_block = keys.end - 1;
     if (!keys.empty()) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block), tKsK);
 
-    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
-    copy(p.tma_q.with(q_full), tQgQ, tQsQ);
+    if (!rows.packed()) {  // else load_packed_q's warp loads Q
+      if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
+      copy(p.tma_q.with(q_full), tQgQ, tQsQ);
+    }
     if (keys.empty()) {
       if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (q_tile - 1) & 1);
       return;
@@ -138,6 +153,41 @@ struct FwdLoad {
       if (n_block - 1 > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 2), tKsK);
     }
     load(p.tma_v, pipeline_v, write_v, tVgV(_, keys.begin), tVsV);
+  }
+
+  // Pack-GQA: one warp gathers the tile's Q rows (rows.locate) into Q's buffer, 16 bytes per
+  // cp.async, zeros for rows past the sequence; called once per tile like run, whose Q barrier
+  // protocol it follows. cp.async writes through the generic proxy and the wgmmas read through
+  // the async one: the warp waits for its copies and fences before it signals q_full.
+  CUTE_DEVICE static void load_packed_q(Params const& p, QueryRows const& rows, TileCoord tile,
+                                        Sequence const& seq, int q_tile, Element* smem_q,
+                                        uint64_t& q_full, uint64_t& q_empty) {
+    constexpr int kChunkElems = 16 / int(sizeof(Element));
+    constexpr int kRowChunks = HeadDimQK::value / kChunkElems;
+    const int lane = cutlass::canonical_lane_idx();
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
+    const int64_t first = int64_t(tile.m_block) * BlockM::value;
+    const int64_t count = rows.count(seq.len_q);
+    Element const* q = p.q + seq.batch * p.q_batch_stride + int64_t(seq.start_q) * p.q_row_stride;
+    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
+    CUTE_NO_UNROLL
+    for (int c = lane; c < BlockM::value * kRowChunks; c += 32) {
+      const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
+      const bool exists = first + r < count;
+      Element const* src = p.q;  // not read when the row does not exist (zero fill)
+      if (exists) {
+        const QueryRows::Row row = rows.locate(int(first + r), tile.head);
+        src = q + row.position * p.q_row_stride + row.head * p.q_head_stride + col;
+      }
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+          *reinterpret_cast<uint128_t const*>(src),
+          *reinterpret_cast<uint128_t*>(raw_pointer_cast(&sQ(r, col))), exists);
+    }
+    cp_async_fence();
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&q_full);
   }
 };
 

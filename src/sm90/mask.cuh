@@ -9,6 +9,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/mask.hpp"
+#include "sm90/query_rows.cuh"
 
 namespace fa4::sm90 {
 
@@ -42,20 +43,26 @@ CUTE_DEVICE void mask_outside_columns(Scores& scores, Coords const& coords, int 
 
 template <int kBlockM, int kBlockN>
 struct TileMask {
-  BandMask band;  // seqlen_k is the number of keys used (seqused_k applied)
+  BandMask band;     // seqlen_k is the number of keys used (seqused_k applied)
+  QueryRows rows{};  // tile row → query position (pack-GQA); identity by default
 
-  CUTE_DEVICE int64_t first_row(int m_block) const { return int64_t(m_block) * kBlockM; }
-  // The last row of the tile that exists; padding rows below it are computed but never stored.
-  CUTE_DEVICE int64_t last_row(int m_block) const {
-    const int64_t end = first_row(m_block) + kBlockM;
-    return (end < band.seqlen_q ? end : band.seqlen_q) - 1;
+  // The positions of a tile's first row and of its last row that exists (padding rows below it
+  // are computed but never stored); rows hold non-decreasing positions. Made once per tile.
+  struct Span {
+    int64_t first, last;
+  };
+  CUTE_DEVICE Span span(int m_block) const {
+    const int64_t begin = int64_t(m_block) * kBlockM;
+    const int64_t count = rows.count(band.seqlen_q);
+    const int64_t end = begin + kBlockM < count ? begin + kBlockM : count;
+    return {rows.position(begin), rows.position(end - 1)};
   }
 
   // Rows see keys in windows that only move right as the row grows, so the tile's keys lie in
   // [begin(first row), end(last row)).
-  CUTE_DEVICE KeyTiles key_tiles(int m_block) const {
-    int64_t lo = band.key_begin(first_row(m_block));
-    int64_t hi = band.key_end(last_row(m_block));
+  CUTE_DEVICE KeyTiles key_tiles(Span tile) const {
+    int64_t lo = band.key_begin(tile.first);
+    int64_t hi = band.key_end(tile.last);
     lo = lo < 0 ? 0 : lo;
     hi = hi > band.seqlen_k ? band.seqlen_k : hi;
     if (hi <= lo) return {};
@@ -63,10 +70,10 @@ struct TileMask {
   }
 
   // True when every stored row sees every key of the tile, so the tile needs no mask.
-  CUTE_DEVICE bool fully_visible(int m_block, int n_block) const {
+  CUTE_DEVICE bool fully_visible(Span tile, int n_block) const {
     const int64_t n0 = int64_t(n_block) * kBlockN;
-    return n0 + kBlockN <= band.seqlen_k && band.key_begin(last_row(m_block)) <= n0 &&
-           band.key_end(first_row(m_block)) >= n0 + kBlockN;
+    return n0 + kBlockN <= band.seqlen_k && band.key_begin(tile.last) <= n0 &&
+           band.key_end(tile.first) >= n0 + kBlockN;
   }
 
   // Keys [lo, hi) of each of the thread's rows, clamped to [0, seqlen_k] (lo ≥ hi: no key). They do
@@ -85,7 +92,8 @@ struct TileMask {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       int64_t lo, hi;
-      band.key_range(first_row(m_block) + cute::get<0>(coords(i, 0)), &lo, &hi);
+      band.key_range(rows.position(int64_t(m_block) * kBlockM + cute::get<0>(coords(i, 0))), &lo,
+                     &hi);
       // Clamping to [0, seqlen_k] keeps lo ≥ hi for a row that sees no key.
       keys.lo[i] = int(cute::min(lo, band.seqlen_k));
       keys.hi[i] = int(cute::max(hi, int64_t(0)));

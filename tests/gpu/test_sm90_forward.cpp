@@ -294,6 +294,54 @@ std::vector<Case> other_kernel_varlen_cases(const Kernel& k) {
   return cases;
 }
 
+// GQA ratios 7 (odd: the packed rows' divisions are not shifts) and 64/8 on short query
+// sequences, which the launcher packs (query_rows.cuh: G heads share a query tile), with the
+// masks read through the rows' positions; and one longer causal shape it does not pack (packed
+// too when FA4_SM90_PACK_GQA=1, as scripts/gpu_check.sh runs them). The full kernel gets all,
+// the others the first two.
+std::vector<Case> gqa_ratio_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  Case decode = varlen_case(k, {"", {1, 1, 0, 1, 1}, {1, 300, 5, 0, 2049}, {}});
+  decode.heads_q = 14;
+  decode.heads_kv = 2;
+  decode.spiky = true;
+  decode.name = kernel_tag(k) + "_varlen_decode_q1" + gqa_tag(decode) + "_spiky";
+  cases.push_back(decode);
+
+  Case chunk = varlen_case(k, {"", {5, 0, 17, 1, 40, 19}, {300, 10, 17, 2000, 41, 0}, {}});
+  chunk.causal = true;
+  chunk.heads_q = 14;
+  chunk.heads_kv = 2;
+  chunk.layout = Layout::kHeadMajor;
+  chunk.name = kernel_tag(k) + "_varlen_chunks_causal" + gqa_tag(chunk) + "_headmajor";
+  cases.push_back(chunk);
+  if (!tested_in_full(k)) return cases;
+
+  Case window = base_case(k, {"", 3, 3, 700});
+  window.window = {40, 0};
+  window.softcap = 20.0f;
+  window.heads_q = 7;
+  window.heads_kv = 1;
+  window.name = kernel_tag(k) + "_q3_k700_windowL40R0_softcap20" + gqa_tag(window);
+  cases.push_back(window);
+
+  Case wide = base_case(k, {"", 2, 16, 1000});
+  wide.causal = true;
+  wide.heads_q = 64;
+  wide.heads_kv = 8;
+  wide.spiky = true;
+  wide.name = kernel_tag(k) + "_q16_k1000_causal_h64_" + gqa_tag(wide).substr(1) + "_spiky";
+  cases.push_back(wide);
+
+  Case longer = base_case(k, {"", 2, 300, 333});
+  longer.causal = true;
+  longer.heads_q = 14;
+  longer.heads_kv = 2;
+  longer.name = kernel_tag(k) + "_q300_k333_causal" + gqa_tag(longer);
+  cases.push_back(longer);
+  return cases;
+}
+
 // The full matrix for the full kernel (head dim 128, bf16, when built); a smaller one for the
 // others.
 std::vector<Case> forward_cases() {
@@ -303,6 +351,7 @@ std::vector<Case> forward_cases() {
   };
   for (const Kernel& k : built_kernels()) {
     append(fixed_cases(k));
+    append(gqa_ratio_cases(k));
     if (tested_in_full(k)) {
       append(varlen_matrix(k));
       append(decode_cases(k));
