@@ -140,13 +140,10 @@ struct FwdLoad {
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
       copy(p.tma_q.with(q_full), tQgQ, tQsQ);
     }
-    if (keys.empty()) {
-      if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (q_tile - 1) & 1);
-      return;
-    }
-
+    // Without keys n_block < keys.begin: no K tile, but the wait all the same.
     if (n_block > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
     if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (q_tile - 1) & 1);
+    if (keys.empty()) return;
     CUTE_NO_UNROLL
     for (; n_block > keys.begin; --n_block) {
       load(p.tma_v, pipeline_v, write_v, tVgV(_, n_block), tVsV);
