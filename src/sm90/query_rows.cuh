@@ -47,7 +47,7 @@ struct QueryRows {
     }();
     const int64_t g = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
     const int64_t rows = p.seqlen_q * g;
-    bool pack = g > 1 && rows < (int64_t(1) << 30);
+    bool pack = forced != 0 && g > 1 && rows < (int64_t(1) << 30);
     if (pack && forced < 0) {
       // Share of the computed rows that exist, unpacked and packed.
       auto fill = [block_m](int64_t n) {
@@ -55,7 +55,6 @@ struct QueryRows {
       };
       pack = fill(p.seqlen_q) < 0.9 * fill(rows);
     }
-    if (forced == 0) pack = false;
     return {cutlass::FastDivmod(pack ? int(g) : 1)};
   }
 };
