@@ -60,13 +60,7 @@ def main():
             rows.append(row)
             continue
         sweep.add_rates(row, 4.0 * b * hq * sq * sk * d)
-        kv_bytes = 2.0 * b * sk * hkv * d * k.element_size()
-        for key in ("cudnn", "fa2"):
-            if key + "_ms" in row:
-                row[key + "_gbps"] = kv_bytes / (row[key + "_ms"] * 1e-3) / 1e9
-        for entry in row["libs"].values():
-            if "ms" in entry:
-                entry["gbps"] = kv_bytes / (entry["ms"] * 1e-3) / 1e9
+        sweep.add_rates(row, 2.0 * b * sk * hkv * d * k.element_size(), "gbps", 1e9)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del q, k, v, out, lse

@@ -348,17 +348,19 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward
     return row
 
 
-def add_rates(row, fl):
+def add_rates(row, amount, unit="tflops", per=1e12):
+    """amount (FLOPs, or bytes with unit="gbps", per=1e9) per second of every timed column, under
+    `unit`; the builds' ratio to cuDNN comes from the TFLOP/s."""
     for key in ("cudnn", "fa2"):
         if key + "_ms" in row:
-            row[key + "_tflops"] = fl / (row[key + "_ms"] * 1e-3) / 1e12
+            row[key + "_" + unit] = amount / (row[key + "_ms"] * 1e-3) / per
     for entry in row.get("others", {}).values():
         if "ms" in entry:
-            entry["tflops"] = fl / (entry["ms"] * 1e-3) / 1e12
+            entry[unit] = amount / (entry["ms"] * 1e-3) / per
     for entry in row["libs"].values():
         if "ms" in entry:
-            entry["tflops"] = fl / (entry["ms"] * 1e-3) / 1e12
-            if "cudnn_tflops" in row:
+            entry[unit] = amount / (entry["ms"] * 1e-3) / per
+            if unit == "tflops" and "cudnn_tflops" in row:
                 entry["vs_cudnn"] = entry["tflops"] / row["cudnn_tflops"]
 
 
