@@ -220,6 +220,9 @@ struct FwdKernel {
     };
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     if (keys.empty()) {
+      // No wgmma ties this warpgroup's warps to their waits for Q here: they meet before Q is
+      // released, or a lagging warp could wait on q_full after its phase had come round again.
+      cutlass::arch::NamedBarrier::sync(128, uint32_t(ConsumerBarrier::kQRelease0) + thread / 128);
       release_q();
     } else {
       int n_block = keys.end - 1;

@@ -340,6 +340,21 @@ std::vector<Case> gqa_ratio_cases(const Kernel& k) {
   longer.heads_kv = 2;
   longer.name = kernel_tag(k) + "_q300_k333_causal" + gqa_tag(longer);
   cases.push_back(longer);
+
+  // Long enough that the launcher does not pack it (query_rows.cuh): G = 7 on unpacked tiles.
+  Case unpacked = base_case(k, {"", 1, 1000, 1100});
+  unpacked.causal = true;
+  unpacked.heads_q = 14;
+  unpacked.heads_kv = 2;
+  unpacked.name = kernel_tag(k) + "_q1000_k1100_causal" + gqa_tag(unpacked);
+  cases.push_back(unpacked);
+
+  // More query heads than a tile has rows: one packed position spans two tiles.
+  Case many = base_case(k, {"", 2, 3, 200});
+  many.heads_q = 256;
+  many.heads_kv = 1;
+  many.name = kernel_tag(k) + "_q3_k200" + gqa_tag(many);
+  cases.push_back(many);
   return cases;
 }
 
