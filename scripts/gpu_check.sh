@@ -114,6 +114,13 @@ run_tests() {
   sharded tests_packed "fwd packed" FA4_SM90_PACK_GQA=1 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
   sharded tests_packed_persistent "fwd packed, 3 CTAs" FA4_SM90_PACK_GQA=1 \
     FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
+  # The forward's varlen tests with their tiles ordered longest-first (tile_order.cuh; by default
+  # only batches of more tiles than SMs are), also packed and on 3 persistent CTAs.
+  sharded tests_ordered "fwd varlen ordered" FA4_SM90_TILE_ORDER=longest \
+    -- --gtest_filter='*Sm90Forward*varlen*:*Sm90ForwardLong.Varlen*:*Sm90Forward*Repeat*:*Sm90TileOrder*'
+  sharded tests_ordered_packed "fwd varlen ordered, packed, 3 CTAs" FA4_SM90_TILE_ORDER=longest \
+    FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
+    -- --gtest_filter='*Sm90Forward*varlen*-*_gqa1:*_gqa1_*'
 }
 
 run_sanitize() {
@@ -158,6 +165,15 @@ run_sanitize() {
       --gtest_filter="$packed" >"$out/sanitize_fwd_packed_$tool.log" 2>&1
     rc=$?
     note "$tool" "forward packed: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_packed_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_packed_$tool.log")"
+  done
+  # The varlen tile order (its kernel's shared-memory sort, the forward's wait for it).
+  local ordered='Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_used_*'
+  ordered+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_chunks_causal_gqa7_headmajor'
+  for tool in memcheck racecheck synccheck; do
+    FA4_SM90_TILE_ORDER=longest timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$bin/fa4_gpu_tests" --gtest_filter="$ordered" >"$out/sanitize_fwd_ordered_$tool.log" 2>&1
+    rc=$?
+    note "$tool" "forward ordered: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_ordered_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_ordered_$tool.log")"
   done
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   if [ -x "$bin/fa4-bench" ]; then

@@ -17,6 +17,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/pipeline/pipeline.hpp>
@@ -83,7 +84,9 @@ struct FwdKernel {
     Mask mask;
     KeyTiles keys;
   };
-  CUTE_DEVICE static bool find_work(Params const& p, int tile_index, Work& w) {
+  CUTE_DEVICE static bool find_work(Params const& p, int entry, Work& w) {
+    const int tile_index = TileScheduler::tile_at(p.scheduler, entry);
+    if (tile_index < 0) return false;
     w.tile = TileScheduler::coord(p.scheduler, tile_index);
     w.seq = load_sequence(p.sequences, w.tile.batch);
     if (!w.seq.valid || w.tile.m_block * Config::kBlockM >= p.rows.count(w.seq.len_q))
@@ -118,6 +121,9 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.pipeline_v, pipe, Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
     __syncthreads();
+    // Launched after the tile order (launch_kernel_dependent), this prologue overlapped it; no
+    // global memory is read before this wait. Otherwise the wait returns at once.
+    cutlass::arch::wait_on_dependent_grids();
 
     // Producer and consumers walk the same tiles and skip the same ones. The K / V ring states and
     // the Q barriers' phases carry over from tile to tile.

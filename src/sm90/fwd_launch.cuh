@@ -13,6 +13,7 @@
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_launch.hpp"
 #include "sm90/launch.cuh"
+#include "sm90/tile_order.cuh"
 
 namespace fa4::sm90 {
 
@@ -28,7 +29,7 @@ struct CutlassElement<DType::kFP16> {
 };
 
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
-Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
+Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace, void* stream) {
   using Config = FwdConfig<kHeadDimQK, kHeadDimV, typename CutlassElement<kDType>::type>;
   using Kernel = FwdKernel<Config>;
 
@@ -42,7 +43,7 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   // With pack-GQA a tile belongs to a kv head and holds the rows of its query heads.
   const QueryRows rows = QueryRows::make(p, Config::kBlockM);
   const int64_t group = rows.group.divisor;
-  const TileScheduler::Params scheduler = TileScheduler::make(
+  TileScheduler::Params scheduler = TileScheduler::make(
       (rows.count(p.seqlen_q) + Config::kBlockM - 1) / Config::kBlockM, p.heads_q / group, p.batch,
       /*heavy_last_rows=*/band.right >= 0);
   int device = 0, sm_count = 0;
@@ -56,12 +57,22 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   const bool balanced_static_order =
       fixed_lengths && band.left < 0 &&
       (band.right < 0 || TileScheduler::zigzag_balanced(scheduler, sm_count));
-  const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(balanced_static_order),
-                                       sm_count);
-
   const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
                                  int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
                                  int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
+  // Varlen tiles longest-first (tile_order.cuh): the grid becomes the ordered entries.
+  const bool ordered = err == cudaSuccess &&
+                       order_longest_first(p, scheduler.tiles, sm_count, workspace);
+  static_assert(Config::kBlockM >= kMinQueryTileRows, "the workspace's bound needs it");
+  if (ordered) {
+    scheduler.order = static_cast<int32_t*>(workspace.data);
+    scheduler.tiles = int(ordered_tile_entries(p.batch, rows.count(p.seqlen_q),
+                                               rows.count(p.varlen.total_q), scheduler.heads,
+                                               Config::kBlockM));
+    err = launch_order_tiles({sequences, rows, scheduler, int(p.batch), Config::kBlockM}, stream);
+  }
+  const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(balanced_static_order),
+                                       sm_count);
 
   const typename Kernel::Params params{Kernel::Load::make_params(p, t),
                                        Kernel::Epilogue::make_params(p, t),
@@ -76,9 +87,11 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Kernel::kSmemBytes);
+  const dim3 grid{unsigned(ctas)}, block{unsigned(Kernel::kThreads)};
+  const size_t smem = size_t(Kernel::kSmemBytes);
   if (err == cudaSuccess)
-    err = launch_kernel(kernel, dim3(unsigned(ctas)), dim3(Kernel::kThreads),
-                        size_t(Kernel::kSmemBytes), stream, params);
+    err = ordered ? launch_kernel_dependent(kernel, grid, block, smem, stream, params)
+                  : launch_kernel(kernel, grid, block, smem, stream, params);
   if (err != cudaSuccess)
     return detail::make_status(StatusCode::kDeviceError,
                                "sm90 forward kernel (head dims %d / %d) failed to launch: %s",

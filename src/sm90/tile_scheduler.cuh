@@ -31,10 +31,14 @@ struct TileScheduler {
     int heads;
     int tiles;             // num_m_blocks · heads · batch
     bool heavy_last_rows;  // later query tiles see more keys: issue them first
+    // Null: grid entry t is tile t. Else the tile of each of `tiles` entries, negative past the
+    // last one: a varlen batch's tiles longest-first (tile_order.cuh).
+    int32_t* order;
   };
 
   static Params make(int64_t num_m_blocks, int64_t heads, int64_t batch, bool heavy_last_rows) {
-    return {int(num_m_blocks), int(heads), int(num_m_blocks * heads * batch), heavy_last_rows};
+    return {int(num_m_blocks), int(heads), int(num_m_blocks * heads * batch), heavy_last_rows,
+            nullptr};
   }
 
   // CTAs to launch: one per SM when persistent, else one per tile. FA4_SM90_PERSISTENT_CTAS=n
@@ -102,7 +106,11 @@ struct TileScheduler {
   CUTE_DEVICE static int next(int tile) {
     return zigzag_next(tile, int(blockIdx.x), int(gridDim.x));
   }
-  CUTE_DEVICE static bool valid(Params const& p, int tile) { return tile < p.tiles; }
+  CUTE_DEVICE static bool valid(Params const& p, int entry) { return entry < p.tiles; }
+  // The tile of grid entry `entry`; negative: none (the ordered grid's unused entries).
+  CUTE_DEVICE static int tile_at(Params const& p, int entry) {
+    return p.order == nullptr ? entry : p.order[entry];
+  }
 
   CUTE_DEVICE static TileCoord coord(Params const& p, int tile) {
     const int m = tile % p.num_m_blocks;

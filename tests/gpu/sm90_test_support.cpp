@@ -128,6 +128,11 @@ DeviceRun::DeviceRun(const CaseData& s)
 }
 
 std::string DeviceRun::upload() {
+  size_t bytes = 0;
+  const Status sized = workspace_size(problem, Backend::kSm90, Pass::kForward, &bytes);
+  if (!sized.ok()) return "workspace_size: " + sized.message;
+  const std::string allocated = workspace.allocate(bytes);
+  if (!allocated.empty()) return allocated;
   for (auto& m : inputs) {
     const std::string e = m->upload();
     if (!e.empty()) return e;
@@ -145,6 +150,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
   lse.poison();
   std::string e = d_out->poison();
   if (e.empty()) e = d_lse->poison();
+  if (e.empty()) e = workspace.poison();
   if (e.empty()) e = d_out->upload();
   if (e.empty()) e = d_lse->upload();
   if (e.empty()) e = device_sync();
@@ -154,7 +160,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
     cudaGraphExec_t exec = nullptr;
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
       return "cudaStreamBeginCapture failed";
-    *status = forward(problem, tensors, {}, stream, Backend::kSm90);
+    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90);
     if (cudaStreamEndCapture(stream, &g) != cudaSuccess) return "cudaStreamEndCapture failed";
     if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return "cudaGraphInstantiate failed";
     const cudaError_t launched = cudaGraphLaunch(exec, stream);
@@ -162,7 +168,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
     cudaGraphDestroy(g);
     if (launched != cudaSuccess) return "cudaGraphLaunch failed";
   } else {
-    *status = forward(problem, tensors, {}, stream, Backend::kSm90);
+    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90);
   }
   const cudaError_t err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);

@@ -692,7 +692,7 @@ TEST(Sm90Forward, RefusesHostSequenceArrays) {
     run.out.poison();  // the host pattern check_written recognises, uploaded
     ASSERT_CUDA(run.d_out->upload());
     ASSERT_CUDA(DeviceRun::device_sync());
-    const Status s = forward(p, run.tensors, {}, nullptr, Backend::kSm90);
+    const Status s = forward(p, run.tensors, run.workspace.view(), nullptr, Backend::kSm90);
     EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
     EXPECT_NE(s.message.find(name), std::string::npos) << s.message;
     ASSERT_CUDA(DeviceRun::device_sync());
