@@ -37,10 +37,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default="gqa_short")
     ap.add_argument("--rounds", type=int, default=1)
+    sweep.add_lib_env_arg(ap)
     args = ap.parse_args()
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
-    builds = [sweep.Build(name, path) for name, path in sweep.parse_libs(args.lib)]
+    libs = sweep.parse_libs(args.lib)
+    env = sweep.parse_lib_env(args.lib_env, {name for name, _ in libs})
+    builds = [sweep.Build(name, path, env=env.get(name)) for name, path in libs]
     torch.manual_seed(0)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     facts_before = sweep.gpu_facts()
@@ -68,8 +71,8 @@ def main():
     result = {
         "benchmark": "short queries against long keys with GQA (bench/gqa_short.py)",
         "git_sha": args.sha,
-        "libs": [{"name": x.name, "path": sweep.repo_relative(x.path), "version": x.version}
-                 for x in builds],
+        "libs": [{"name": x.name, "path": sweep.repo_relative(x.path), "version": x.version,
+                  "env": x.env} for x in builds],
         "started_utc": started,
         "gpu_before": facts_before,
         "gpu_after": sweep.gpu_facts(),
@@ -85,8 +88,7 @@ def main():
 def markdown(r):
     g = r["gpu_before"]
     names = [x["name"] for x in r["libs"]]
-    builds = "; ".join("%s = fa4cpp %s (%s)" % (x["name"], x["version"], x["path"])
-                       for x in r["libs"])
+    builds = "; ".join(sweep.build_label(x) for x in r["libs"])
     lines = [
         "# Short queries, long keys, GQA: forward, GB/s of K + V (TFLOP/s)", "",
         "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "

@@ -6,18 +6,18 @@ so. TFLOP/s count the (query, key) pairs each sequence's mask leaves visible (4Â
 Writes <out>/<name>.json and .md.
 
 The batches are the ones where the order of the tiles matters (src/sm90/tile_order.cuh): lengths
-drawn at random, a long sequence last or first among short ones, many short sequences. --input
-NAME runs build NAME with FA4_SM90_TILE_ORDER=input (the tiles in input order), so that one
-library, copied under two paths, measures both orders in the same run:
+drawn at random, a long sequence last or first among short ones, many short sequences. With
+--lib-env (bench/sweep.py) one library, copied under two paths, measures both orders in the
+same run:
 
   cp build/libfa4.so /tmp/input/libfa4.so
   python3 bench/varlen.py --lib longest=build/libfa4.so --lib input=/tmp/input/libfa4.so \\
-      --input input --rounds 2 --sha $(git rev-parse --short HEAD) --out DIR
+      --lib-env input:FA4_SM90_TILE_ORDER=input --rounds 2 --sha $(git rev-parse --short HEAD) \\
+      --out DIR
 """
 import argparse
 import datetime
 import json
-import os
 import random
 
 import torch
@@ -44,7 +44,6 @@ SHAPES = (
     ("random 256-8k d64", _random_lengths(2, 32, 256, 8192), 32, 32, 64, True),
     ("256x 16-512", _random_lengths(3, 256, 16, 512), 16, 16, 128, True),
 )
-ORDER_ENV = "FA4_SM90_TILE_ORDER"
 
 
 def visible_pairs(n, causal):
@@ -85,7 +84,7 @@ def anchor_fn(backend, q, k, v, offsets, lens, causal):
     return dense, True, unpad
 
 
-def measure(builds, input_builds, rounds, lens, hq, hkv, d, causal):
+def measure(builds, rounds, lens, hq, hkv, d, causal):
     total = sum(lens)
     offsets = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32,
                            device="cuda")
@@ -102,21 +101,15 @@ def measure(builds, input_builds, rounds, lens, hq, hkv, d, causal):
     runs = {}
     for bld in builds:
         entry = row["libs"][bld.name] = {}
-        # The order is read once per library copy, at its first call: this one.
-        if bld.name in input_builds:
-            os.environ[ORDER_ENV] = "input"
-        else:
-            os.environ.pop(ORDER_ENV, None)
         try:
             run = bld.fa4.forward_fn(q, k, v, out, params=params)
             out.fill_(float("nan"))
-            run()
-            torch.cuda.synchronize()
+            with bld.environment():
+                run()
+                torch.cuda.synchronize()
         except fa4_ctypes.Fa4Error as e:
             entry["refused"] = str(e)
             continue
-        finally:
-            os.environ.pop(ORDER_ENV, None)
         entry["max_abs_diff_vs_cudnn"] = (out.float() - ref.float()).abs().max().item()
         runs[bld.name] = run
     try:
@@ -131,19 +124,17 @@ def measure(builds, input_builds, rounds, lens, hq, hkv, d, causal):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH")
-    ap.add_argument("--input", action="append", default=[], metavar="NAME",
-                    help="run build NAME with its tiles in input order")
     ap.add_argument("--sha", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default="varlen")
     ap.add_argument("--rounds", type=int, default=1)
+    sweep.add_lib_env_arg(ap)
     args = ap.parse_args()
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
-    builds = [sweep.Build(name, path) for name, path in sweep.parse_libs(args.lib)]
-    unknown = set(args.input) - {b.name for b in builds}
-    if unknown:
-        raise SystemExit("--input names no --lib: %s" % ", ".join(sorted(unknown)))
+    libs = sweep.parse_libs(args.lib)
+    env = sweep.parse_lib_env(args.lib_env, {name for name, _ in libs})
+    builds = [sweep.Build(name, path, env=env.get(name)) for name, path in libs]
     torch.manual_seed(0)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     facts_before = sweep.gpu_facts()
@@ -151,7 +142,7 @@ def main():
     for name, lens, hq, hkv, d, causal in SHAPES:
         row = {"batch": name, "sequences": len(lens), "tokens": sum(lens), "longest": max(lens),
                "heads_q": hq, "heads_kv": hkv, "head_dim": d, "causal": causal, "dtype": "bf16"}
-        row.update(measure(builds, set(args.input), args.rounds, lens, hq, hkv, d, causal))
+        row.update(measure(builds, args.rounds, lens, hq, hkv, d, causal))
         sweep.add_rates(row, 4.0 * hq * d * sum(visible_pairs(n, causal) for n in lens))
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -160,8 +151,7 @@ def main():
         "benchmark": "variable-length batches (bench/varlen.py)",
         "git_sha": args.sha,
         "libs": [{"name": x.name, "path": sweep.repo_relative(x.path), "version": x.version,
-                  "tile_order": "input" if x.name in args.input else "default"}
-                 for x in builds],
+                  "env": x.env} for x in builds],
         "started_utc": started,
         "gpu_before": facts_before,
         "gpu_after": sweep.gpu_facts(),
@@ -177,8 +167,7 @@ def main():
 def markdown(r):
     g = r["gpu_before"]
     names = [x["name"] for x in r["libs"]]
-    builds = "; ".join("%s = fa4cpp %s (%s, tile order %s)"
-                       % (x["name"], x["version"], x["path"], x["tile_order"]) for x in r["libs"])
+    builds = "; ".join(sweep.build_label(x) for x in r["libs"])
     lines = [
         "# Variable-length batches: forward TFLOP/s", "",
         "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "

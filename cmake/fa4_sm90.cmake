@@ -92,10 +92,11 @@ file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_bwd_kernels.inc
 
 target_include_directories(fa4_objects PRIVATE ${_fa4_sm90_gen})
 if(FA4_SM90_SOURCES)
-  # The forward's varlen tile order (one kernel for every instance).
-  set(_cu ${PROJECT_SOURCE_DIR}/src/sm90/tile_order.cu)
-  set_source_files_properties(${_cu} PROPERTIES COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
-  list(APPEND FA4_SM90_SOURCES ${_cu})
+  # The forward's varlen tile order and split-KV combine (one kernel each for every instance).
+  foreach(_cu ${PROJECT_SOURCE_DIR}/src/sm90/tile_order.cu ${PROJECT_SOURCE_DIR}/src/sm90/split_combine.cu)
+    set_source_files_properties(${_cu} PROPERTIES COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
+    list(APPEND FA4_SM90_SOURCES ${_cu})
+  endforeach()
   target_sources(fa4_objects PRIVATE ${FA4_SM90_SOURCES})
   target_include_directories(fa4_objects PRIVATE ${FA4_CUTLASS_DIR}/include)
   target_compile_options(fa4_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${FA4_SM90_CUDA_FLAGS}>)

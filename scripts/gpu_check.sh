@@ -121,6 +121,13 @@ run_tests() {
   sharded tests_ordered_packed "fwd varlen ordered, packed, 3 CTAs" FA4_SM90_TILE_ORDER=longest \
     FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*varlen*-*_gqa1:*_gqa1_*'
+  # Every forward test through split-KV (split_kv.cuh; by default only problems of few tiles and
+  # many keys split): 3 splits wherever the partials fit, empty shares included; then with the
+  # varlen order, pack-GQA and 3 persistent CTAs on top.
+  sharded tests_split "fwd 3 splits" FA4_SM90_SPLITS=3 -- --gtest_filter='*Sm90Forward*'
+  sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
+    FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
+    FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
 }
 
 run_sanitize() {
@@ -174,6 +181,16 @@ run_sanitize() {
       "$bin/fa4_gpu_tests" --gtest_filter="$ordered" >"$out/sanitize_fwd_ordered_$tool.log" 2>&1
     rc=$?
     note "$tool" "forward ordered: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_ordered_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_ordered_$tool.log")"
+  done
+  # Split-KV: the partials' stores and the combine.
+  local split='Matrix/Sm90Forward.MatchesReference/d128_bf16_q1_k5000_split_gqa8_spiky'
+  split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q4_k3000_causal_split_gqa1'
+  split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
+  for tool in memcheck racecheck synccheck; do
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
+      --gtest_filter="$split" >"$out/sanitize_fwd_split_$tool.log" 2>&1
+    rc=$?
+    note "$tool" "forward split: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_split_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_split_$tool.log")"
   done
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   if [ -x "$bin/fa4-bench" ]; then

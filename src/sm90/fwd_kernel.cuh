@@ -59,6 +59,7 @@ struct FwdKernel {
     TileScheduler::Params scheduler;  // tiles of query heads, or of kv heads when packed
     SequenceParams sequences;
     QueryRows rows;  // pack-GQA or not (query_rows.cuh)
+    SplitPartials split;  // split-KV's partial results (split_kv.cuh), or none
     BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
     SoftcapScores softcap;
     float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
@@ -80,6 +81,7 @@ struct FwdKernel {
   // grid covers the longest one) or the sequence's entries are invalid.
   struct Work {
     TileCoord tile;
+    int split;  // of the tile's keys (split_kv.cuh); 0 when not split
     Sequence seq;
     Mask mask;
     KeyTiles keys;
@@ -88,12 +90,14 @@ struct FwdKernel {
     const int tile_index = TileScheduler::tile_at(p.scheduler, entry);
     if (tile_index < 0) return false;
     w.tile = TileScheduler::coord(p.scheduler, tile_index);
+    w.split = TileScheduler::split_at(p.scheduler, entry);
     w.seq = load_sequence(p.sequences, w.tile.batch);
     if (!w.seq.valid || w.tile.m_block * Config::kBlockM >= p.rows.count(w.seq.len_q))
       return false;
     w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right),
                   p.rows};
     w.keys = w.mask.key_tiles(w.mask.span(w.tile.m_block));
+    if (p.scheduler.splits > 1) w.keys = split_share(w.keys, w.split, p.scheduler.splits);
     return true;
   }
 
@@ -291,6 +295,11 @@ struct FwdKernel {
     softmax.finish(o_scale, lse);
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
+    if (p.split.enabled()) {
+      Epilogue::store_partial(p.split, p.rows, tile, w.split, w.seq, out_coords, tOrO, lse,
+                              smem.o_free, thread);
+      return;
+    }
     Epilogue::store_lse(p.epilogue, p.rows, tile, w.seq, out_coords, lse, thread);
     Epilogue::store_o(p.epilogue, p.rows, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free,
                       thread);

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1) order_tiles(TileOrderParams p) {
   // past the grid are dropped: only sequences that overlap in cu_seqlens (invalid arrays, whose
   // outputs are unspecified, docs/semantics.md) can sum to more tiles than the grid has.
   const TileScheduler::Params& sched = p.scheduler;
-  const int64_t entries = sched.tiles;
+  const int64_t entries = p.entries;
   const int warp = tid / 32, lane = tid % 32;
   for (int s = warp; s < batch; s += kWarps) {
     const int b = seq_at[s];

@@ -28,7 +28,8 @@ namespace fa4::sm90 {
 struct TileOrderParams {
   SequenceParams sequences;
   QueryRows rows;
-  TileScheduler::Params scheduler;  // the tiles' numbering; order: `tiles` entries to write
+  TileScheduler::Params scheduler;  // the tiles' numbering, and `order`
+  int entries;                      // of order to write (ordered_tile_entries)
   int batch;
   int block_m;
 };

@@ -211,6 +211,20 @@ std::vector<Case> decode_cases(const Kernel& k) {
     c.name = kernel_tag(k) + "_varlen_decode_q1" + (used ? "_seqused_causal" : "") + gqa_tag(c);
     cases.push_back(c);
   }
+  // Few tiles and many keys: the launcher shares each tile's keys out among CTAs (split_kv.cuh),
+  // here into about 11-20 splits: decode with GQA, and four causal query rows (speculative
+  // decoding), whose rows see different keys of the last split.
+  Case few = base_case(k, {"", 2, 1, 5000});
+  few.heads_q = 16;
+  few.heads_kv = 2;
+  few.spiky = true;
+  few.name = kernel_tag(k) + "_q1_k5000_split" + gqa_tag(few) + "_spiky";
+  cases.push_back(few);
+  Case rows4 = base_case(k, {"", 1, 4, 3000});
+  rows4.heads_q = rows4.heads_kv = 8;
+  rows4.causal = true;
+  rows4.name = kernel_tag(k) + "_q4_k3000_causal_split" + gqa_tag(rows4);
+  cases.push_back(rows4);
   return cases;
 }
 

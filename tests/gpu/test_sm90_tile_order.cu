@@ -58,8 +58,10 @@ void check_order(const OrderCase& oc) {
   const Problem& p = setup->problem;
   DeviceRun run(*setup);
   ASSERT_CUDA(run.upload());
-  ASSERT_EQ(run.workspace.bytes(), sm90::tile_order_workspace_bytes(p));
-  ASSERT_GT(run.workspace.bytes(), 0u) << "a varlen forward asks for the tile order's workspace";
+  // The order first; split-KV's partials may follow.
+  ASSERT_GE(run.workspace.bytes(), sm90::tile_order_workspace_bytes(p));
+  ASSERT_GT(sm90::tile_order_workspace_bytes(p), 0u)
+      << "a varlen forward asks for the tile order's workspace";
   Stream stream;
   Status status;
   ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, &status));
@@ -76,7 +78,7 @@ void check_order(const OrderCase& oc) {
   const int64_t entries =
       sm90::ordered_tile_entries(p.batch, query_rows.count(p.seqlen_q),
                                  query_rows.count(p.varlen.total_q), heads, kBlockM);
-  ASSERT_LE(entries * 4, int64_t(run.workspace.bytes()));
+  ASSERT_LE(entries * 4, int64_t(sm90::tile_order_workspace_bytes(p)));
   std::vector<int32_t> order(run.workspace.bytes() / 4);
   ASSERT_CUDA(run.workspace.download(order.data()));
 
@@ -171,7 +173,8 @@ TEST(Sm90TileOrder, VarlenForwardNeedsItsWorkspace) {
   size_t bytes = 1;
   ASSERT_TRUE(workspace_size(make_setup(fixed, fixed_rng)->problem, Backend::kSm90,
                              Pass::kForward, &bytes).ok());
-  EXPECT_EQ(bytes, 0u);
+  // (FA4_SM90_SPLITS=n would ask for split-KV's partials.)
+  if (std::getenv("FA4_SM90_SPLITS") == nullptr) EXPECT_EQ(bytes, 0u);
 
   Case c = base_case(k, {"", 0, 0, 0});
   c.lens_q = {300, 0, 17};
