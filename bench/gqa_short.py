@@ -16,10 +16,13 @@ import torch
 import sweep
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim). Decode at b·s_kv = 256k (DESIGN.md
-# §5), then a few query rows (speculative decoding) and chunks of a prefill.
+# §5; few sequences: split-KV), then a few query rows (speculative decoding) and chunks of a
+# prefill.
 SHAPES = (
     (64, 1, 4096, 32, 8, 128),
     (8, 1, 32768, 32, 8, 128),
+    (4, 1, 65536, 32, 8, 128),
+    (1, 1, 262144, 32, 8, 128),
     (32, 1, 8192, 64, 8, 128),
     (64, 4, 4096, 32, 8, 128),
     (32, 16, 8192, 32, 8, 128),
