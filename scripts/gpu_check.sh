@@ -8,7 +8,7 @@
 # Logs are written to a work folder and packed into $OUT/gpu_check_logs.tgz (the device returns at
 # most 8 files); a short table is printed last and saved as $OUT/summary.txt.
 #   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd|bench_fwdbwd]...
-#          (default: all of them)
+#          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -103,30 +103,34 @@ sharded() {
   [ -s "$out/${name}_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/${name}_failed.txt" | cut -c1-300)"
 }
 
+# FA4_TEST_SETS=NAME,... (env) runs only those sets of run_tests (device calls are limited to
+# ten minutes: the sets can be spread over several).
+want() { [ -z "${FA4_TEST_SETS:-}" ] || [[ ",$FA4_TEST_SETS," == *",$1,"* ]]; }
+
 run_tests() {
-  sharded tests tests
+  want tests && sharded tests tests
   # The forward tests again with 3 persistent CTAs, so that each CTA runs many tiles on every
   # mask and sequence layout (tile_scheduler.cuh): the hand-over of Q's buffer and V's ring.
-  sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
+  want tests_persistent && sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*'
   # The forward's GQA / MQA tests with pack-GQA forced on (query_rows.cuh: by default only short
   # query sequences pack), alone and with 3 persistent CTAs.
-  sharded tests_packed "fwd packed" FA4_SM90_PACK_GQA=1 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
-  sharded tests_packed_persistent "fwd packed, 3 CTAs" FA4_SM90_PACK_GQA=1 \
+  want tests_packed && sharded tests_packed "fwd packed" FA4_SM90_PACK_GQA=1 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
+  want tests_packed_persistent && sharded tests_packed_persistent "fwd packed, 3 CTAs" FA4_SM90_PACK_GQA=1 \
     FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
   # The forward's varlen tests with their tiles ordered longest-first (tile_order.cuh; by default
   # only batches of more tiles than SMs are), also packed and on 3 persistent CTAs.
-  sharded tests_ordered "fwd varlen ordered" FA4_SM90_TILE_ORDER=longest \
+  want tests_ordered && sharded tests_ordered "fwd varlen ordered" FA4_SM90_TILE_ORDER=longest \
     -- --gtest_filter='*Sm90Forward*varlen*:*Sm90ForwardLong.Varlen*:*Sm90Forward*Repeat*:*Sm90TileOrder*'
-  sharded tests_ordered_packed "fwd varlen ordered, packed, 3 CTAs" FA4_SM90_TILE_ORDER=longest \
+  want tests_ordered_packed && sharded tests_ordered_packed "fwd varlen ordered, packed, 3 CTAs" FA4_SM90_TILE_ORDER=longest \
     FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*varlen*-*_gqa1:*_gqa1_*'
   # Every forward test through split-KV (split_kv.cuh; by default only problems of few tiles and
   # many keys split): 3 splits wherever the partials fit, empty shares included; then with the
   # varlen order, pack-GQA and 3 persistent CTAs on top.
   # (The refusal tests pass no workspace: with splits forced, the workspace check answers first.)
-  sharded tests_split "fwd 3 splits" FA4_SM90_SPLITS=3 -- --gtest_filter='*Sm90Forward*-*Refuses*'
-  sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
+  want tests_split && sharded tests_split "fwd 3 splits" FA4_SM90_SPLITS=3 -- --gtest_filter='*Sm90Forward*-*Refuses*'
+  want tests_split_all && sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
     FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
     FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*:*Refuses*'
 }
