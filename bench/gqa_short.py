@@ -71,34 +71,18 @@ def main():
         print(json.dumps(row), flush=True)
         del q, k, v, out, lse
 
-    result = {
-        "benchmark": "short queries against long keys with GQA (bench/gqa_short.py)",
-        "git_sha": args.sha,
-        "libs": [{"name": x.name, "path": sweep.repo_relative(x.path), "version": x.version,
-                  "env": x.env} for x in builds],
-        "started_utc": started,
-        "gpu_before": facts_before,
-        "gpu_after": sweep.gpu_facts(),
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "rounds": args.rounds,
-        "timing": sweep.timing_note(args.rounds),
-        "rows": rows,
-    }
+    result = sweep.result_dict("short queries against long keys with GQA (bench/gqa_short.py)", args.sha, builds,
+                               args.rounds, started, facts_before, rows)
     sweep.write_result(result, args.out, args.name, markdown)
 
 
 def markdown(r):
-    g = r["gpu_before"]
     names = [x["name"] for x in r["libs"]]
-    builds = "; ".join(sweep.build_label(x) for x in r["libs"])
     lines = [
         "# Short queries, long keys, GQA: forward, GB/s of K + V (TFLOP/s)", "",
-        "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "
-        "normal inputs, bf16, no mask; %s. GB/s = bytes of K and V / time; TFLOP/s = "
+        "%s; normal inputs, bf16, no mask; %s. GB/s = bytes of K and V / time; TFLOP/s = "
         "4·b·hq·sq·sk·d / time. Ratio = fa4cpp build / cuDNN, same run, same tensors."
-        % (builds, r["git_sha"], g.get("name"), g.get("driver_version"), g.get("clocks.sm"),
-           g.get("clocks.max.sm"), r["torch"], r["cudnn"], r["timing"]), "",
+        % (sweep.run_facts(r), r["timing"]), "",
         "| d | sq | sk | b | hq/hkv | %s | cuDNN | torch FA2 | %s | max abs diff vs cuDNN |"
         % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names)),
         "|---" * (8 + 2 * len(names)) + "|",

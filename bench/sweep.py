@@ -494,6 +494,34 @@ def main():
     write_result(result, args.out, args.name, markdown)
 
 
+def result_dict(benchmark, sha, builds, rounds, started, facts_before, rows):
+    """What a benchmark script writes: what ran (each build with its --lib-env), where, when, how
+    it was timed, and its rows."""
+    return {
+        "benchmark": benchmark,
+        "git_sha": sha,
+        "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
+                  "env": x.env} for x in builds],
+        "started_utc": started,
+        "gpu_before": facts_before,
+        "gpu_after": gpu_facts(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "rounds": rounds,
+        "timing": timing_note(rounds),
+        "rows": rows,
+    }
+
+
+def run_facts(r):
+    """A result's builds, git sha, GPU (clocks before the run), torch and cuDNN, for a table."""
+    g = r["gpu_before"]
+    return ("%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s"
+            % ("; ".join(build_label(x) for x in r["libs"]), r["git_sha"], g.get("name"),
+               g.get("driver_version"), g.get("clocks.sm"), g.get("clocks.max.sm"), r["torch"],
+               r["cudnn"]))
+
+
 def timing_note(rounds):
     return ("triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
             + ("; median of %d rounds, builds in rotated order" % rounds if rounds > 1 else ""))

@@ -147,35 +147,19 @@ def main():
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    result = {
-        "benchmark": "variable-length batches (bench/varlen.py)",
-        "git_sha": args.sha,
-        "libs": [{"name": x.name, "path": sweep.repo_relative(x.path), "version": x.version,
-                  "env": x.env} for x in builds],
-        "started_utc": started,
-        "gpu_before": facts_before,
-        "gpu_after": sweep.gpu_facts(),
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "rounds": args.rounds,
-        "timing": sweep.timing_note(args.rounds),
-        "rows": rows,
-    }
+    result = sweep.result_dict("variable-length batches (bench/varlen.py)", args.sha, builds,
+                               args.rounds, started, facts_before, rows)
     sweep.write_result(result, args.out, args.name, markdown)
 
 
 def markdown(r):
-    g = r["gpu_before"]
     names = [x["name"] for x in r["libs"]]
-    builds = "; ".join(sweep.build_label(x) for x in r["libs"])
     lines = [
         "# Variable-length batches: forward TFLOP/s", "",
-        "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "
-        "normal inputs, bf16, len_q = len_k per sequence; %s. TFLOP/s = 4·hq·d·(visible pairs) "
-        "/ time. Ratio = fa4cpp build / cuDNN, same run, same tensors; cuDNN* = on the batch "
-        "padded to its longest sequence (it refused the nested one)."
-        % (builds, r["git_sha"], g.get("name"), g.get("driver_version"), g.get("clocks.sm"),
-           g.get("clocks.max.sm"), r["torch"], r["cudnn"], r["timing"]), "",
+        "%s; normal inputs, bf16, len_q = len_k per sequence; %s. TFLOP/s = 4·hq·d·(visible "
+        "pairs) / time. Ratio = fa4cpp build / cuDNN, same run, same tensors; cuDNN* = on the "
+        "batch padded to its longest sequence (it refused the nested one)."
+        % (sweep.run_facts(r), r["timing"]), "",
         "| batch | seqs | tokens | d | hq/hkv | causal | %s | cuDNN | torch FA2 | %s | max abs diff vs cuDNN |"
         % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names)),
         "|---" * (9 + 2 * len(names)) + "|",

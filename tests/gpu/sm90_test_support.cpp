@@ -177,4 +177,19 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
   return e;
 }
 
+void expect_refused(DeviceRun& run, const Problem& problem, Workspace workspace, StatusCode code,
+                    const std::string& named) {
+  run.out.poison();  // the host pattern check_written recognises, uploaded
+  ASSERT_CUDA(run.d_out->upload());
+  ASSERT_CUDA(DeviceRun::device_sync());
+  const Status s = forward(problem, run.tensors, workspace, nullptr, Backend::kSm90);
+  EXPECT_EQ(s.code, code) << s.message;
+  if (!named.empty()) EXPECT_NE(s.message.find(named), std::string::npos) << s.message;
+  ASSERT_CUDA(DeviceRun::device_sync());
+  ASSERT_CUDA(run.d_out->download(nullptr));
+  const std::vector<unsigned char> no_rows(rows_in_sequences(run.setup.problem, false).size(), 0);
+  const CheckResult untouched = check_written("out", run.out, no_rows);
+  EXPECT_TRUE(untouched.ok) << untouched.message;
+}
+
 }  // namespace fa4::test

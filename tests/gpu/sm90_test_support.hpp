@@ -86,6 +86,12 @@ struct DeviceRun {
   std::string run(cudaStream_t stream, bool graph, Status* status);
 };
 
+// Calls the forward with `problem` and `workspace` on run's tensors, expecting it to be refused
+// with `code` (and a message naming `named`, when given) before anything is written: out is
+// poisoned before the call and checked untouched after it.
+void expect_refused(DeviceRun& run, const Problem& problem, Workspace workspace, StatusCode code,
+                    const std::string& named = "");
+
 class Stream {
  public:
   Stream() { cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking); }
