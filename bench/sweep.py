@@ -208,7 +208,8 @@ def parse_lib_env(specs, names):
 class Build:
     """One libfa4.so, loaded beside the others (ctypes.CDLL is RTLD_LOCAL: each copy binds its
     own symbols, its own kernels and its own last-error message). env: --lib-env settings, in
-    force around its checked runs (environment()), which are its first calls."""
+    force (environment()) while its closures are made and first run: the library reads each
+    FA4_SM90_* switch once, at the first call that needs it (workspace_size included)."""
 
     def __init__(self, name, path, deterministic=False, env=None):
         self.name, self.path, self.deterministic = name, path, deterministic
@@ -279,9 +280,9 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     for bld in builds:
         entry = row["libs"][bld.name] = {}
         try:
-            run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
-            out.fill_(float("nan"))
             with bld.environment():
+                run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+                out.fill_(float("nan"))
                 counts = bld.rescale_counts(run)
                 if counts is None:
                     run()
@@ -361,16 +362,15 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward
     for bld in builds:
         entry = row["libs"][bld.name] = {}
         try:
-            forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
             with bld.environment():
+                forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
                 forward()
-            run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
-                                      deterministic=bld.deterministic)
-            if with_forward:
-                run = (lambda f, b: lambda: (f(), b()))(forward, run)
-            for g in (dq, dk, dv):
-                g.fill_(float("nan"))
-            with bld.environment():
+                run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
+                                          deterministic=bld.deterministic)
+                if with_forward:
+                    run = (lambda f, b: lambda: (f(), b()))(forward, run)
+                for g in (dq, dk, dv):
+                    g.fill_(float("nan"))
                 run()
                 torch.cuda.synchronize()
         except fa4_ctypes.Fa4Error as e:

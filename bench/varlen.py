@@ -102,9 +102,9 @@ def measure(builds, rounds, lens, hq, hkv, d, causal):
     for bld in builds:
         entry = row["libs"][bld.name] = {}
         try:
-            run = bld.fa4.forward_fn(q, k, v, out, params=params)
-            out.fill_(float("nan"))
             with bld.environment():
+                run = bld.fa4.forward_fn(q, k, v, out, params=params)
+                out.fill_(float("nan"))
                 run()
                 torch.cuda.synchronize()
         except fa4_ctypes.Fa4Error as e:

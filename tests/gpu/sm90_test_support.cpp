@@ -128,9 +128,9 @@ DeviceRun::DeviceRun(const CaseData& s)
 }
 
 std::string DeviceRun::upload() {
+  // A problem the backend refuses gets no workspace: the refusal is what its test checks.
   size_t bytes = 0;
-  const Status sized = workspace_size(problem, Backend::kSm90, Pass::kForward, &bytes);
-  if (!sized.ok()) return "workspace_size: " + sized.message;
+  if (!workspace_size(problem, Backend::kSm90, Pass::kForward, &bytes).ok()) bytes = 0;
   const std::string allocated = workspace.allocate(bytes);
   if (!allocated.empty()) return allocated;
   for (auto& m : inputs) {
