@@ -7,7 +7,6 @@ and, as DESIGN.md §5 asks for decode, GB/s of K and V read. Writes <out>/<name>
   python3 bench/gqa_short.py --lib base=/tmp/base/libfa4.so --lib new=build/libfa4.so \\
       --rounds 2 --sha $(git rev-parse --short HEAD) --out DIR
 """
-import argparse
 import datetime
 import json
 
@@ -34,19 +33,7 @@ SHAPES = (
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH")
-    ap.add_argument("--sha", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--name", default="gqa_short")
-    ap.add_argument("--rounds", type=int, default=1)
-    sweep.add_lib_env_arg(ap)
-    args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit("--rounds must be >= 1")
-    libs = sweep.parse_libs(args.lib)
-    env = sweep.parse_lib_env(args.lib_env, {name for name, _ in libs})
-    builds = [sweep.Build(name, path, env=env.get(name)) for name, path in libs]
+    args, builds = sweep.script_args(__doc__, "gqa_short")
     torch.manual_seed(0)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     facts_before = sweep.gpu_facts()
@@ -83,22 +70,14 @@ def markdown(r):
         "%s; normal inputs, bf16, no mask; %s. GB/s = bytes of K and V / time; TFLOP/s = "
         "4·b·hq·sq·sk·d / time. Ratio = fa4cpp build / cuDNN, same run, same tensors."
         % (sweep.run_facts(r), r["timing"]), "",
-        "| d | sq | sk | b | hq/hkv | %s | cuDNN | torch FA2 | %s | max abs diff vs cuDNN |"
-        % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names)),
-        "|---" * (8 + 2 * len(names)) + "|",
-    ]
+    ] + sweep.table_head(["d", "sq", "sk", "b", "hq/hkv"], names)
     cell = lambda d, k: ("%.0f (%.1f)" % (d[k + "gbps"], d[k + "tflops"])
                          if k + "gbps" in d else "—")
     for x in r["rows"]:
-        libs = [x.get("libs", {}).get(n, {}) for n in names]
-        lines.append("| %d | %d | %d | %d | %d/%d | %s | %s | %s | %s | %s |" % (
-            x["head_dim"], x["seqlen_q"], x["seqlen_k"], x["batch"], x["heads_q"], x["heads_kv"],
-            " | ".join(cell(e, "") for e in libs),
-            cell(x, "cudnn_") if "cudnn_refused" not in x else x["cudnn_refused"][:60],
-            cell(x, "fa2_"),
-            " | ".join("%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs),
-            " / ".join("%.3g" % e["max_abs_diff_vs_cudnn"] if "max_abs_diff_vs_cudnn" in e
-                       else e.get("refused", "—")[:60] for e in libs)))
+        cudnn = x["cudnn_refused"][:60] if "cudnn_refused" in x else None
+        lines.append("| %d | %d | %d | %d | %d/%d | " % (
+            x["head_dim"], x["seqlen_q"], x["seqlen_k"], x["batch"], x["heads_q"], x["heads_kv"])
+            + sweep.table_cells(x, names, cell, cudnn))
     return "\n".join(lines) + "\n"
 
 

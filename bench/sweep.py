@@ -494,6 +494,44 @@ def main():
     write_result(result, args.out, args.name, markdown)
 
 
+def script_args(doc, name):
+    """The command line of the smaller benchmark scripts (gqa_short.py, varlen.py): builds with
+    their --lib-env, the git sha, where to write, rounds. Returns (args, builds)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH")
+    ap.add_argument("--sha", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--name", default=name)
+    ap.add_argument("--rounds", type=int, default=1)
+    add_lib_env_arg(ap)
+    args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be >= 1")
+    libs = parse_libs(args.lib)
+    env = parse_lib_env(args.lib_env, {n for n, _ in libs})
+    return args, [Build(n, path, env=env.get(n)) for n, path in libs]
+
+
+def table_head(columns, names):
+    """A results table's header and rule: the row's own columns, each build, cuDNN, torch FA2, each
+    build / cuDNN, and the builds' max abs diff vs cuDNN (table_cells fills the rest of a row)."""
+    head = list(columns) + list(names) + ["cuDNN", "torch FA2"] + \
+        [n + "/cuDNN" for n in names] + ["max abs diff vs cuDNN"]
+    return ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+
+def table_cells(x, names, cell, cudnn=None):
+    """A row's cells after its own columns, in table_head's order: cell(entry, prefix) formats a
+    rate; cudnn, if given, replaces the cuDNN cell."""
+    libs = [x.get("libs", {}).get(n, {}) for n in names]
+    cells = [cell(e, "") for e in libs] + [cudnn if cudnn is not None else cell(x, "cudnn_"),
+                                           cell(x, "fa2_")]
+    cells += ["%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs]
+    cells.append(" / ".join("%.3g" % e["max_abs_diff_vs_cudnn"] if "max_abs_diff_vs_cudnn" in e
+                            else e.get("refused", "—")[:60] for e in libs))
+    return " | ".join(cells) + " |"
+
+
 def result_dict(benchmark, sha, builds, rounds, started, facts_before, rows):
     """What a benchmark script writes: what ran (each build with its --lib-env), where, when, how
     it was timed, and its rows."""

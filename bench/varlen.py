@@ -15,7 +15,6 @@ same run:
       --lib-env input:FA4_SM90_TILE_ORDER=input --rounds 2 --sha $(git rev-parse --short HEAD) \\
       --out DIR
 """
-import argparse
 import datetime
 import json
 import random
@@ -122,19 +121,7 @@ def measure(builds, rounds, lens, hq, hkv, d, causal):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH")
-    ap.add_argument("--sha", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--name", default="varlen")
-    ap.add_argument("--rounds", type=int, default=1)
-    sweep.add_lib_env_arg(ap)
-    args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit("--rounds must be >= 1")
-    libs = sweep.parse_libs(args.lib)
-    env = sweep.parse_lib_env(args.lib_env, {name for name, _ in libs})
-    builds = [sweep.Build(name, path, env=env.get(name)) for name, path in libs]
+    args, builds = sweep.script_args(__doc__, "varlen")
     torch.manual_seed(0)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     facts_before = sweep.gpu_facts()
@@ -160,20 +147,13 @@ def markdown(r):
         "pairs) / time. Ratio = fa4cpp build / cuDNN, same run, same tensors; cuDNN* = on the "
         "batch padded to its longest sequence (it refused the nested one)."
         % (sweep.run_facts(r), r["timing"]), "",
-        "| batch | seqs | tokens | d | hq/hkv | causal | %s | cuDNN | torch FA2 | %s | max abs diff vs cuDNN |"
-        % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names)),
-        "|---" * (9 + 2 * len(names)) + "|",
-    ]
+    ] + sweep.table_head(["batch", "seqs", "tokens", "d", "hq/hkv", "causal"], names)
     cell = lambda d, k: "%.1f" % d[k + "tflops"] if k + "tflops" in d else "—"
     for x in r["rows"]:
-        libs = [x["libs"].get(n, {}) for n in names]
-        lines.append("| %s | %d | %d | %d | %d/%d | %s | %s | %s%s | %s | %s | %s |" % (
+        cudnn = cell(x, "cudnn_") + ("*" if x.get("cudnn_padded") else "")
+        lines.append("| %s | %d | %d | %d | %d/%d | %s | " % (
             x["batch"], x["sequences"], x["tokens"], x["head_dim"], x["heads_q"], x["heads_kv"],
-            "yes" if x["causal"] else "no", " | ".join(cell(e, "") for e in libs),
-            cell(x, "cudnn_"), "*" if x.get("cudnn_padded") else "", cell(x, "fa2_"),
-            " | ".join("%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs),
-            " / ".join("%.3g" % e["max_abs_diff_vs_cudnn"] if "max_abs_diff_vs_cudnn" in e
-                       else e.get("refused", "—")[:60] for e in libs)))
+            "yes" if x["causal"] else "no") + sweep.table_cells(x, names, cell, cudnn))
     return "\n".join(lines) + "\n"
 
 
