@@ -7,7 +7,6 @@ and, as DESIGN.md §5 asks for decode, GB/s of K and V read. Writes <out>/<name>
   python3 bench/gqa_short.py --lib base=/tmp/base/libfa4.so --lib new=build/libfa4.so \\
       --rounds 2 --sha $(git rev-parse --short HEAD) --out DIR
 """
-import argparse
 import datetime
 import json
 
@@ -16,10 +15,13 @@ import torch
 import sweep
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim). Decode at b·s_kv = 256k (DESIGN.md
-# §5), then a few query rows (speculative decoding) and chunks of a prefill.
+# §5; few sequences: split-KV), then a few query rows (speculative decoding) and chunks of a
+# prefill.
 SHAPES = (
     (64, 1, 4096, 32, 8, 128),
     (8, 1, 32768, 32, 8, 128),
+    (4, 1, 65536, 32, 8, 128),
+    (1, 1, 262144, 32, 8, 128),
     (32, 1, 8192, 64, 8, 128),
     (64, 4, 4096, 32, 8, 128),
     (32, 16, 8192, 32, 8, 128),
@@ -31,16 +33,7 @@ SHAPES = (
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH")
-    ap.add_argument("--sha", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--name", default="gqa_short")
-    ap.add_argument("--rounds", type=int, default=1)
-    args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit("--rounds must be >= 1")
-    builds = [sweep.Build(name, path) for name, path in sweep.parse_libs(args.lib)]
+    args, builds = sweep.script_args(__doc__, "gqa_short")
     torch.manual_seed(0)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     facts_before = sweep.gpu_facts()
@@ -65,51 +58,26 @@ def main():
         print(json.dumps(row), flush=True)
         del q, k, v, out, lse
 
-    result = {
-        "benchmark": "short queries against long keys with GQA (bench/gqa_short.py)",
-        "git_sha": args.sha,
-        "libs": [{"name": x.name, "path": sweep.repo_relative(x.path), "version": x.version}
-                 for x in builds],
-        "started_utc": started,
-        "gpu_before": facts_before,
-        "gpu_after": sweep.gpu_facts(),
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "rounds": args.rounds,
-        "timing": sweep.timing_note(args.rounds),
-        "rows": rows,
-    }
+    result = sweep.result_dict("short queries against long keys with GQA (bench/gqa_short.py)", args.sha, builds,
+                               args.rounds, started, facts_before, rows)
     sweep.write_result(result, args.out, args.name, markdown)
 
 
 def markdown(r):
-    g = r["gpu_before"]
     names = [x["name"] for x in r["libs"]]
-    builds = "; ".join("%s = fa4cpp %s (%s)" % (x["name"], x["version"], x["path"])
-                       for x in r["libs"])
     lines = [
         "# Short queries, long keys, GQA: forward, GB/s of K + V (TFLOP/s)", "",
-        "%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s; "
-        "normal inputs, bf16, no mask; %s. GB/s = bytes of K and V / time; TFLOP/s = "
+        "%s; normal inputs, bf16, no mask; %s. GB/s = bytes of K and V / time; TFLOP/s = "
         "4·b·hq·sq·sk·d / time. Ratio = fa4cpp build / cuDNN, same run, same tensors."
-        % (builds, r["git_sha"], g.get("name"), g.get("driver_version"), g.get("clocks.sm"),
-           g.get("clocks.max.sm"), r["torch"], r["cudnn"], r["timing"]), "",
-        "| d | sq | sk | b | hq/hkv | %s | cuDNN | torch FA2 | %s | max abs diff vs cuDNN |"
-        % (" | ".join(names), " | ".join(n + "/cuDNN" for n in names)),
-        "|---" * (8 + 2 * len(names)) + "|",
-    ]
+        % (sweep.run_facts(r), r["timing"]), "",
+    ] + sweep.table_head(["d", "sq", "sk", "b", "hq/hkv"], names)
     cell = lambda d, k: ("%.0f (%.1f)" % (d[k + "gbps"], d[k + "tflops"])
                          if k + "gbps" in d else "—")
     for x in r["rows"]:
-        libs = [x.get("libs", {}).get(n, {}) for n in names]
-        lines.append("| %d | %d | %d | %d | %d/%d | %s | %s | %s | %s | %s |" % (
-            x["head_dim"], x["seqlen_q"], x["seqlen_k"], x["batch"], x["heads_q"], x["heads_kv"],
-            " | ".join(cell(e, "") for e in libs),
-            cell(x, "cudnn_") if "cudnn_refused" not in x else x["cudnn_refused"][:60],
-            cell(x, "fa2_"),
-            " | ".join("%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs),
-            " / ".join("%.3g" % e["max_abs_diff_vs_cudnn"] if "max_abs_diff_vs_cudnn" in e
-                       else e.get("refused", "—")[:60] for e in libs)))
+        cudnn = x["cudnn_refused"][:60] if "cudnn_refused" in x else None
+        lines.append("| %d | %d | %d | %d | %d/%d | " % (
+            x["head_dim"], x["seqlen_q"], x["seqlen_k"], x["batch"], x["heads_q"], x["heads_kv"])
+            + sweep.table_cells(x, names, cell, cudnn))
     return "\n".join(lines) + "\n"
 
 

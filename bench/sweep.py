@@ -22,6 +22,7 @@ rescale counts (src/sm90/rescale_stats.hpp) for one forward run per row; their t
 counting's cost, so time the same variant built without it.
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import importlib
@@ -183,12 +184,36 @@ def parse_libs(specs):
     return libs
 
 
+def add_lib_env_arg(ap):
+    ap.add_argument("--lib-env", action="append", default=[], metavar="NAME:VAR=VALUE",
+                    help="run build NAME with environment variable VAR=VALUE (the library reads "
+                         "its FA4_SM90_* switches once, at its first call; to time a switch "
+                         "beside the default, give the same library twice: copy the file)")
+
+
+def parse_lib_env(specs, names):
+    """--lib-env values as {build name: {VAR: VALUE}}."""
+    env = {}
+    for spec in specs:
+        name, sep, setting = spec.partition(":")
+        var, eq, value = setting.partition("=")
+        if not sep or not eq or not var:
+            raise SystemExit("--lib-env %r: expected NAME:VAR=VALUE" % spec)
+        if name not in names:
+            raise SystemExit("--lib-env %r: no --lib named %s" % (spec, name))
+        env.setdefault(name, {})[var] = value
+    return env
+
+
 class Build:
     """One libfa4.so, loaded beside the others (ctypes.CDLL is RTLD_LOCAL: each copy binds its
-    own symbols, its own kernels and its own last-error message)."""
+    own symbols, its own kernels and its own last-error message). env: --lib-env settings, in
+    force (environment()) while its closures are made and first run: the library reads each
+    FA4_SM90_* switch once, at the first call that needs it (workspace_size included)."""
 
-    def __init__(self, name, path, deterministic=False):
+    def __init__(self, name, path, deterministic=False, env=None):
         self.name, self.path, self.deterministic = name, path, deterministic
+        self.env = dict(env or {})
         self.fa4 = fa4_ctypes.Library(path)
         self.version = self.fa4.version()
         self._counts = getattr(self.fa4.lib, "fa4_debug_sm90_rescale_counts", None)
@@ -197,6 +222,19 @@ class Build:
             self._counts.restype = ctypes.c_int
             if self._read_counts() is None:  # also zeroes them
                 self._counts = None
+
+    @contextlib.contextmanager
+    def environment(self):
+        saved = {var: os.environ.get(var) for var in self.env}
+        os.environ.update(self.env)
+        try:
+            yield
+        finally:
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
 
     def has_rescale_counts(self):
         return self._counts is not None
@@ -242,13 +280,14 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     for bld in builds:
         entry = row["libs"][bld.name] = {}
         try:
-            run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
-            out.fill_(float("nan"))
-            counts = bld.rescale_counts(run)
-            if counts is None:
-                run()
-                torch.cuda.synchronize()
-            else:
+            with bld.environment():
+                run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+                out.fill_(float("nan"))
+                counts = bld.rescale_counts(run)
+                if counts is None:
+                    run()
+                    torch.cuda.synchronize()
+            if counts is not None:
                 entry["rescale_counts"] = counts
         except fa4_ctypes.Fa4Error as e:
             entry["refused"] = str(e)
@@ -323,16 +362,17 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward
     for bld in builds:
         entry = row["libs"][bld.name] = {}
         try:
-            forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
-            forward()
-            run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
-                                      deterministic=bld.deterministic)
-            if with_forward:
-                run = (lambda f, b: lambda: (f(), b()))(forward, run)
-            for g in (dq, dk, dv):
-                g.fill_(float("nan"))
-            run()
-            torch.cuda.synchronize()
+            with bld.environment():
+                forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+                forward()
+                run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
+                                          deterministic=bld.deterministic)
+                if with_forward:
+                    run = (lambda f, b: lambda: (f(), b()))(forward, run)
+                for g in (dq, dk, dv):
+                    g.fill_(float("nan"))
+                run()
+                torch.cuda.synchronize()
         except fa4_ctypes.Fa4Error as e:
             entry["refused"] = str(e)
             continue
@@ -384,6 +424,7 @@ def main():
     ap.add_argument("--deterministic", default="", metavar="NAME,...",
                     help="these builds run their backward in deterministic mode (to time it beside "
                          "the default mode, give the same library twice: copy the file)")
+    add_lib_env_arg(ap)
     args = ap.parse_args()
     args.name = args.name or args.pass_ + "_sweep"
     if args.rounds < 1:
@@ -397,7 +438,8 @@ def main():
     if deterministic - {name for name, _ in libs}:
         raise SystemExit("--deterministic: no --lib named %s" % ", ".join(sorted(
             deterministic - {name for name, _ in libs})))
-    builds = [Build(name, path, name in deterministic) for name, path in libs]
+    env = parse_lib_env(args.lib_env, {name for name, _ in libs})
+    builds = [Build(name, path, name in deterministic, env.get(name)) for name, path in libs]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     hdims = [int(x) for x in args.hdims.split(",")]
     seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -433,7 +475,8 @@ def main():
         "others": sorted(others),
         "others_missing": others_missing,
         "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
-                  "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic}
+                  "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic,
+                  "env": x.env}
                  for x in builds],
         "started_utc": started,
         "gpu_before": facts_before,
@@ -449,6 +492,72 @@ def main():
         "rows": rows,
     }
     write_result(result, args.out, args.name, markdown)
+
+
+def script_args(doc, name):
+    """The command line of the smaller benchmark scripts (gqa_short.py, varlen.py): builds with
+    their --lib-env, the git sha, where to write, rounds. Returns (args, builds)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH")
+    ap.add_argument("--sha", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--name", default=name)
+    ap.add_argument("--rounds", type=int, default=1)
+    add_lib_env_arg(ap)
+    args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be >= 1")
+    libs = parse_libs(args.lib)
+    env = parse_lib_env(args.lib_env, {n for n, _ in libs})
+    return args, [Build(n, path, env=env.get(n)) for n, path in libs]
+
+
+def table_head(columns, names):
+    """A results table's header and rule: the row's own columns, each build, cuDNN, torch FA2, each
+    build / cuDNN, and the builds' max abs diff vs cuDNN (table_cells fills the rest of a row)."""
+    head = list(columns) + list(names) + ["cuDNN", "torch FA2"] + \
+        [n + "/cuDNN" for n in names] + ["max abs diff vs cuDNN"]
+    return ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+
+def table_cells(x, names, cell, cudnn=None):
+    """A row's cells after its own columns, in table_head's order: cell(entry, prefix) formats a
+    rate; cudnn, if given, replaces the cuDNN cell."""
+    libs = [x.get("libs", {}).get(n, {}) for n in names]
+    cells = [cell(e, "") for e in libs] + [cudnn if cudnn is not None else cell(x, "cudnn_"),
+                                           cell(x, "fa2_")]
+    cells += ["%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs]
+    cells.append(" / ".join("%.3g" % e["max_abs_diff_vs_cudnn"] if "max_abs_diff_vs_cudnn" in e
+                            else e.get("refused", "—")[:60] for e in libs))
+    return " | ".join(cells) + " |"
+
+
+def result_dict(benchmark, sha, builds, rounds, started, facts_before, rows):
+    """What a benchmark script writes: what ran (each build with its --lib-env), where, when, how
+    it was timed, and its rows."""
+    return {
+        "benchmark": benchmark,
+        "git_sha": sha,
+        "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
+                  "env": x.env} for x in builds],
+        "started_utc": started,
+        "gpu_before": facts_before,
+        "gpu_after": gpu_facts(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "rounds": rounds,
+        "timing": timing_note(rounds),
+        "rows": rows,
+    }
+
+
+def run_facts(r):
+    """A result's builds, git sha, GPU (clocks before the run), torch and cuDNN, for a table."""
+    g = r["gpu_before"]
+    return ("%s; git %s; %s, driver %s, SM clock %s (max %s) before the run; torch %s, cuDNN %s"
+            % ("; ".join(build_label(x) for x in r["libs"]), r["git_sha"], g.get("name"),
+               g.get("driver_version"), g.get("clocks.sm"), g.get("clocks.max.sm"), r["torch"],
+               r["cudnn"]))
 
 
 def timing_note(rounds):
@@ -467,12 +576,17 @@ def write_result(result, out, name, to_markdown):
     print(md)
 
 
+def build_label(x):
+    """A build as the tables name it: name, version, path and what it ran with."""
+    extra = (["deterministic"] if x.get("deterministic") else []) + \
+        ["%s=%s" % kv for kv in sorted(x.get("env", {}).items())]
+    return "%s = fa4cpp %s (%s)" % (x["name"], x["version"], ", ".join([x["path"]] + extra))
+
+
 def markdown(r):
     g = r["gpu_before"]
     names = [x["name"] for x in r["libs"]]
-    builds = "; ".join("%s = fa4cpp %s (%s%s)" % (x["name"], x["version"], x["path"],
-                                                  ", deterministic" if x.get("deterministic") else "")
-                       for x in r["libs"])
+    builds = "; ".join(build_label(x) for x in r["libs"])
     others = r.get("others", [])
     missing = r.get("others_missing", {})
     lines = [

@@ -19,6 +19,10 @@ target_include_directories(fa4_objects
 target_compile_options(fa4_objects PRIVATE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 target_compile_definitions(fa4_objects PRIVATE FA4_VERSION_STRING="${PROJECT_VERSION}")
+# Only the API is exported (include/fa4/export.h): kernels, CUTLASS / CuTe instantiations and the
+# internal statics stay private to the library.
+set_target_properties(fa4_objects PROPERTIES CXX_VISIBILITY_PRESET hidden
+                      CUDA_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
 target_link_libraries(fa4_objects PUBLIC Threads::Threads ${CMAKE_DL_LIBS})
 
 if(FA4_WITH_CUDA)

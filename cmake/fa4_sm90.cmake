@@ -41,6 +41,9 @@ set(FA4_SM90_CUDA_FLAGS
 # bytes, outside its inner loop's hot path; docs/sm90_backward.md): reported by -Xptxas=-v
 # (FA4_SM90_PTXAS_VERBOSE, scripts/gpu_check.sh counts them), not yet an error.
 set(FA4_SM90_FWD_CUDA_FLAGS -Xptxas=--warn-on-spills)
+# The forward kernel waits for the varlen tile order (src/sm90/tile_order.cuh) with
+# griddepcontrol.wait, which CUTLASS compiles in only with this definition.
+list(APPEND FA4_SM90_FWD_CUDA_FLAGS -DCUTLASS_ENABLE_GDC_FOR_SM90)
 # No --use_fast_math: exp2 is already the approximate ex2 (softmax.cuh), and the flag would also
 # turn tanhf (softcap) and the final 1/rowsum into approximations and flush denormals to zero.
 if(FA4_SM90_PTXAS_VERBOSE)
@@ -89,6 +92,11 @@ file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_bwd_kernels.inc
 
 target_include_directories(fa4_objects PRIVATE ${_fa4_sm90_gen})
 if(FA4_SM90_SOURCES)
+  # The forward's varlen tile order and split-KV combine (one kernel each for every instance).
+  foreach(_cu ${PROJECT_SOURCE_DIR}/src/sm90/tile_order.cu ${PROJECT_SOURCE_DIR}/src/sm90/split_combine.cu)
+    set_source_files_properties(${_cu} PROPERTIES COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
+    list(APPEND FA4_SM90_SOURCES ${_cu})
+  endforeach()
   target_sources(fa4_objects PRIVATE ${FA4_SM90_SOURCES})
   target_include_directories(fa4_objects PRIVATE ${FA4_CUTLASS_DIR}/include)
   target_compile_options(fa4_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${FA4_SM90_CUDA_FLAGS}>)

@@ -8,7 +8,7 @@
 # Logs are written to a work folder and packed into $OUT/gpu_check_logs.tgz (the device returns at
 # most 8 files); a short table is printed last and saved as $OUT/summary.txt.
 #   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd|bench_fwdbwd]...
-#          (default: all of them)
+#          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -103,17 +103,36 @@ sharded() {
   [ -s "$out/${name}_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/${name}_failed.txt" | cut -c1-300)"
 }
 
+# FA4_TEST_SETS=NAME,... (env) runs only those sets of run_tests (device calls are limited to
+# ten minutes: the sets can be spread over several).
+want() { [ -z "${FA4_TEST_SETS:-}" ] || [[ ",$FA4_TEST_SETS," == *",$1,"* ]]; }
+
 run_tests() {
-  sharded tests tests
+  want tests && sharded tests tests
   # The forward tests again with 3 persistent CTAs, so that each CTA runs many tiles on every
   # mask and sequence layout (tile_scheduler.cuh): the hand-over of Q's buffer and V's ring.
-  sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
+  want tests_persistent && sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*'
   # The forward's GQA / MQA tests with pack-GQA forced on (query_rows.cuh: by default only short
   # query sequences pack), alone and with 3 persistent CTAs.
-  sharded tests_packed "fwd packed" FA4_SM90_PACK_GQA=1 -- --gtest_filter='*Sm90Forward*:-*_gqa1*'
-  sharded tests_packed_persistent "fwd packed, 3 CTAs" FA4_SM90_PACK_GQA=1 \
-    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*:-*_gqa1*'
+  want tests_packed && sharded tests_packed "fwd packed" FA4_SM90_PACK_GQA=1 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
+  want tests_packed_persistent && sharded tests_packed_persistent "fwd packed, 3 CTAs" FA4_SM90_PACK_GQA=1 \
+    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'
+  # The forward's varlen tests with their tiles ordered longest-first (tile_order.cuh; by default
+  # only batches of more tiles than SMs are), also packed and on 3 persistent CTAs.
+  want tests_ordered && sharded tests_ordered "fwd varlen ordered" FA4_SM90_TILE_ORDER=longest \
+    -- --gtest_filter='*Sm90Forward*varlen*:*Sm90ForwardLong.Varlen*:*Sm90Forward*Repeat*:*Sm90TileOrder*'
+  want tests_ordered_packed && sharded tests_ordered_packed "fwd varlen ordered, packed, 3 CTAs" FA4_SM90_TILE_ORDER=longest \
+    FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
+    -- --gtest_filter='*Sm90Forward*varlen*-*_gqa1:*_gqa1_*'
+  # Every forward test through split-KV (split_kv.cuh; by default only problems of few tiles and
+  # many keys split): 3 splits wherever the partials fit, empty shares included; then with the
+  # varlen order, pack-GQA and 3 persistent CTAs on top.
+  # (The refusal tests pass no workspace: with splits forced, the workspace check answers first.)
+  want tests_split && sharded tests_split "fwd 3 splits" FA4_SM90_SPLITS=3 -- --gtest_filter='*Sm90Forward*-*Refuses*'
+  want tests_split_all && sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
+    FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
+    FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*:*Refuses*'
 }
 
 run_sanitize() {
@@ -147,12 +166,36 @@ run_sanitize() {
   # Packed GQA tiles (Q gathered by cp.async, O stored row by row), on 2 persistent CTAs.
   local packed='Matrix/Sm90Forward.MatchesReference/d128_bf16_q113_k203_causal_gqa8*'
   packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_odd_causal_gqa8*:Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_used_gqa8'
+  # G = 7 (a division by a non-power of two), and tiles that see no key (q_full / q_empty
+  # hand-over without a QKᵀ).
+  packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q300_k333_causal_gqa7'
+  packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
+  packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_chunks_causal_gqa7_headmajor'
   for tool in memcheck racecheck; do
     FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2 timeout 120 \
       compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
       --gtest_filter="$packed" >"$out/sanitize_fwd_packed_$tool.log" 2>&1
     rc=$?
     note "$tool" "forward packed: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_packed_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_packed_$tool.log")"
+  done
+  # The varlen tile order (its kernel's shared-memory sort, the forward's wait for it).
+  local ordered='Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_used_*'
+  ordered+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_chunks_causal_gqa7_headmajor'
+  for tool in memcheck racecheck synccheck; do
+    FA4_SM90_TILE_ORDER=longest timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$bin/fa4_gpu_tests" --gtest_filter="$ordered" >"$out/sanitize_fwd_ordered_$tool.log" 2>&1
+    rc=$?
+    note "$tool" "forward ordered: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_ordered_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_ordered_$tool.log")"
+  done
+  # Split-KV: the partials' stores and the combine.
+  local split='Matrix/Sm90Forward.MatchesReference/d128_bf16_q1_k5000_split_gqa8_spiky'
+  split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q4_k3000_causal_split_gqa1'
+  split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
+  for tool in memcheck racecheck synccheck; do
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
+      --gtest_filter="$split" >"$out/sanitize_fwd_split_$tool.log" 2>&1
+    rc=$?
+    note "$tool" "forward split: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_split_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_split_$tool.log")"
   done
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   if [ -x "$bin/fa4-bench" ]; then

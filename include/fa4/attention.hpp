@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fa4/export.h"
+
 namespace fa4 {
 
 enum class StatusCode : int {
@@ -30,7 +32,7 @@ enum class StatusCode : int {
   kInternalError = 6,
 };
 
-const char* to_string(StatusCode code);
+FA4_API const char* to_string(StatusCode code);
 
 struct Status {
   StatusCode code = StatusCode::kSuccess;
@@ -137,22 +139,22 @@ struct Workspace {
 };
 
 // Can `backend` run `problem` for `pass`? The message says why not.
-Status can_implement(const Problem& problem, Backend backend, Pass pass = Pass::kForward);
+FA4_API Status can_implement(const Problem& problem, Backend backend, Pass pass = Pass::kForward);
 
 // Bytes of workspace the pass needs (0 is a valid answer). Fails on a problem can_implement rejects.
-Status workspace_size(const Problem& problem, Backend backend, Pass pass, size_t* bytes);
+FA4_API Status workspace_size(const Problem& problem, Backend backend, Pass pass, size_t* bytes);
 
 // `stream` is a cudaStream_t for the GPU backend (nullptr = the legacy default stream); the CPU
 // backend runs synchronously on host threads and ignores it.
-Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace workspace,
+FA4_API Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace workspace,
                void* stream = nullptr, Backend backend = Backend::kAuto);
 
-Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
+FA4_API Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
                 void* stream = nullptr, Backend backend = Backend::kAuto);
 
 // Which backend kAuto picks for a pointer (CPU when the library was built without CUDA).
-Backend resolve_backend(Backend requested, const void* q_data);
+FA4_API Backend resolve_backend(Backend requested, const void* q_data);
 
-const char* version();
+FA4_API const char* version();
 
 }  // namespace fa4

@@ -10,14 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fa4/export.h"
+
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-#if defined(_WIN32)
-#define FA4_API __declspec(dllexport)
-#else
-#define FA4_API __attribute__((visibility("default")))
 #endif
 
 #define FA4_ABI_VERSION 1

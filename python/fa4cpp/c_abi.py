@@ -343,11 +343,15 @@ class Library:
 
     # -- bench/sweep.py's entry point ------------------------------------------------------------
 
-    def forward_fn(self, q, k, v, out, lse=None, causal=False, window=(-1, -1), softcap=0.0):
+    def forward_fn(self, q, k, v, out, lse=None, causal=False, window=(-1, -1), softcap=0.0,
+                   params=None):
         """A closure that runs the sm90 forward on the current stream; raises Fa4Error (with the
-        library's message) when the problem is refused. Workspace is allocated here, once."""
-        p = self.problem(q, k, v, Params(causal=causal, window_left=window[0],
-                                         window_right=window[1], softcap=softcap))
+        library's message) when the problem is refused. Workspace is allocated here, once.
+        params (a Params, e.g. a varlen batch's) replaces causal, window and softcap."""
+        if params is None:
+            params = Params(causal=causal, window_left=window[0], window_right=window[1],
+                            softcap=softcap)
+        p = self.problem(q, k, v, params)
         p.return_lse = int(lse is not None)
         t = self._forward_tensors(q, k, v, out, lse)
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_FORWARD, q.device)

@@ -13,6 +13,7 @@
 #include "sm90/named_barriers.cuh"
 #include "sm90/query_rows.cuh"
 #include "sm90/sequence.cuh"
+#include "sm90/split_kv.cuh"
 #include "sm90/tile_scheduler.cuh"
 
 namespace fa4::sm90 {
@@ -80,6 +81,32 @@ struct FwdEpilogue {
         base[row.head * p.lse_head_stride + row.position * p.lse_seq_stride] = lse[i];
       }
     }
+  }
+
+  // Split-KV (split_kv.cuh): this split's normalized O and LSE, fp32, straight from registers to
+  // the partials; nothing is staged, so V's ring is free at once (smem_o_free). rows: as for
+  // store_lse.
+  template <class Rows, class FragO, class RowVector>
+  CUTE_DEVICE static void store_partial(SplitPartials const& sp, QueryRows const& query_rows,
+                                        TileCoord tile, int split, Sequence const& seq,
+                                        Rows const& rows, FragO const& o, RowVector const& lse,
+                                        uint64_t& smem_o_free, int thread) {
+    const auto o_rc = rowcol_view(o);
+    const int first = tile.m_block * Config::kBlockM;
+    const int64_t count = query_rows.count(seq.len_q);
+    CUTE_UNROLL
+    for (int i = 0; i < size<0>(rows); ++i) {
+      const int r = first + get<0>(rows(i, 0));
+      if (r >= count) continue;
+      const QueryRows::Row row = query_rows.locate(r, tile.head);
+      const int64_t at = sp.row(split, row.head, seq, row.position);
+      float* dst = sp.o + at * HeadDimV::value;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(rows); ++j) dst[get<1>(rows(i, j))] = o_rc(i, j);
+      if (thread % 4 == 0) sp.lse[at] = lse[i];  // a quad shares each row; its first writes
+    }
+    if (thread == kConsumerThreads - 128) cutlass::arch::ClusterBarrier::arrive(&smem_o_free);
+    __syncwarp();
   }
 
   // o: the normalized fp32 accumulator of this thread; smem_o: V's ring, whose barrier

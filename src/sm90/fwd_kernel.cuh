@@ -17,6 +17,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/pipeline/pipeline.hpp>
@@ -58,6 +59,7 @@ struct FwdKernel {
     TileScheduler::Params scheduler;  // tiles of query heads, or of kv heads when packed
     SequenceParams sequences;
     QueryRows rows;  // pack-GQA or not (query_rows.cuh)
+    SplitPartials split;  // split-KV's partial results (split_kv.cuh), or none
     BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
     SoftcapScores softcap;
     float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
@@ -79,18 +81,23 @@ struct FwdKernel {
   // grid covers the longest one) or the sequence's entries are invalid.
   struct Work {
     TileCoord tile;
+    int split;  // of the tile's keys (split_kv.cuh); 0 when not split
     Sequence seq;
     Mask mask;
     KeyTiles keys;
   };
-  CUTE_DEVICE static bool find_work(Params const& p, int tile_index, Work& w) {
+  CUTE_DEVICE static bool find_work(Params const& p, int entry, Work& w) {
+    const int tile_index = TileScheduler::tile_at(p.scheduler, entry);
+    if (tile_index < 0) return false;
     w.tile = TileScheduler::coord(p.scheduler, tile_index);
+    w.split = TileScheduler::split_at(p.scheduler, entry);
     w.seq = load_sequence(p.sequences, w.tile.batch);
     if (!w.seq.valid || w.tile.m_block * Config::kBlockM >= p.rows.count(w.seq.len_q))
       return false;
     w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right),
                   p.rows};
     w.keys = w.mask.key_tiles(w.mask.span(w.tile.m_block));
+    if (p.scheduler.splits > 1) w.keys = split_share(w.keys, w.split, p.scheduler.splits);
     return true;
   }
 
@@ -118,6 +125,9 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.pipeline_v, pipe, Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
     __syncthreads();
+    // Launched after the tile order (launch_kernel_dependent), this prologue overlapped it; no
+    // global memory is read before this wait. Otherwise the wait returns at once.
+    cutlass::arch::wait_on_dependent_grids();
 
     // Producer and consumers walk the same tiles and skip the same ones. The K / V ring states and
     // the Q barriers' phases carry over from tile to tile.
@@ -220,6 +230,9 @@ struct FwdKernel {
     };
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     if (keys.empty()) {
+      // No wgmma ties this warpgroup's warps to their waits for Q here: they meet before Q is
+      // released, or a lagging warp could wait on q_full after its phase had come round again.
+      cutlass::arch::NamedBarrier::sync(128, uint32_t(ConsumerBarrier::kQRelease0) + thread / 128);
       release_q();
     } else {
       int n_block = keys.end - 1;
@@ -282,6 +295,11 @@ struct FwdKernel {
     softmax.finish(o_scale, lse);
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
+    if (p.split.enabled()) {
+      Epilogue::store_partial(p.split, p.rows, tile, w.split, w.seq, out_coords, tOrO, lse,
+                              smem.o_free, thread);
+      return;
+    }
     Epilogue::store_lse(p.epilogue, p.rows, tile, w.seq, out_coords, lse, thread);
     Epilogue::store_o(p.epilogue, p.rows, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free,
                       thread);

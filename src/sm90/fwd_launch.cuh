@@ -13,6 +13,8 @@
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_launch.hpp"
 #include "sm90/launch.cuh"
+#include "sm90/split_kv.cuh"
+#include "sm90/tile_order.cuh"
 
 namespace fa4::sm90 {
 
@@ -28,7 +30,7 @@ struct CutlassElement<DType::kFP16> {
 };
 
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
-Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
+Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace, void* stream) {
   using Config = FwdConfig<kHeadDimQK, kHeadDimV, typename CutlassElement<kDType>::type>;
   using Kernel = FwdKernel<Config>;
 
@@ -42,7 +44,7 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   // With pack-GQA a tile belongs to a kv head and holds the rows of its query heads.
   const QueryRows rows = QueryRows::make(p, Config::kBlockM);
   const int64_t group = rows.group.divisor;
-  const TileScheduler::Params scheduler = TileScheduler::make(
+  TileScheduler::Params scheduler = TileScheduler::make(
       (rows.count(p.seqlen_q) + Config::kBlockM - 1) / Config::kBlockM, p.heads_q / group, p.batch,
       /*heavy_last_rows=*/band.right >= 0);
   int device = 0, sm_count = 0;
@@ -56,18 +58,52 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   const bool balanced_static_order =
       fixed_lengths && band.left < 0 &&
       (band.right < 0 || TileScheduler::zigzag_balanced(scheduler, sm_count));
-  const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(balanced_static_order),
-                                       sm_count);
-
   const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
                                  int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
                                  int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
+  // The workspace: the varlen tile order, then split-KV's partials (workspace_size).
+  const size_t order_bytes = tile_order_workspace_bytes(p);
+  // Split-KV (split_kv.cuh) when the tiles leave SMs idle: each tile's keys shared out.
+  const int splits = err == cudaSuccess
+                         ? choose_splits(p, scheduler.tiles,
+                                         (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN,
+                                         sm_count)
+                         : 1;
+  SplitPartials partials{};
+  if (splits > 1 && workspace.data != nullptr &&
+      workspace.bytes >= order_bytes + split_workspace_bytes(p, splits)) {
+    partials.o = reinterpret_cast<float*>(static_cast<char*>(workspace.data) + order_bytes);
+    partials.rows = split_query_rows(p);
+    partials.heads = int(p.heads_q);
+    partials.lse = partials.o + int64_t(splits) * partials.heads * partials.rows * kHeadDimV;
+    partials.batch_rows = p.is_varlen() ? 0 : p.seqlen_q;
+  }
+  // Varlen tiles longest-first (tile_order.cuh): the grid becomes the ordered entries.
+  const bool ordered = err == cudaSuccess &&
+                       order_longest_first(p, scheduler.tiles, sm_count, workspace);
+  static_assert(Config::kBlockM >= kMinQueryTileRows, "the workspace's bound needs it");
+  if (ordered) {
+    const int entries = int(ordered_tile_entries(p.batch, rows.count(p.seqlen_q),
+                                                 rows.count(p.varlen.total_q), scheduler.heads,
+                                                 Config::kBlockM));
+    scheduler.order = static_cast<int32_t*>(workspace.data);
+    scheduler.tiles = entries;
+    err = launch_order_tiles({sequences, rows, scheduler, entries, int(p.batch), Config::kBlockM},
+                             stream);
+  }
+  if (partials.enabled()) {
+    scheduler.splits = splits;
+    scheduler.tiles *= splits;
+  }
+  const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(balanced_static_order),
+                                       sm_count);
 
   const typename Kernel::Params params{Kernel::Load::make_params(p, t),
                                        Kernel::Epilogue::make_params(p, t),
                                        scheduler,
                                        sequences,
                                        rows,
+                                       partials,
                                        band,
                                        softcap,
                                        softcap.enabled() ? p.softcap : p.scale()};
@@ -76,9 +112,26 @@ Status run_forward(const Problem& p, const ForwardTensors& t, void* stream) {
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Kernel::kSmemBytes);
+  const dim3 grid{unsigned(ctas)}, block{unsigned(Kernel::kThreads)};
+  const size_t smem = size_t(Kernel::kSmemBytes);
   if (err == cudaSuccess)
-    err = launch_kernel(kernel, dim3(unsigned(ctas)), dim3(Kernel::kThreads),
-                        size_t(Kernel::kSmemBytes), stream, params);
+    err = ordered ? launch_kernel_dependent(kernel, grid, block, smem, stream, params)
+                  : launch_kernel(kernel, grid, block, smem, stream, params);
+  if (err == cudaSuccess && partials.enabled()) {
+    const CombineParams combine{partials,
+                                splits,
+                                kHeadDimV,
+                                sequences,
+                                t.out.data,
+                                p.is_varlen() ? 0 : t.out.batch_stride,
+                                t.out.seq_stride,
+                                t.out.head_stride,
+                                p.return_lse ? t.lse.data : nullptr,
+                                p.is_varlen() ? 0 : t.lse.batch_stride,
+                                t.lse.head_stride,
+                                t.lse.seq_stride};
+    err = launch_combine_splits(combine, kDType, p.batch, p.seqlen_q, stream);
+  }
   if (err != cudaSuccess)
     return detail::make_status(StatusCode::kDeviceError,
                                "sm90 forward kernel (head dims %d / %d) failed to launch: %s",

@@ -8,15 +8,38 @@
 
 namespace fa4::sm90 {
 
+// `dependent`: see launch_kernel_dependent.
 template <class... KernelArgs, class... Args>
-cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes,
-                          void* stream, Args&&... args) {
+cudaError_t launch_kernel_ex(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                             size_t smem_bytes, void* stream, bool dependent, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = static_cast<cudaStream_t>(stream);
+  config.attrs = dependent ? &attribute : nullptr;
+  config.numAttrs = dependent ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <class... KernelArgs, class... Args>
+cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes,
+                          void* stream, Args&&... args) {
+  return launch_kernel_ex(kernel, grid, block, smem_bytes, stream, false,
+                          std::forward<Args>(args)...);
+}
+
+// A launch that may start while the kernel before it on the stream still runs (programmatic
+// dependent launch): the kernel must execute griddepcontrol.wait before it touches global memory
+// that kernel writes, and the kernel before it lets it start with griddepcontrol.launch_dependents.
+template <class... KernelArgs, class... Args>
+cudaError_t launch_kernel_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                                    size_t smem_bytes, void* stream, Args&&... args) {
+  return launch_kernel_ex(kernel, grid, block, smem_bytes, stream, true,
+                          std::forward<Args>(args)...);
 }
 
 }  // namespace fa4::sm90

@@ -163,8 +163,9 @@ struct FwdLoad {
     constexpr int kRowChunks = HeadDimQK::value / kChunkElems;
     const int lane = cutlass::canonical_lane_idx();
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
-    const int64_t first = int64_t(tile.m_block) * BlockM::value;
-    const int64_t count = rows.count(seq.len_q);
+    // 32 bits: packed rows stay below 2³⁰ (QueryRows::make), and this warp has few registers.
+    const int first = tile.m_block * BlockM::value;
+    const int count = int(rows.count(seq.len_q));
     Element const* q = p.q + seq.batch * p.q_batch_stride + int64_t(seq.start_q) * p.q_row_stride;
     if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
     CUTE_NO_UNROLL
@@ -173,7 +174,7 @@ struct FwdLoad {
       const bool exists = first + r < count;
       Element const* src = p.q;  // not read when the row does not exist (zero fill)
       if (exists) {
-        const QueryRows::Row row = rows.locate(int(first + r), tile.head);
+        const QueryRows::Row row = rows.locate(first + r, tile.head);
         src = q + row.position * p.q_row_stride + row.head * p.q_head_stride + col;
       }
       SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(

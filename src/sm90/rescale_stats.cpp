@@ -52,7 +52,7 @@ Status read_rescale_counts(RescaleCounts* counts, bool reset) {
 
 }  // namespace fa4::sm90
 
-extern "C" int fa4_debug_sm90_rescale_counts(uint64_t* counts, int reset) {
+extern "C" FA4_API int fa4_debug_sm90_rescale_counts(uint64_t* counts, int reset) {
   fa4::sm90::RescaleCounts c;
   const fa4::Status status = fa4::sm90::read_rescale_counts(&c, reset != 0);
   counts[fa4::sm90::kWarpTiles] = c.warp_tiles;

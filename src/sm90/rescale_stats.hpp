@@ -38,4 +38,4 @@ bool register_rescale_counts_source(RescaleCountsSource source);
 // For callers without the C++ headers (bench/sweep.py through ctypes): counts[0..2] = warp tiles,
 // exact rescales, adaptive rescales. Returns a StatusCode value: 0, kNotSupported (2) in builds
 // without the counters, kDeviceError (5).
-extern "C" int fa4_debug_sm90_rescale_counts(uint64_t* counts, int reset);
+extern "C" FA4_API int fa4_debug_sm90_rescale_counts(uint64_t* counts, int reset);

@@ -16,6 +16,8 @@
 #include "sm90/fwd_launch.hpp"
 #endif
 #include "sm90/bwd_workspace.hpp"
+#include "sm90/split_kv.hpp"
+#include "sm90/tile_order.hpp"
 
 namespace fa4::detail {
 namespace {
@@ -94,7 +96,8 @@ struct Kernel {
   Fn run;
 };
 
-using ForwardKernel = Kernel<Status (*)(const Problem&, const ForwardTensors&, void*)>;
+using ForwardKernel =
+    Kernel<Status (*)(const Problem&, const ForwardTensors&, Workspace, void*)>;
 using BackwardKernel =
     Kernel<Status (*)(const Problem&, const BackwardTensors&, Workspace, void*)>;
 
@@ -200,7 +203,10 @@ Status can_implement(const Problem& p, Pass pass) {
 }
 
 size_t workspace_size(const Problem& p, Pass pass) {
-  return pass == Pass::kBackward ? sm90::BwdWorkspace::layout(p).bytes : 0;
+  // Forward: the varlen tile order, then split-KV's partials (sm90/fwd_launch.cuh).
+  return pass == Pass::kBackward
+             ? sm90::BwdWorkspace::layout(p).bytes
+             : sm90::tile_order_workspace_bytes(p) + sm90::split_workspace_bytes(p);
 }
 
 Status available() {
@@ -254,8 +260,12 @@ Status check_device_memory(const NamedPointer (&views)[kCount]) {
   return Status::success();
 }
 
-Status run_forward(const Problem& p, const ForwardTensors& t, Workspace, void* stream) {
+Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace,
+                   void* stream) {
   Status s = can_implement(p, Pass::kForward);
+  // The workspace holds the varlen tile order and split-KV's partials, where the problem may use
+  // them; otherwise it is not used.
+  const void* used = workspace_size(p, Pass::kForward) > 0 ? workspace.data : nullptr;
   // The kernel reads the sequence arrays too: a host array would fault the context.
   const NamedPointer views[] = {{"q.data", t.q.data},
                                 {"k.data", t.k.data},
@@ -264,10 +274,13 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace, void* s
                                 {"lse.data", p.return_lse ? t.lse.data : nullptr},
                                 {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
                                 {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
-                                {"seqused_k", p.seqused_k}};
+                                {"seqused_k", p.seqused_k},
+                                {"workspace.data", used}};
   if (s.ok()) s = check_device_memory(views);
+  if (s.ok() && reinterpret_cast<uintptr_t>(used) % 256 != 0)
+    s = invalid("workspace.data is not 256-byte aligned");
   if (!s.ok()) return s;
-  return find_kernel(kForwardKernels, p)->run(p, t, stream);
+  return find_kernel(kForwardKernels, p)->run(p, t, workspace, stream);
 }
 
 Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,

@@ -31,10 +31,17 @@ struct TileScheduler {
     int heads;
     int tiles;             // num_m_blocks · heads · batch
     bool heavy_last_rows;  // later query tiles see more keys: issue them first
+    // Null: grid entry t / splits is tile t / splits. Else the tile of each entry / splits,
+    // negative past the last one: a varlen batch's tiles longest-first (tile_order.cuh).
+    int32_t* order;
+    // Each tile's keys shared out among this many CTAs (split_kv.cuh): entry t is split
+    // t % splits of its tile. `tiles` counts entries.
+    int splits;
   };
 
   static Params make(int64_t num_m_blocks, int64_t heads, int64_t batch, bool heavy_last_rows) {
-    return {int(num_m_blocks), int(heads), int(num_m_blocks * heads * batch), heavy_last_rows};
+    return {int(num_m_blocks), int(heads), int(num_m_blocks * heads * batch), heavy_last_rows,
+            nullptr, 1};
   }
 
   // CTAs to launch: one per SM when persistent, else one per tile. FA4_SM90_PERSISTENT_CTAS=n
@@ -102,7 +109,15 @@ struct TileScheduler {
   CUTE_DEVICE static int next(int tile) {
     return zigzag_next(tile, int(blockIdx.x), int(gridDim.x));
   }
-  CUTE_DEVICE static bool valid(Params const& p, int tile) { return tile < p.tiles; }
+  CUTE_DEVICE static bool valid(Params const& p, int entry) { return entry < p.tiles; }
+  // The tile of grid entry `entry`; negative: none (the ordered grid's unused entries).
+  CUTE_DEVICE static int tile_at(Params const& p, int entry) {
+    const int unsplit = p.splits > 1 ? entry / p.splits : entry;
+    return p.order == nullptr ? unsplit : p.order[unsplit];
+  }
+  CUTE_DEVICE static int split_at(Params const& p, int entry) {
+    return p.splits > 1 ? entry % p.splits : 0;
+  }
 
   CUTE_DEVICE static TileCoord coord(Params const& p, int tile) {
     const int m = tile % p.num_m_blocks;

@@ -120,4 +120,28 @@ DeviceMirror::View mirror_view(const HostLse& l) {
           {v.batch_stride, v.head_stride, v.seq_stride, 1}};
 }
 
+DeviceWorkspace::~DeviceWorkspace() { cudaFree(data_); }
+
+std::string DeviceWorkspace::allocate(size_t bytes) {
+  cudaFree(data_);
+  data_ = nullptr;
+  bytes_ = bytes;
+  if (bytes == 0) return "";
+  const cudaError_t err = cudaMalloc(&data_, bytes);
+  if (err == cudaSuccess) return "";
+  return std::string("workspace cudaMalloc: ") + cudaGetErrorString(err);
+}
+
+std::string DeviceWorkspace::poison() {
+  if (bytes_ == 0) return "";
+  const cudaError_t err = cudaMemset(data_, 0xFF, bytes_);
+  return err == cudaSuccess ? "" : std::string("workspace poison: ") + cudaGetErrorString(err);
+}
+
+std::string DeviceWorkspace::download(void* host) const {
+  if (bytes_ == 0) return "";
+  const cudaError_t err = cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost);
+  return err == cudaSuccess ? "" : std::string("workspace download: ") + cudaGetErrorString(err);
+}
+
 }  // namespace fa4::test

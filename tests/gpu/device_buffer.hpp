@@ -48,6 +48,26 @@ class DeviceMirror {
   unsigned char* device_ = nullptr;  // kGuardBytes, then bytes_, then kGuardBytes
 };
 
+// Device workspace as the API asks for it: cudaMalloc's alignment is 256 bytes or more.
+class DeviceWorkspace {
+ public:
+  DeviceWorkspace() = default;
+  ~DeviceWorkspace();
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+
+  std::string allocate(size_t bytes);  // "" on success, else the CUDA error
+  // 0xFF in every byte (NaN floats, -1 integers): a kernel that reads what it did not write shows.
+  std::string poison();
+  std::string download(void* host) const;  // all bytes() bytes
+  Workspace view() const { return {data_, bytes_}; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 DeviceMirror::View mirror_view(const HostTensor& t);
 DeviceMirror::View mirror_view(const HostLse& l);
 

@@ -128,6 +128,11 @@ DeviceRun::DeviceRun(const CaseData& s)
 }
 
 std::string DeviceRun::upload() {
+  // A problem the backend refuses gets no workspace: the refusal is what its test checks.
+  size_t bytes = 0;
+  if (!workspace_size(problem, Backend::kSm90, Pass::kForward, &bytes).ok()) bytes = 0;
+  const std::string allocated = workspace.allocate(bytes);
+  if (!allocated.empty()) return allocated;
   for (auto& m : inputs) {
     const std::string e = m->upload();
     if (!e.empty()) return e;
@@ -145,6 +150,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
   lse.poison();
   std::string e = d_out->poison();
   if (e.empty()) e = d_lse->poison();
+  if (e.empty()) e = workspace.poison();
   if (e.empty()) e = d_out->upload();
   if (e.empty()) e = d_lse->upload();
   if (e.empty()) e = device_sync();
@@ -154,7 +160,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
     cudaGraphExec_t exec = nullptr;
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
       return "cudaStreamBeginCapture failed";
-    *status = forward(problem, tensors, {}, stream, Backend::kSm90);
+    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90);
     if (cudaStreamEndCapture(stream, &g) != cudaSuccess) return "cudaStreamEndCapture failed";
     if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return "cudaGraphInstantiate failed";
     const cudaError_t launched = cudaGraphLaunch(exec, stream);
@@ -162,13 +168,28 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
     cudaGraphDestroy(g);
     if (launched != cudaSuccess) return "cudaGraphLaunch failed";
   } else {
-    *status = forward(problem, tensors, {}, stream, Backend::kSm90);
+    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90);
   }
   const cudaError_t err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
   e = d_out->download(nullptr);
   if (e.empty()) e = d_lse->download(nullptr);
   return e;
+}
+
+void expect_refused(DeviceRun& run, const Problem& problem, Workspace workspace, StatusCode code,
+                    const std::string& named) {
+  run.out.poison();  // the host pattern check_written recognises, uploaded
+  ASSERT_CUDA(run.d_out->upload());
+  ASSERT_CUDA(DeviceRun::device_sync());
+  const Status s = forward(problem, run.tensors, workspace, nullptr, Backend::kSm90);
+  EXPECT_EQ(s.code, code) << s.message;
+  if (!named.empty()) EXPECT_NE(s.message.find(named), std::string::npos) << s.message;
+  ASSERT_CUDA(DeviceRun::device_sync());
+  ASSERT_CUDA(run.d_out->download(nullptr));
+  const std::vector<unsigned char> no_rows(rows_in_sequences(run.setup.problem, false).size(), 0);
+  const CheckResult untouched = check_written("out", run.out, no_rows);
+  EXPECT_TRUE(untouched.ok) << untouched.message;
 }
 
 }  // namespace fa4::test

@@ -69,6 +69,7 @@ struct DeviceRun {
   std::vector<std::unique_ptr<DeviceMirror>> inputs;
   std::unique_ptr<DeviceMirror> d_out, d_lse;
   ForwardTensors tensors;
+  DeviceWorkspace workspace;  // as workspace_size asks for (the varlen tile order)
 
   explicit DeviceRun(const CaseData& s);
 
@@ -78,12 +79,18 @@ struct DeviceRun {
   // device-wide wait, a pageable upload or the poison could land after the kernel has started.
   static std::string device_sync();
 
-  // Poisons the outputs, runs the forward on `stream` (directly, or captured in a CUDA graph and
+  // Poisons the outputs and the workspace, runs the forward on `stream` (directly, or captured in a CUDA graph and
   // replayed), waits, and downloads the outputs into `out` / `lse`. The poison is the host
   // tensors' (a NaN payload check_written recognises, so that rows outside every sequence can be
   // told from rows written with NaN); the guards around it are the mirrors' own.
   std::string run(cudaStream_t stream, bool graph, Status* status);
 };
+
+// Calls the forward with `problem` and `workspace` on run's tensors, expecting it to be refused
+// with `code` (and a message naming `named`, when given) before anything is written: out is
+// poisoned before the call and checked untouched after it.
+void expect_refused(DeviceRun& run, const Problem& problem, Workspace workspace, StatusCode code,
+                    const std::string& named = "");
 
 class Stream {
  public:

@@ -295,35 +295,6 @@ std::vector<Case> backward_cases() {
 
 // ---- Device state of one backward call.
 
-// Device workspace as the API asks for it: cudaMalloc's alignment is 256 bytes or more.
-class DeviceWorkspace {
- public:
-  DeviceWorkspace() = default;
-  ~DeviceWorkspace() { cudaFree(data_); }
-  DeviceWorkspace(const DeviceWorkspace&) = delete;
-  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
-
-  std::string allocate(size_t bytes) {
-    cudaFree(data_);
-    data_ = nullptr;
-    bytes_ = bytes;
-    if (bytes == 0) return "";
-    const cudaError_t err = cudaMalloc(&data_, bytes);
-    if (err == cudaSuccess) return "";
-    return std::string("workspace cudaMalloc: ") + cudaGetErrorString(err);
-  }
-  // NaN bit patterns everywhere: a kernel that reads an accumulator it did not clear shows.
-  std::string poison() {
-    if (bytes_ == 0) return "";
-    const cudaError_t err = cudaMemset(data_, 0xFF, bytes_);
-    return err == cudaSuccess ? "" : std::string("workspace poison: ") + cudaGetErrorString(err);
-  }
-  Workspace view() const { return {data_, bytes_}; }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 const char* const kGradNames[] = {"dq", "dk", "dv"};
 
