@@ -121,7 +121,7 @@ run_tests() {
   # The forward's varlen tests with their tiles ordered longest-first (tile_order.cuh; by default
   # only batches of more tiles than SMs are), also packed and on 3 persistent CTAs.
   want tests_ordered && sharded tests_ordered "fwd varlen ordered" FA4_SM90_TILE_ORDER=longest \
-    -- --gtest_filter='*Sm90Forward*varlen*:*Sm90ForwardLong.Varlen*:*Sm90Forward*Repeat*:*Sm90TileOrder*'
+    -- --gtest_filter='*Sm90Forward*varlen*:*Sm90ForwardLong.Varlen*:*Sm90Forward*Repeat*:*Sm90TileOrder*:*Sm90SplitKv*'
   want tests_ordered_packed && sharded tests_ordered_packed "fwd varlen ordered, packed, 3 CTAs" FA4_SM90_TILE_ORDER=longest \
     FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*varlen*-*_gqa1:*_gqa1_*'

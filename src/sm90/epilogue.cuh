@@ -2,7 +2,9 @@
 // shared memory (V's ring, free once the last P·V is done) with stmatrix, and written
 // by one TMA store, which drops rows past the sequence's end (gmem_layout.cuh). LSE rows are written
 // straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,
-// which one box cannot address: the consumer threads copy them out 16 bytes at a time instead.
+// which one box cannot address: the consumer threads copy them out 16 bytes at a time instead. A
+// tile without keys stages nothing: its zeros go straight out the same way. Split-KV's partial
+// results (split_kv.cuh) go straight from registers.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -84,13 +86,12 @@ struct FwdEpilogue {
   }
 
   // Split-KV (split_kv.cuh): this split's normalized O and LSE, fp32, straight from registers to
-  // the partials; nothing is staged, so V's ring is free at once (smem_o_free). rows: as for
-  // store_lse.
+  // the partials (nothing staged in V's ring). rows: as for store_lse.
   template <class Rows, class FragO, class RowVector>
   CUTE_DEVICE static void store_partial(SplitPartials const& sp, QueryRows const& query_rows,
                                         TileCoord tile, int split, Sequence const& seq,
                                         Rows const& rows, FragO const& o, RowVector const& lse,
-                                        uint64_t& smem_o_free, int thread) {
+                                        int thread) {
     const auto o_rc = rowcol_view(o);
     const int first = tile.m_block * Config::kBlockM;
     const int64_t count = query_rows.count(seq.len_q);
@@ -105,7 +106,14 @@ struct FwdEpilogue {
       for (int j = 0; j < size<1>(rows); ++j) dst[get<1>(rows(i, j))] = o_rc(i, j);
       if (thread % 4 == 0) sp.lse[at] = lse[i];  // a quad shares each row; its first writes
     }
-    if (thread == kConsumerThreads - 128) cutlass::arch::ClusterBarrier::arrive(&smem_o_free);
+    __syncwarp();
+  }
+
+  // A tile without keys: its rows' O is 0, written straight to the output, 16 bytes per store, by
+  // all consumer threads (nothing staged in V's ring: o_free is left alone).
+  CUTE_DEVICE static void store_zero_o(Params const& p, QueryRows const& query_rows,
+                                       TileCoord tile, Sequence const& seq, int thread) {
+    store_rows(p, query_rows, tile, seq, thread, [](int, int) { return uint128_t{}; });
     __syncwarp();
   }
 
@@ -133,7 +141,10 @@ struct FwdEpilogue {
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
 
     if (query_rows.packed()) {
-      store_packed_o(p, query_rows, tile, seq, sO, thread);
+      // A packed tile's rows belong to several heads, which one TMA box cannot address.
+      store_rows(p, query_rows, tile, seq, thread, [&](int r, int col) {
+        return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
+      });
       // Every thread has read its share of the ring.
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
       if (thread == kConsumerThreads - 128) cutlass::arch::ClusterBarrier::arrive(&smem_o_free);
@@ -157,12 +168,12 @@ struct FwdEpilogue {
   }
 
  private:
-  // A packed tile's O rows from the staging buffer to their heads, 16 bytes per store, by all
-  // consumer threads (consecutive threads take consecutive chunks of a row).
-  template <class SmemO>
-  CUTE_DEVICE static void store_packed_o(Params const& p, QueryRows const& query_rows,
-                                         TileCoord tile, Sequence const& seq, SmemO const& sO,
-                                         int thread) {
+  // O's rows of a tile to their heads, 16 bytes per store, by all consumer threads (consecutive
+  // threads take consecutive chunks of a row); chunk(r, col) gives row r's 16 bytes at column col.
+  template <class Chunk>
+  CUTE_DEVICE static void store_rows(Params const& p, QueryRows const& query_rows,
+                                     TileCoord tile, Sequence const& seq, int thread,
+                                     Chunk const& chunk) {
     constexpr int kChunkElems = 16 / int(sizeof(Element));
     constexpr int kRowChunks = HeadDimV::value / kChunkElems;
     const int first = tile.m_block * Config::kBlockM;
@@ -174,8 +185,7 @@ struct FwdEpilogue {
       if (first + r >= count) continue;
       const QueryRows::Row row = query_rows.locate(first + r, tile.head);
       *reinterpret_cast<uint128_t*>(o + row.position * p.o_row_stride +
-                                    row.head * p.o_head_stride + col) =
-          *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
+                                    row.head * p.o_head_stride + col) = chunk(r, col);
     }
   }
 };

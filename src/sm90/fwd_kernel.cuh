@@ -101,6 +101,11 @@ struct FwdKernel {
     return true;
   }
 
+  // Whether this tile's O goes through V's ring (o_free): tiles with keys, when not split.
+  CUTE_DEVICE static bool stages_o(Params const& p, Work const& w) {
+    return !p.split.enabled() && !w.keys.empty();
+  }
+
   CUTE_DEVICE void operator()(Params const& p, char* smem_raw) const {
     auto& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
     const int warp = cutlass::canonical_warp_idx_sync();
@@ -146,12 +151,15 @@ struct FwdKernel {
       if (!leader) return;
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
-      int q_tiles = 0;
+      int q_tiles = 0, o_staged = 0;
       for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
            t = TileScheduler::next(t)) {
         Work w;
         if (!find_work(p, t, w)) continue;
-        Load::run(p.load, p.rows, w.tile, w.seq, w.keys, q_tiles++, smem.q.data(), smem.k.data(),
+        const int staged_before = o_staged;
+        if (stages_o(p, w)) ++o_staged;
+        Load::run(p.load, p.rows, w.tile, w.seq, w.keys, q_tiles++, staged_before, smem.q.data(),
+                  smem.k.data(),
                   smem.v.data(), smem.q_full, smem.q_empty, smem.o_free, pipeline_k, pipeline_v,
                   write_k, write_v);
       }
@@ -297,12 +305,15 @@ struct FwdKernel {
     scale_rows(o, o_scale);
     if (p.split.enabled()) {
       Epilogue::store_partial(p.split, p.rows, tile, w.split, w.seq, out_coords, tOrO, lse,
-                              smem.o_free, thread);
+                              thread);
       return;
     }
     Epilogue::store_lse(p.epilogue, p.rows, tile, w.seq, out_coords, lse, thread);
-    Epilogue::store_o(p.epilogue, p.rows, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free,
-                      thread);
+    if (stages_o(p, w))
+      Epilogue::store_o(p.epilogue, p.rows, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free,
+                        thread);
+    else
+      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.seq, thread);
   }
 };
 

@@ -92,16 +92,20 @@ struct FwdLoad {
   }
 
 
-  // Runs on a single thread, once per tile; `q_tile` counts the tiles before this one. Key tiles go
-  // from the last to the first (the order the consumers take them: with a causal mask the partly
-  // masked tiles come first); V trails K by one tile because the consumers need K of tile j
-  // together with V of tile j+1. Q's buffer is free once the previous tile's last QKᵀ is done, V's
-  // ring once the previous tile's O, staged there, has been stored: the first K tile is issued
-  // before waiting for the one, the next K tile before waiting for the other. Every tile after the
-  // first waits once for each (also one without keys), so the barriers' phases stay in step.
+  // Runs on a single thread, once per tile; `q_tile` counts the tiles before this one, `o_staged`
+  // those whose O went through V's ring (tiles with keys, when not split). Key tiles go from the
+  // last to the first (the order the consumers take them: with a causal mask the partly masked
+  // tiles come first); V trails K by one tile because the consumers need K of tile j together
+  // with V of tile j+1. Q's buffer is free once the previous tile's last QKᵀ is done, V's ring
+  // once the last staged O has been stored: the first K tile is issued before waiting for the
+  // one, the next K tile before waiting for the other. Every tile after the first waits for Q's
+  // buffer (also one without keys); only a tile that loads V waits for the ring, so the consumers,
+  // who need that V, cannot run two phases of o_free ahead of this wait (tiles without keys,
+  // whose Q a second warp may gather, stage nothing: the epilogue stores their zeros directly).
   CUTE_DEVICE static void run(Params const& p, QueryRows const& rows, TileCoord tile,
                               Sequence const& seq, KeyTiles keys,
-                              int q_tile, Element* smem_q, Element* smem_k, Element* smem_v,
+                              int q_tile, int o_staged, Element* smem_q, Element* smem_k,
+                              Element* smem_v,
                               uint64_t& q_full, uint64_t& q_empty, uint64_t& o_free,
                               Pipeline& pipeline_k,
                               Pipeline& pipeline_v, PipelineState& write_k,
@@ -142,8 +146,8 @@ struct FwdLoad {
     }
     // Without keys n_block < keys.begin: no K tile, but the wait all the same.
     if (n_block > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
-    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (q_tile - 1) & 1);
     if (keys.empty()) return;
+    if (o_staged > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (o_staged - 1) & 1);
     CUTE_NO_UNROLL
     for (; n_block > keys.begin; --n_block) {
       load(p.tma_v, pipeline_v, write_v, tVgV(_, n_block), tVsV);

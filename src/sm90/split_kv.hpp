@@ -65,6 +65,10 @@ constexpr int64_t kMinKeyTilesPerSplit = 2;
 inline int choose_splits(const Problem& p, int64_t tiles, int64_t key_tiles, int sm_count) {
   const int most = max_splits(p);
   if (most < 2 || tiles <= 0) return 1;
+  // Grid entries are 32-bit, and the combine's 1-D grid has a warp per declared query row, head
+  // and sequence (a varlen batch may declare far more rows than it has).
+  if (tiles * most >= (int64_t(1) << 30) || p.seqlen_q * p.heads_q * p.batch >= (int64_t(1) << 33))
+    return 1;
   if (forced_splits() > 0) return most;
   int64_t s = sm_count / tiles;
   s = s < key_tiles / kMinKeyTilesPerSplit ? s : key_tiles / kMinKeyTilesPerSplit;

@@ -101,8 +101,10 @@ __global__ void __launch_bounds__(kThreads, 1) order_tiles(TileOrderParams p) {
 
 cudaError_t launch_order_tiles(TileOrderParams const& p, void* stream) {
   const size_t smem = sizeof(int32_t) * (size_t(kBins) + 4 * size_t(p.batch));
-  cudaError_t err =
-      cudaFuncSetAttribute(order_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  // The limit for the largest batch, the same on every call: host threads launching at once
+  // would otherwise lower it under one another's launch.
+  cudaError_t err = cudaFuncSetAttribute(order_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(sizeof(int32_t) * (kBins + 4 * kMaxOrderedBatch)));
   if (err == cudaSuccess) err = launch_kernel(order_tiles, dim3(1), dim3(kThreads), smem, stream, p);
   return err;
 }

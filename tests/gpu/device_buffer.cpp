@@ -120,21 +120,23 @@ DeviceMirror::View mirror_view(const HostLse& l) {
           {v.batch_stride, v.head_stride, v.seq_stride, 1}};
 }
 
-DeviceWorkspace::~DeviceWorkspace() { cudaFree(data_); }
+DeviceWorkspace::~DeviceWorkspace() { cudaFree(base_); }
 
 std::string DeviceWorkspace::allocate(size_t bytes) {
-  cudaFree(data_);
-  data_ = nullptr;
+  cudaFree(base_);
+  base_ = data_ = nullptr;
   bytes_ = bytes;
   if (bytes == 0) return "";
-  const cudaError_t err = cudaMalloc(&data_, bytes);
-  if (err == cudaSuccess) return "";
-  return std::string("workspace cudaMalloc: ") + cudaGetErrorString(err);
+  const cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&base_), bytes + 2 * kGuardBytes);
+  if (err != cudaSuccess) return std::string("workspace cudaMalloc: ") + cudaGetErrorString(err);
+  data_ = base_ + kGuardBytes;
+  return poison(poison_);
 }
 
-std::string DeviceWorkspace::poison() {
+std::string DeviceWorkspace::poison(unsigned char byte) {
+  poison_ = byte;
   if (bytes_ == 0) return "";
-  const cudaError_t err = cudaMemset(data_, 0xFF, bytes_);
+  const cudaError_t err = cudaMemset(base_, byte, bytes_ + 2 * kGuardBytes);
   return err == cudaSuccess ? "" : std::string("workspace poison: ") + cudaGetErrorString(err);
 }
 
@@ -142,6 +144,20 @@ std::string DeviceWorkspace::download(void* host) const {
   if (bytes_ == 0) return "";
   const cudaError_t err = cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost);
   return err == cudaSuccess ? "" : std::string("workspace download: ") + cudaGetErrorString(err);
+}
+
+std::string DeviceWorkspace::guards_intact(bool* intact) const {
+  *intact = true;
+  if (bytes_ == 0) return "";
+  std::vector<unsigned char> guard(kGuardBytes);
+  for (const unsigned char* at : {base_, data_ + bytes_}) {
+    const cudaError_t err = cudaMemcpy(guard.data(), at, kGuardBytes, cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) return std::string("workspace guard read: ") + cudaGetErrorString(err);
+    const unsigned char want = poison_;
+    *intact = *intact &&
+              std::all_of(guard.begin(), guard.end(), [want](unsigned char b) { return b == want; });
+  }
+  return "";
 }
 
 }  // namespace fa4::test

@@ -48,7 +48,8 @@ class DeviceMirror {
   unsigned char* device_ = nullptr;  // kGuardBytes, then bytes_, then kGuardBytes
 };
 
-// Device workspace as the API asks for it: cudaMalloc's alignment is 256 bytes or more.
+// Device workspace as the API asks for it (cudaMalloc's alignment is 256 bytes or more), with
+// guard bytes on both sides that must keep their poison.
 class DeviceWorkspace {
  public:
   DeviceWorkspace() = default;
@@ -57,15 +58,20 @@ class DeviceWorkspace {
   DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
 
   std::string allocate(size_t bytes);  // "" on success, else the CUDA error
-  // 0xFF in every byte (NaN floats, -1 integers): a kernel that reads what it did not write shows.
-  std::string poison();
+  // `byte` in every byte, guards included: 0xFF (NaN floats, -1 integers) by default, so that a
+  // kernel that reads what it did not write shows.
+  std::string poison(unsigned char byte = 0xFF);
   std::string download(void* host) const;  // all bytes() bytes
+  std::string guards_intact(bool* intact) const;
   Workspace view() const { return {data_, bytes_}; }
   size_t bytes() const { return bytes_; }
 
  private:
-  void* data_ = nullptr;
+  static constexpr size_t kGuardBytes = 4096;  // a multiple of 256: the view stays aligned
+  unsigned char* base_ = nullptr;
+  unsigned char* data_ = nullptr;
   size_t bytes_ = 0;
+  unsigned char poison_ = 0xFF;
 };
 
 DeviceMirror::View mirror_view(const HostTensor& t);

@@ -150,7 +150,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
   lse.poison();
   std::string e = d_out->poison();
   if (e.empty()) e = d_lse->poison();
-  if (e.empty()) e = workspace.poison();
+  if (e.empty()) e = workspace.poison(workspace_poison);
   if (e.empty()) e = d_out->upload();
   if (e.empty()) e = d_lse->upload();
   if (e.empty()) e = device_sync();
@@ -172,7 +172,10 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
   }
   const cudaError_t err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
-  e = d_out->download(nullptr);
+  bool intact = false;
+  e = workspace.guards_intact(&intact);
+  if (e.empty() && !intact) e = "the bytes around the workspace were written";
+  if (e.empty()) e = d_out->download(nullptr);
   if (e.empty()) e = d_lse->download(nullptr);
   return e;
 }

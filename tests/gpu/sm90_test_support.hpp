@@ -69,7 +69,8 @@ struct DeviceRun {
   std::vector<std::unique_ptr<DeviceMirror>> inputs;
   std::unique_ptr<DeviceMirror> d_out, d_lse;
   ForwardTensors tensors;
-  DeviceWorkspace workspace;  // as workspace_size asks for (the varlen tile order)
+  DeviceWorkspace workspace;  // as workspace_size asks for (the varlen tile order, split partials)
+  unsigned char workspace_poison = 0xFF;  // the byte run() fills the workspace with first
 
   explicit DeviceRun(const CaseData& s);
 

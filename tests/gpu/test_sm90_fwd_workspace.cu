@@ -1,11 +1,14 @@
-// The forward's longest-first order of a varlen batch's tiles (src/sm90/tile_order.cuh), read back
-// from the workspace after a forward call: every tile of every sequence exactly once and nothing
-// else, sequences by the keys they use (most first), within one its heads in turn and each head's
-// query tiles heaviest first under the causal mask; the unused entries marked; every output row
-// written. (The outputs' values are the forward tests' business: with FA4_SM90_TILE_ORDER=longest
-// scripts/gpu_check.sh reruns the varlen ones ordered.)
+// What the forward keeps in the caller's workspace, read back after a forward call.
+// The longest-first order of a varlen batch's tiles (src/sm90/tile_order.cuh): every tile of
+// every sequence exactly once and nothing else, sequences by the keys they use (most first),
+// within one its heads in turn and each head's query tiles heaviest first under the causal mask;
+// the unused entries marked; every output row written. Split-KV's partials (split_kv.cuh): the
+// launcher did split, and every split wrote every row of every head.
+// (The outputs' values are the forward tests' business: scripts/gpu_check.sh reruns the varlen
+// ones ordered and every one with 3 splits.)
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +23,7 @@
 #include "common/test_util.hpp"
 #include "sm90/fwd_config.cuh"
 #include "sm90/query_rows.cuh"
+#include "sm90/split_kv.hpp"
 #include "sm90/tile_order.hpp"
 #include "sm90_test_support.hpp"
 
@@ -64,6 +68,8 @@ void check_order(const OrderCase& oc) {
       << "a varlen forward asks for the tile order's workspace";
   Stream stream;
   Status status;
+  // Not the 0xFF default, which reads as the −1 the unused entries must hold.
+  run.workspace_poison = 0x7F;
   ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, &status));
   ASSERT_TRUE(status.ok()) << status.message;
   const std::vector<unsigned char> rows = rows_in_sequences(p, /*keys=*/false);
@@ -157,6 +163,55 @@ TEST(Sm90TileOrder, PackedSequsedK) {
     used_k[size_t(i)] = lens_k[size_t(i)] - (i % 5) * 11;
   }
   check_order({"tile_order_packed_used", lens_q, lens_k, used_k, 32, 8, false});
+}
+
+// A decode step with few tiles and many keys splits (on any GPU of more than 8 SMs), and every
+// split writes its partial LSE (finite, or +inf for a row without keys) for every row and head.
+TEST(Sm90SplitKv, PartialsCoverEveryRow) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  if (std::getenv("FA4_SM90_SPLITS") != nullptr) GTEST_SKIP() << "FA4_SM90_SPLITS is set";
+  const Kernel k{128, 128, DType::kBF16};
+  if (!kernel_listed(parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS"), 128, 128,
+                     DType::kBF16))
+    GTEST_SKIP() << "the 128:bf16 forward kernel is not built";
+  using Config = sm90::FwdConfig<128, 128, cutlass::bfloat16_t>;
+  Case c = base_case(k, {"", 2, 1, 5000});
+  c.heads_q = 16;
+  c.heads_kv = 2;
+  c.name = "split_partials";
+  std::mt19937_64 rng = make_rng(c.name);
+  const std::unique_ptr<CaseData> setup = make_setup(c, rng);
+  const Problem& p = setup->problem;
+  DeviceRun run(*setup);
+  ASSERT_CUDA(run.upload());
+  int device = 0, sm_count = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  // The launcher's choice (fwd_launch.cuh).
+  const sm90::QueryRows rows = sm90::QueryRows::make(p, Config::kBlockM);
+  const int64_t tiles = (rows.count(p.seqlen_q) + Config::kBlockM - 1) / Config::kBlockM *
+                        (p.heads_q / rows.group.divisor) * p.batch;
+  const int splits = sm90::choose_splits(p, tiles, (p.seqlen_k + Config::kBlockN - 1) /
+                                                      Config::kBlockN, sm_count);
+  ASSERT_GE(splits, 2) << tiles << " tiles on " << sm_count << " SMs";
+  ASSERT_GE(run.workspace.bytes(), sm90::split_workspace_bytes(p, splits));
+
+  run.workspace_poison = 0x7F;  // 3.4e38 as a float: no LSE
+  Stream stream;
+  Status status;
+  ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, &status));
+  ASSERT_TRUE(status.ok()) << status.message;
+  const CheckResult written = check_written("out", run.out, rows_in_sequences(p, false));
+  EXPECT_TRUE(written.ok) << written.message;
+
+  std::vector<float> ws(run.workspace.bytes() / sizeof(float));
+  ASSERT_CUDA(run.workspace.download(ws.data()));
+  const int64_t entries = int64_t(splits) * p.heads_q * sm90::split_query_rows(p);
+  const float* lse = ws.data() + entries * p.head_dim_v;  // after the partial O (no order: fixed)
+  int64_t unwritten = 0;
+  for (int64_t i = 0; i < entries; ++i)
+    if (!(std::isfinite(lse[i]) && std::fabs(lse[i]) < 1e30f) && lse[i] != INFINITY) ++unwritten;
+  EXPECT_EQ(unwritten, 0) << "of " << entries << " partial LSE entries (" << splits << " splits)";
 }
 
 // The order lives in the caller's workspace: a varlen forward asks for it (and fixed-length ones
