@@ -73,7 +73,7 @@ struct FwdKernel {
     typename Pipeline::SharedStorage pipeline_v;
     alignas(8) uint64_t q_full;   // Q of the current tile has landed
     alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
-    alignas(8) uint64_t o_free;   // the previous tile's O has left V's ring: V may be reloaded
+    alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 
