@@ -14,10 +14,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "fa4/attention.hpp"
+#include "sm90/env_switch.hpp"
 #include "sm90/query_rows.cuh"
 #include "sm90/sequence.cuh"
 #include "sm90/tile_order.hpp"
@@ -44,13 +43,7 @@ cudaError_t launch_order_tiles(TileOrderParams const& p, void* stream);
 // their small problems too and measurements can compare the two.
 inline bool order_longest_first(const Problem& p, int64_t unordered_tiles, int sm_count,
                                 Workspace workspace) {
-  static const int forced = [] {
-    const char* v = std::getenv("FA4_SM90_TILE_ORDER");
-    if (v == nullptr) return -1;
-    if (std::strcmp(v, "longest") == 0) return 1;
-    if (std::strcmp(v, "input") == 0) return 0;
-    return -1;
-  }();
+  static const int forced = env_switch("FA4_SM90_TILE_ORDER", "longest", "input");
   const size_t bytes = tile_order_workspace_bytes(p);
   if (bytes == 0 || workspace.data == nullptr || workspace.bytes < bytes || forced == 0)
     return false;

@@ -13,9 +13,10 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include <cute/config.hpp>
+
+#include "sm90/env_switch.hpp"
 
 namespace fa4::sm90 {
 
@@ -60,13 +61,7 @@ struct TileScheduler {
   // FA4_SM90_SCHEDULE=persistent|per_tile overrides the choice the launcher makes (auto), for
   // measuring one against the other; read once.
   static bool persistent(bool balanced_static_order) {
-    static const int forced = [] {
-      const char* v = std::getenv("FA4_SM90_SCHEDULE");
-      if (v == nullptr) return -1;
-      if (std::strcmp(v, "persistent") == 0) return 1;
-      if (std::strcmp(v, "per_tile") == 0) return 0;
-      return -1;
-    }();
+    static const int forced = env_switch("FA4_SM90_SCHEDULE", "persistent", "per_tile");
     return forced < 0 ? balanced_static_order : forced == 1;
   }
 
