@@ -71,13 +71,8 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
                          : 1;
   SplitPartials partials{};
   if (splits > 1 && workspace.data != nullptr &&
-      workspace.bytes >= order_bytes + split_workspace_bytes(p, splits)) {
-    partials.o = reinterpret_cast<float*>(static_cast<char*>(workspace.data) + order_bytes);
-    partials.rows = split_query_rows(p);
-    partials.heads = int(p.heads_q);
-    partials.lse = partials.o + int64_t(splits) * partials.heads * partials.rows * kHeadDimV;
-    partials.batch_rows = p.is_varlen() ? 0 : p.seqlen_q;
-  }
+      workspace.bytes >= order_bytes + split_workspace_bytes(p, splits))
+    partials = SplitPartials::at(static_cast<char*>(workspace.data) + order_bytes, p, splits);
   // Varlen tiles longest-first (tile_order.cuh): the grid becomes the ordered entries.
   const bool ordered = err == cudaSuccess &&
                        order_longest_first(p, scheduler.tiles, sm_count, workspace);

@@ -30,6 +30,17 @@ struct SplitPartials {
   int64_t batch_rows;  // rows per batch entry: seqlen_q, or 0 (varlen: start_q places them)
   int heads;           // query heads
 
+  // The layout at `base` (split_workspace_bytes(p, splits) bytes): every split's O, then its LSE.
+  static SplitPartials at(void* base, const Problem& p, int splits) {
+    SplitPartials sp{};
+    sp.o = static_cast<float*>(base);
+    sp.rows = split_query_rows(p);
+    sp.heads = int(p.heads_q);
+    sp.lse = sp.o + int64_t(splits) * sp.heads * sp.rows * p.head_dim_v;
+    sp.batch_rows = p.is_varlen() ? 0 : p.seqlen_q;
+    return sp;
+  }
+
   CUTE_HOST_DEVICE bool enabled() const { return o != nullptr; }
   CUTE_HOST_DEVICE int64_t row(int split, int head, Sequence const& seq, int64_t position) const {
     return (int64_t(split) * heads + head) * rows + seq.batch * batch_rows + seq.start_q + position;
