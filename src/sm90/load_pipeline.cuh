@@ -144,7 +144,7 @@ struct FwdLoad {
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
       copy(p.tma_q.with(q_full), tQgQ, tQsQ);
     }
-    // Without keys n_block < keys.begin: no K tile, but the wait all the same.
+    // Without keys n_block < keys.begin: no K tile.
     if (n_block > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
     if (keys.empty()) return;
     if (o_staged > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (o_staged - 1) & 1);
