@@ -135,6 +135,20 @@ run_tests() {
     FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*:*Refuses*'
 }
 
+# `sanitize NAME LABEL "TOOLS" FILTER [VAR=value ...]`: the GPU tests of FILTER under each
+# compute-sanitizer tool, with the variables set; logs sanitize_NAME_TOOL.log, a line per tool.
+sanitize() {
+  local name=$1 label=$2 tools=$3 filter=$4 tool rc log
+  shift 4
+  for tool in $tools; do
+    log="$out/sanitize${name:+_$name}_$tool.log"
+    env "$@" timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
+      --gtest_filter="$filter" >"$log" 2>&1
+    rc=$?
+    note "$tool" "${label:+$label: }rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1) $(grep -h '^\[  PASSED' "$log")"
+  done
+}
+
 run_sanitize() {
   # Forward: a fixed-length causal case and a varlen + seqused_k one (the per-sequence TMA
   # addressing);
@@ -147,22 +161,11 @@ run_sanitize() {
   # and the wide backward (P and dS through shared memory): d256 (one-stage rings), 192x128.
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q113_k203_gqa4_causal'
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d192x128_bf16_q300_k600_gqa4_causal_deterministic'
-  local tool rc
-  for tool in memcheck racecheck synccheck; do
-    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
-      --gtest_filter="$small" >"$out/sanitize_$tool.log" 2>&1
-    rc=$?
-    note "$tool" "rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -n 1)"
-  done
+  sanitize "" "" "memcheck racecheck synccheck" "$small"
   # The forward cases again on 2 persistent CTAs (many tiles each): the hand-over of Q's buffer
   # and V's ring from tile to tile.
-  for tool in memcheck racecheck; do
-    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2 timeout 120 compute-sanitizer \
-      --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" --gtest_filter="${small%%:Matrix/Sm90Backward*}" \
-      >"$out/sanitize_fwd_persistent_$tool.log" 2>&1
-    rc=$?
-    note "$tool" "forward, 2 persistent CTAs: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_persistent_$tool.log" | tail -n 1)"
-  done
+  sanitize fwd_persistent "forward, 2 persistent CTAs" "memcheck racecheck" \
+    "${small%%:Matrix/Sm90Backward*}" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2
   # Packed GQA tiles (Q gathered by cp.async, O stored row by row), on 2 persistent CTAs.
   local packed='Matrix/Sm90Forward.MatchesReference/d128_bf16_q113_k203_causal_gqa8*'
   packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_odd_causal_gqa8*:Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_used_gqa8'
@@ -171,33 +174,20 @@ run_sanitize() {
   packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q300_k333_causal_gqa7'
   packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
   packed+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_chunks_causal_gqa7_headmajor'
-  for tool in memcheck racecheck; do
-    FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2 timeout 120 \
-      compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
-      --gtest_filter="$packed" >"$out/sanitize_fwd_packed_$tool.log" 2>&1
-    rc=$?
-    note "$tool" "forward packed: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_packed_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_packed_$tool.log")"
-  done
+  sanitize fwd_packed "forward packed" "memcheck racecheck" "$packed" \
+    FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2
   # The varlen tile order (its kernel's shared-memory sort, the forward's wait for it).
   local ordered='Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_used_*'
   ordered+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_chunks_causal_gqa7_headmajor'
-  for tool in memcheck racecheck synccheck; do
-    FA4_SM90_TILE_ORDER=longest timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      "$bin/fa4_gpu_tests" --gtest_filter="$ordered" >"$out/sanitize_fwd_ordered_$tool.log" 2>&1
-    rc=$?
-    note "$tool" "forward ordered: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_ordered_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_ordered_$tool.log")"
-  done
+  sanitize fwd_ordered "forward ordered" "memcheck racecheck synccheck" "$ordered" \
+    FA4_SM90_TILE_ORDER=longest
   # Split-KV: the partials' stores and the combine.
   local split='Matrix/Sm90Forward.MatchesReference/d128_bf16_q1_k5000_split_gqa8_spiky'
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q4_k3000_causal_split_gqa1'
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
-  for tool in memcheck racecheck synccheck; do
-    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
-      --gtest_filter="$split" >"$out/sanitize_fwd_split_$tool.log" 2>&1
-    rc=$?
-    note "$tool" "forward split: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_fwd_split_$tool.log" | tail -n 1) $(grep -h '^\[  PASSED' "$out/sanitize_fwd_split_$tool.log")"
-  done
+  sanitize fwd_split "forward split" "memcheck racecheck synccheck" "$split"
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
+  local tool rc
   if [ -x "$bin/fa4-bench" ]; then
     for tool in memcheck racecheck; do
       FA4_SM90_SCHEDULE=persistent timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
