@@ -32,9 +32,13 @@ struct BwdDqReduce {
   using SmemLayoutHalf = decltype(tile_to_shape(Atom{}, Shape<BlockM, HalfDim>{}));
   static_assert(HalfDim::value * sizeof(float) % 64 == 0,
                 "each half is a whole number of 64- or 128-byte swizzle atoms");
-  // The staging's swizzle width in floats, which sets dq_accum's column order (bwd_workspace.hpp).
-  static constexpr int kAccumAtom = HalfDim::value * sizeof(float) % 128 == 0 ? 32 : 16;
-  static_assert(size<1>(Atom{}) == kAccumAtom);
+  // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, or 0 for
+  // the natural order. Natural with one-stage Q / dO rings (d256): there the conflict-free order
+  // measured 7–10 % slower (ncu: the same DRAM and L2 traffic, a fifth fewer shared-memory
+  // wavefronts, and the MMA warps waiting twice as long on the loads' barriers), where it gains
+  // 1–4 % at d128 and d192 (bench/NOTES.md, "dQ staged without bank conflicts").
+  static constexpr int kAtomFloats = decltype(size<1>(Atom{}))::value;  // 32 or 16
+  static constexpr int kAccumAtom = Config::kStages == 1 ? 0 : kAtomFloats;
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
@@ -99,16 +103,16 @@ struct BwdDqReduce {
     constexpr auto swizzle = recast_layout<uint8_t, float>(get_swizzle_portion(SmemLayout{}));
     Tensor tS = mma.get_thread_slice(thread).partition_C(make_tensor(make_smem_ptr(smem), linear));
     static_assert(decltype(size<0, 0>(tS))::value == 2, "a value pair is two adjacent columns");
-    constexpr int kBlocks = kAccumAtom / 8;
+    constexpr int kBlocks = kAtomFloats / 8;
     const int t = int(tS.data().get() - smem);
     const int y = dq_accum_flip(thread % 32 / 4, kAccumAtom) ^ swizzle(t) ^ t;
     int block[kBlocks];
     CUTE_UNROLL
-    for (int b = 0; b < kBlocks; ++b) block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAccumAtom - 8)));
+    for (int b = 0; b < kBlocks; ++b) block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAtomFloats - 8)));
     CUTE_UNROLL
     for (int i = 0; i < size(dq); i += 2) {
       const int k = tS.layout()(i);
-      *reinterpret_cast<float2*>(smem + block[k / 8 % kBlocks] + (k & -kAccumAtom)) =
+      *reinterpret_cast<float2*>(smem + block[k / 8 % kBlocks] + (k & -kAtomFloats)) =
           make_float2(dq(i), dq(i + 1));
     }
     // st.shared is the generic proxy, the TMA reads through the async proxy.
