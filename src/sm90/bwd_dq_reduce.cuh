@@ -10,6 +10,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "sm90/bwd_turns.cuh"
+#include "sm90/bwd_workspace.hpp"
 #include "sm90/gmem_layout.cuh"
 #include "sm90/named_barriers.cuh"
 #include "sm90/sequence.cuh"
@@ -31,6 +32,13 @@ struct BwdDqReduce {
   using SmemLayoutHalf = decltype(tile_to_shape(Atom{}, Shape<BlockM, HalfDim>{}));
   static_assert(HalfDim::value * sizeof(float) % 64 == 0,
                 "each half is a whole number of 64- or 128-byte swizzle atoms");
+  // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, or 0 for
+  // the natural order. Natural with one-stage Q / dO rings (d256): there the conflict-free order
+  // measured 7–10 % slower (ncu: the same DRAM and L2 traffic, a fifth fewer shared-memory
+  // wavefronts, and the MMA warps waiting twice as long on the loads' barriers), where it gains
+  // 1–4 % at d128 and d192 (bench/NOTES.md, "dQ staged without bank conflicts").
+  static constexpr int kAtomFloats = decltype(size<1>(Atom{}))::value;  // 32 or 16
+  static constexpr int kAccumAtom = Config::kStages == 1 ? 0 : kAtomFloats;
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
@@ -82,13 +90,31 @@ struct BwdDqReduce {
     asm volatile("" : "+r"(thread));
     const int wg = thread / 128;
     cutlass::arch::NamedBarrier::sync(kHandshakeThreads, empty_barrier(wg));
-    // The swizzle applied to element offsets from the buffer's base rather than to the pointer:
-    // XOR on a pointer's bits hides that it points into shared memory, and the stores become
-    // generic ones through 64-bit addresses (two registers each). Pairs of columns are 8-byte
-    // aligned in the swizzled tile (the swizzle permutes 16-byte chunks): st.shared.v2.
-    Tensor sDq =
-        as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(smem), SmemLayout{}));
-    copy_aligned(dq, mma.get_thread_slice(thread).partition_C(sDq));
+    // Element offsets from the buffer's base (a pointer whose bits are XORed is no longer known to
+    // point into shared memory: generic stores through 64-bit addresses), in the accumulator's
+    // column order (bwd_workspace.hpp). Every row of a thread's fragment is its lane / 4 modulo 8,
+    // so the swizzle and the flip are one XOR, y, on the bits of the column within its 16-byte
+    // chunks' group, the same for all of the thread's stores: offset = (t + k) ^ y with t the
+    // thread's first element and k a constant of the fragment, whose column bits (8-column blocks)
+    // never carry into t's (its first column pair). So each block's address is computed once
+    // and the stores take the rest as immediates, as cute's swizzled copy does.
+    constexpr auto linear = get_nonswizzle_portion(SmemLayout{});
+    // The atom's swizzle acts on byte addresses; here on float offsets.
+    constexpr auto swizzle = recast_layout<uint8_t, float>(get_swizzle_portion(SmemLayout{}));
+    Tensor tS = mma.get_thread_slice(thread).partition_C(make_tensor(make_smem_ptr(smem), linear));
+    static_assert(decltype(size<0, 0>(tS))::value == 2, "a value pair is two adjacent columns");
+    constexpr int kBlocks = kAtomFloats / 8;
+    const int t = int(tS.data().get() - smem);
+    const int y = dq_accum_flip(thread % 32 / 4, kAccumAtom) ^ swizzle(t) ^ t;
+    int block[kBlocks];
+    CUTE_UNROLL
+    for (int b = 0; b < kBlocks; ++b) block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAtomFloats - 8)));
+    CUTE_UNROLL
+    for (int i = 0; i < size(dq); i += 2) {
+      const int k = tS.layout()(i);
+      *reinterpret_cast<float2*>(smem + block[k / 8 % kBlocks] + (k & -kAtomFloats)) =
+          make_float2(dq(i), dq(i + 1));
+    }
     // st.shared is the generic proxy, the TMA reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, full_barrier(wg));

@@ -159,7 +159,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   // dQ: scaled and rounded (rows that see no key get 0: their accumulator stayed cleared).
   if (q_total > 0) {
     const FinishParams finish{sequences, dq_accum, q_total, q_per_batch, int(p.head_dim_qk),
-                              p.scale()};
+                              p.scale(), BwdDqReduce<Config>::kAccumAtom};
     err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
                         row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_q, p.heads_q), row_block, 0,
                         stream, finish, row_tensor(t.dq), false);
@@ -167,9 +167,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   }
   if (ws.gqa && k_total > 0) {
     const FinishParams finish_k{sequences, dk_accum, k_total, k_per_batch, int(p.head_dim_qk),
-                                1.0f};
+                                1.0f, 0};
     const FinishParams finish_v{sequences, dv_accum, k_total, k_per_batch, int(p.head_dim_v),
-                                1.0f};
+                                1.0f, 0};
     err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
                         row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_k, p.heads_kv), row_block, 0,
                         stream, finish_k, row_tensor(t.dk), true);

@@ -4,7 +4,7 @@
 // bench/NOTES.md backward v9).
 //   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
 //             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
-//   finish_q: dQ = scale · accumulator, rounded to the output dtype
+//   finish_q: dQ = scale · accumulator (its columns in the staging's order), rounded to the output dtype
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
 // every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.
@@ -150,6 +150,7 @@ struct FinishParams {
   int32_t rows_per_batch;
   int dim;
   float scale;
+  int atom;  // the accumulator's column order (dq_accum_flip): dQ's staging atom, 0 for dK / dV
 };
 
 // dst = scale · accumulator, rounded; `keys` walks key rows (dK, dV), else query rows (dQ).
@@ -162,8 +163,9 @@ __global__ void __launch_bounds__(32 * kRowWarps)
                                 int64_t(w.seq.batch) * p.rows_per_batch + w.row) *
                                    p.dim;
   Element* out = dst.row(w.seq, w.row, w.head);
+  const int flip = dq_accum_flip(w.row, p.atom);
   for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) {
-    const Vec8<float> a = load8(src + c);
+    const Vec8<float> a = load8(src + (c ^ flip));
     Vec8<Element> x;
     CUTE_UNROLL
     for (int j = 0; j < 8; ++j) x.v[j] = Element(a.v[j] * p.scale);

@@ -1,6 +1,7 @@
 // The sm90 backward's workspace (caller-owned device memory, workspace_size bytes), shared by the
 // host launcher and the kernels. fp32 throughout, rows numbered like the packed query / key rows:
-//   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by TMA reduce-adds
+//   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by TMA reduce-adds;
+//             each row's 8-column blocks in the staging's order (dq_accum_flip)
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
 //   dk_accum, dv_accum [heads_kv][key rows][dim]   GQA only: summed over a group's query heads
@@ -52,6 +53,22 @@ FA4_HD int64_t bwd_padded_stat_rows(int64_t len) {
 // up to a multiple of kBwdStatAlign so that each head's rows start aligned.
 FA4_HD int64_t bwd_stat_rows(int64_t q_rows, int64_t batch) {
   return bwd_padded_stat_rows(q_rows + batch * kBwdStatAlign);
+}
+
+// dq_accum's column order. The main kernel stages dQ in shared memory for the TMA reduce-add, one
+// 8-byte store per column pair, and the hardware serves a warp's 8-byte stores a half-warp at a
+// time: four rows of one 8-column block, 32 bytes each. Under the staging's swizzle (16-byte chunk
+// c of row r at c ^ (r mod 8) for 128-byte rows; 64-byte rows: c ^ (r / 2 mod 4)) two of those
+// four rows fall on the same banks. So row r (counted from its sequence's first row; query tiles
+// start at multiples of 8) stores block b of each group of `atom` columns at block b ^ flip, where
+// the flip (in columns) makes the four rows' banks distinct; the TMA carries that order into
+// dq_accum and the finish kernel reads column c of row r at c ^ dq_accum_flip(r, atom).
+// atom: the staging's swizzle width in floats (32: 128-byte, 16: 64-byte); 0: natural order.
+FA4_HD int dq_accum_flip(int64_t row, int atom) {
+  const int r = int(row & 7);
+  if (atom == 32) return (((r & 3) ^ (r >> 1)) & 3) * 8;
+  if (atom == 16) return ((r >> 1) & 1) * 8;
+  return 0;
 }
 
 struct BwdWorkspace {

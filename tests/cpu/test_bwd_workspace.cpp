@@ -1,10 +1,14 @@
 // The sm90 backward's stat-row layout (src/sm90/bwd_workspace.hpp), host side: the main kernel reads
 // a query tile's LSE and D with no bounds check, so every tile it reads must lie in its sequence's
-// rows or in that sequence's pad, and no pad may reach into the next sequence's rows.
+// rows or in that sequence's pad, and no pad may reach into the next sequence's rows. And the dQ
+// accumulator's column order: a permutation within each swizzle atom under which the staging's
+// 8-byte stores are free of bank conflicts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,6 +17,7 @@
 namespace {
 
 using fa4::sm90::bwd_block_m;
+using fa4::sm90::dq_accum_flip;
 using fa4::sm90::bwd_padded_stat_rows;
 using fa4::sm90::bwd_stat_row;
 using fa4::sm90::bwd_stat_rows;
@@ -77,6 +82,51 @@ TEST(BwdWorkspace, VarlenSequencesAndTheirPadsAreDisjoint) {
     expect_disjoint_padded_regions(starts, lens);
     if (HasFatalFailure()) return;
   }
+}
+
+// The staging's bank pattern, modelled: wgmma's accumulator gives lane l of a warp rows ≡ l / 4
+// (mod 8) and the column pair 2 (l mod 4) of each 8-column block; a warp's 8-byte store is served
+// per half-warp, and a half-warp's store takes as many wavefronts as the most 4-byte words any one
+// bank receives. The tile's swizzle (TMA / GMMA 128- or 64-byte atom of floats) maps 16-byte chunk c
+// of row r to c ^ (r mod 8) in 128-byte rows, to c ^ (r / 2 mod 4) in 64-byte rows.
+int half_warp_wavefronts(int atom, int block, int half, bool flipped) {
+  std::vector<std::set<int>> words(32);
+  for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+    const int r = lane / 4, c = 8 * block + 2 * (lane % 4);
+    const int col = flipped ? c ^ dq_accum_flip(r, atom) : c;
+    int byte = (r * atom + col) * 4;
+    const int bits = atom == 32 ? 3 : 2;
+    byte ^= ((byte >> 7) & ((1 << bits) - 1)) << 4;
+    for (int w : {byte / 4, byte / 4 + 1}) words[w % 32].insert(w);
+  }
+  size_t most = 0;
+  for (auto const& bank : words) most = std::max(most, bank.size());
+  return int(most);
+}
+
+TEST(Sm90BackwardWorkspace, DqAccumOrderIsConflictFree) {
+  for (int atom : {32, 16}) {
+    for (int64_t row = 0; row < 64; ++row) {
+      // A permutation of the atom's 8-column blocks, the same for rows 8 apart.
+      std::set<int> blocks;
+      for (int c = 0; c < atom; c += 8) {
+        const int to = c ^ dq_accum_flip(row, atom);
+        EXPECT_TRUE(to >= 0 && to < atom && to % 8 == 0) << atom << " " << row << " " << c;
+        blocks.insert(to);
+      }
+      EXPECT_EQ(int(blocks.size()), atom / 8) << atom << " " << row;
+      EXPECT_EQ(dq_accum_flip(row, atom), dq_accum_flip(row + 8, atom));
+    }
+    for (int block = 0; block < atom / 8; ++block) {
+      for (int half = 0; half < 2; ++half) {
+        // 16 lanes × 8 bytes: one wavefront is the least, and the flip reaches it ...
+        EXPECT_EQ(half_warp_wavefronts(atom, block, half, true), 1) << atom << " " << block;
+        // ... where the natural order takes two (the conflict the flip is there for).
+        EXPECT_EQ(half_warp_wavefronts(atom, block, half, false), 2) << atom << " " << block;
+      }
+    }
+  }
+  EXPECT_EQ(dq_accum_flip(5, 0), 0);  // natural order
 }
 
 }  // namespace
