@@ -38,7 +38,7 @@ struct BwdDqReduce {
   // wavefronts, and the MMA warps waiting twice as long on the loads' barriers), where it gains
   // 1–4 % at d128 and d192 (bench/NOTES.md, "dQ staged without bank conflicts").
   static constexpr int kAtomFloats = decltype(size<1>(Atom{}))::value;  // 32 or 16
-  static constexpr int kAccumAtom = Config::kStages == 1 ? 0 : kAtomFloats;
+  static constexpr int kAccumAtom = kAtomFloats;
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
@@ -125,9 +125,14 @@ struct BwdDqReduce {
   // the TMA unit has read it. Deterministic mode (`counter(m, wg)` not null): before its reduction
   // the writer waits for the counter to read turn(m), and moves it on once the reduction has
   // landed in global memory; the MMA warpgroups never wait on a turn themselves.
+  // `loads_issued` (one-stage Q / dO rings, else null): two mbarriers, the load thread arriving on
+  // [t & 1] once it has issued tile t's Q and dO (t after the first); the reduce-add of tile m
+  // waits for tile m + 1's, so that the TMA unit takes the loads the next tile waits on before this
+  // tile's 2 × 32 KB reduction.
   template <class Counter, class Turn>
   CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows, int begin,
-                                int end, Counter const& counter, Turn const& turn) {
+                                int end, Counter const& counter, Turn const& turn,
+                                uint64_t* loads_issued) {
     const bool issuer = cute::elect_one_sync();
     Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
     Tensor gDq = local_tile(domain_offset(make_coord(rows.offset, _0{}), mDq),
@@ -137,6 +142,12 @@ struct BwdDqReduce {
       cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
     CUTE_NO_UNROLL
     for (int m = begin; m < end; ++m) {
+      // When this warp gets here, the load thread may have issued tile m + 2 too (the MMA
+      // warpgroups free tile m + 1's stage before they stage tile m + 1's dQ, which waits for
+      // this reduction), not m + 3: with a barrier per parity of the tile, neither is a phase
+      // ahead.
+      if (loads_issued != nullptr && m + 1 < end)
+        cutlass::arch::ClusterBarrier::wait(&loads_issued[(m + 1) & 1], ((m - begin) >> 1) & 1);
       CUTE_UNROLL
       for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg) {
         cutlass::arch::NamedBarrier::sync(kHandshakeThreads, full_barrier(wg));
