@@ -32,12 +32,13 @@ struct BwdDqReduce {
   using SmemLayoutHalf = decltype(tile_to_shape(Atom{}, Shape<BlockM, HalfDim>{}));
   static_assert(HalfDim::value * sizeof(float) % 64 == 0,
                 "each half is a whole number of 64- or 128-byte swizzle atoms");
-  // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, or 0 for
-  // the natural order. This experiment (branch wip/bwd-d256-dq-ordered) takes the conflict-free
-  // order at d256 too, where main keeps the natural one (measured 7–10 % slower there without
-  // the ordered reduce-adds of write()); bench/NOTES.md, "Prepared, not run".
+  // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, every
+  // row's 8-column blocks permuted within it so that the staging's stores are free of bank
+  // conflicts. With one-stage rings (d256) that pays only together with write()'s ordered
+  // reduce-adds: alone it measured 7–10 % slower there (bench/NOTES.md, "dQ staged without bank
+  // conflicts" and "d256's reduce-adds behind the next tile's loads").
   static constexpr int kAtomFloats = decltype(size<1>(Atom{}))::value;  // 32 or 16
-  static constexpr int kAccumAtom = kAtomFloats;
+  static constexpr int kAccumAtom = kAtomFloats;  // 0 would be the natural order
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
