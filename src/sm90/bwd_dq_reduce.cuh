@@ -35,8 +35,8 @@ struct BwdDqReduce {
   // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, or 0 for
   // the natural order. Natural with one-stage Q / dO rings (d256): there the conflict-free order
   // measured 7–10 % slower (ncu: the same DRAM and L2 traffic, 12 % fewer shared-memory
-  // wavefronts, twice the stalls on mbarrier waits), where it gains
-  // 1–2 % at d128 and 4–6 % at d192 (bench/NOTES.md, "dQ staged without bank conflicts").
+  // wavefronts, twice the stalls on mbarrier waits), where it gains 1–2 % at d128 and 4–6 % at
+  // d192 (bench/NOTES.md, "dQ staged without bank conflicts").
   static constexpr int kAtomFloats = decltype(size<1>(Atom{}))::value;  // 32 or 16
   static constexpr int kAccumAtom = Config::kStages == 1 ? 0 : kAtomFloats;
 
