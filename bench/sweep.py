@@ -132,6 +132,25 @@ def checked_others(row, others, make):
     return runs
 
 
+def checked_builds(row, builds, first_run, diff):
+    """Each build's closure, made and run once under its --lib-env: first_run(bld, entry) makes it,
+    poisons the outputs, runs it and returns it (it may add to the build's entry in the row);
+    diff() then gives the max abs difference from cuDNN's result. A build's refusal goes into its
+    entry instead, and it is not timed."""
+    runs = {}
+    for bld in builds:
+        entry = row["libs"][bld.name] = {}
+        try:
+            with bld.environment():
+                run = first_run(bld, entry)
+        except fa4_ctypes.Fa4Error as e:
+            entry["refused"] = str(e)
+            continue
+        entry["max_abs_diff_vs_cudnn"] = diff()
+        runs[bld.name] = run
+    return runs
+
+
 def sdpa_fn(backend, q, k, v, causal):
     # SDPA takes (batch, heads, seq, dim): transposed views of the same memory.
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -276,25 +295,20 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     row = {"libs": {}}
     cudnn = sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
     ref = cudnn()
-    runs = {}
-    for bld in builds:
-        entry = row["libs"][bld.name] = {}
-        try:
-            with bld.environment():
-                run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
-                out.fill_(float("nan"))
-                counts = bld.rescale_counts(run)
-                if counts is None:
-                    run()
-                    torch.cuda.synchronize()
-            if counts is not None:
-                entry["rescale_counts"] = counts
-        except fa4_ctypes.Fa4Error as e:
-            entry["refused"] = str(e)
-            continue
-        entry["max_abs_diff_vs_cudnn"] = (out.transpose(1, 2).float() - ref.float()) \
-            .abs().max().item()
-        runs[bld.name] = run
+
+    def first_run(bld, entry):
+        run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+        out.fill_(float("nan"))
+        counts = bld.rescale_counts(run)
+        if counts is None:
+            run()
+            torch.cuda.synchronize()
+        else:
+            entry["rescale_counts"] = counts
+        return run
+
+    runs = checked_builds(row, builds, first_run,
+                          lambda: (out.transpose(1, 2).float() - ref.float()).abs().max().item())
 
     other_runs = checked_others(row, others or {}, lambda f: other_fn(f, q, k, v, causal))
     time_rounds(row, rounds, cudnn, sdpa_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal), runs,
@@ -358,26 +372,22 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward
         row["cudnn_refused"] = str(e).splitlines()[0]
         return row
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    runs = {}
-    for bld in builds:
-        entry = row["libs"][bld.name] = {}
-        try:
-            with bld.environment():
-                forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
-                forward()
-                run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
-                                          deterministic=bld.deterministic)
-                if with_forward:
-                    run = (lambda f, b: lambda: (f(), b()))(forward, run)
-                for g in (dq, dk, dv):
-                    g.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-        except fa4_ctypes.Fa4Error as e:
-            entry["refused"] = str(e)
-            continue
-        entry["max_abs_diff_vs_cudnn"] = (dq.float() - ref_dq.float()).abs().max().item()
-        runs[bld.name] = run
+
+    def first_run(bld, entry):
+        forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+        forward()
+        run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
+                                  deterministic=bld.deterministic)
+        if with_forward:
+            run = (lambda f, b: lambda: (f(), b()))(forward, run)
+        for g in (dq, dk, dv):
+            g.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        return run
+
+    runs = checked_builds(row, builds, first_run,
+                          lambda: (dq.float() - ref_dq.float()).abs().max().item())
     try:
         fa2 = sdpa_backward_fn(SDPBackend.FLASH_ATTENTION, q, k, v, causal, dout, with_forward)
     except RuntimeError as e:

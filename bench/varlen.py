@@ -97,20 +97,16 @@ def measure(builds, rounds, lens, hq, hkv, d, causal):
     cudnn, padded, unpack = anchor_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, offsets, lens, causal)
     row["cudnn_padded"] = padded
     ref = unpack(cudnn())
-    runs = {}
-    for bld in builds:
-        entry = row["libs"][bld.name] = {}
-        try:
-            with bld.environment():
-                run = bld.fa4.forward_fn(q, k, v, out, params=params)
-                out.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-        except fa4_ctypes.Fa4Error as e:
-            entry["refused"] = str(e)
-            continue
-        entry["max_abs_diff_vs_cudnn"] = (out.float() - ref.float()).abs().max().item()
-        runs[bld.name] = run
+
+    def first_run(bld, entry):
+        run = bld.fa4.forward_fn(q, k, v, out, params=params)
+        out.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        return run
+
+    runs = sweep.checked_builds(row, builds, first_run,
+                                lambda: (out.float() - ref.float()).abs().max().item())
     try:
         fa2, _, _ = anchor_fn(SDPBackend.FLASH_ATTENTION, q, k, v, offsets, lens, causal)
     except RuntimeError as e:

@@ -108,7 +108,8 @@ struct BwdDqReduce {
     const int y = dq_accum_flip(thread % 32 / 4, kAccumAtom) ^ swizzle(t) ^ t;
     int block[kBlocks];
     CUTE_UNROLL
-    for (int b = 0; b < kBlocks; ++b) block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAtomFloats - 8)));
+    for (int b = 0; b < kBlocks; ++b)
+      block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAtomFloats - 8)));
     CUTE_UNROLL
     for (int i = 0; i < size(dq); i += 2) {
       const int k = tS.layout()(i);

@@ -4,7 +4,8 @@
 // bench/NOTES.md backward v9).
 //   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
 //             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
-//   finish_q: dQ = scale · accumulator (its columns in the staging's order), rounded to the output dtype
+//   finish_q: dQ = scale · accumulator (its columns in the staging's order, dq_accum_flip),
+//             rounded to the output dtype
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
 // every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.

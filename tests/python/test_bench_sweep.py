@@ -1,6 +1,8 @@
 """bench/sweep.py's other FlashAttention builds (FA3 / FA4 columns when importable), on the CPU
 with stand-in modules: which import, the closures they are timed through (forward, backward of one
-forward, both), refusals per row, and the table's columns."""
+forward, both), refusals per row, and the table's columns; and the fa4cpp builds' checked first
+runs (checked_builds)."""
+import contextlib
 import importlib.util
 import os
 import sys
@@ -81,3 +83,35 @@ def test_refusals_and_the_table(sweep, monkeypatch):
     assert cells[8:10] == ["2.0", "—"]  # FA3 timed, FA4 refused in this row
     result.update(others=[], others_missing={"FA3": "flash_attn_interface: No module"})
     assert "Not importable here: FA3 (flash_attn_interface: No module)." in sweep.markdown(result)
+
+
+def test_checked_builds_records_refusals_and_differences(sweep):
+    class Build:
+        def __init__(self, name, refuses):
+            self.name, self.refuses, self.env_active = name, refuses, False
+
+        @contextlib.contextmanager
+        def environment(self):
+            self.env_active = True
+            try:
+                yield
+            finally:
+                self.env_active = False
+
+    calls = []
+
+    def first_run(bld, entry):
+        assert bld.env_active  # made and first run under the build's --lib-env
+        if bld.refuses:
+            raise sweep.fa4_ctypes.Fa4Error("head dim not built")
+        entry["note"] = bld.name
+        calls.append(bld.name)
+        return lambda: bld.name
+
+    row = {"libs": {}}
+    builds = [Build("a", False), Build("b", True), Build("c", False)]
+    runs = sweep.checked_builds(row, builds, first_run, lambda: 0.25)
+    assert list(runs) == ["a", "c"] and runs["c"]() == "c" and calls == ["a", "c"]
+    assert row["libs"]["a"] == {"note": "a", "max_abs_diff_vs_cudnn": 0.25}
+    assert row["libs"]["b"] == {"refused": "head dim not built"}
+    assert not any(b.env_active for b in builds)
