@@ -32,13 +32,13 @@ struct BwdDqReduce {
   using SmemLayoutHalf = decltype(tile_to_shape(Atom{}, Shape<BlockM, HalfDim>{}));
   static_assert(HalfDim::value * sizeof(float) % 64 == 0,
                 "each half is a whole number of 64- or 128-byte swizzle atoms");
-  // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, or 0 for
-  // the natural order. Natural with one-stage Q / dO rings (d256): there the conflict-free order
-  // measured 7–10 % slower (ncu: the same DRAM and L2 traffic, 12 % fewer shared-memory
-  // wavefronts, twice the stalls on mbarrier waits), where it gains 1–2 % at d128 and 4–6 % at
-  // d192 (bench/NOTES.md, "dQ staged without bank conflicts").
+  // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, every
+  // row's 8-column blocks permuted within it so that the staging's stores are free of bank
+  // conflicts. With one-stage rings (d256) that pays only together with write()'s ordered
+  // reduce-adds: alone it measured 7–10 % slower there (bench/NOTES.md, "dQ staged without bank
+  // conflicts" and "d256's reduce-adds behind the next tile's loads").
   static constexpr int kAtomFloats = decltype(size<1>(Atom{}))::value;  // 32 or 16
-  static constexpr int kAccumAtom = Config::kStages == 1 ? 0 : kAtomFloats;
+  static constexpr int kAccumAtom = kAtomFloats;  // 0 would be the natural order
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
@@ -126,9 +126,14 @@ struct BwdDqReduce {
   // the TMA unit has read it. Deterministic mode (`counter(m, wg)` not null): before its reduction
   // the writer waits for the counter to read turn(m), and moves it on once the reduction has
   // landed in global memory; the MMA warpgroups never wait on a turn themselves.
+  // `loads_issued` (one-stage Q / dO rings, else null): two mbarriers, the load thread arriving on
+  // [t & 1] once it has issued tile t's Q and dO (t after the first); the reduce-add of tile m
+  // waits for tile m + 1's, so that the TMA unit takes the loads the next tile waits on before this
+  // tile's 2 × 32 KB reduction.
   template <class Counter, class Turn>
   CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows, int begin,
-                                int end, Counter const& counter, Turn const& turn) {
+                                int end, Counter const& counter, Turn const& turn,
+                                uint64_t* loads_issued) {
     const bool issuer = cute::elect_one_sync();
     Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
     Tensor gDq = local_tile(domain_offset(make_coord(rows.offset, _0{}), mDq),
@@ -138,6 +143,12 @@ struct BwdDqReduce {
       cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
     CUTE_NO_UNROLL
     for (int m = begin; m < end; ++m) {
+      // When this warp gets here, the load thread may have issued tile m + 2 too (the MMA
+      // warpgroups free tile m + 1's stage before they stage tile m + 1's dQ, which waits for
+      // this reduction), not m + 3: with a barrier per parity of the tile, neither is a phase
+      // ahead.
+      if (loads_issued != nullptr && m + 1 < end)
+        cutlass::arch::ClusterBarrier::wait(&loads_issued[(m + 1) & 1], ((m - begin) >> 1) & 1);
       CUTE_UNROLL
       for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg) {
         cutlass::arch::NamedBarrier::sync(kHandshakeThreads, full_barrier(wg));

@@ -84,6 +84,7 @@ struct BwdKernel {
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) uint64_t kv_full;
+    alignas(8) uint64_t loads_issued[2];  // one-stage rings: BwdDqReduce::write
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
@@ -127,6 +128,8 @@ struct BwdKernel {
       Load::prefetch_descriptors(p.load);
       BwdDqReduce<Config>::prefetch_descriptor(p.dq);
       cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
+      cutlass::arch::ClusterBarrier::init(&smem.loads_issued[0], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.loads_issued[1], 1);
     }
     typename Pipeline::Params pipe;
     pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
@@ -148,7 +151,7 @@ struct BwdKernel {
       if (leader) {
         Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.queries.begin, w.queries.end,
                   smem.q.data(), smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
-                  smem.dpsum.data(), smem.kv_full, pipeline_q, pipeline_do);
+                  smem.dpsum.data(), smem.kv_full, pipeline_q, pipeline_do, loads_issued(smem));
       } else if (warp == 1) {
         write_dq(p, smem, w);
       }
@@ -334,7 +337,13 @@ struct BwdKernel {
     };
     auto turn = [&](int m) { return w.mask.last_tile(m) - w.n_block; };
     BwdDqReduce<Config>::write(p.dq, smem.dq.data(), w.head, rows, w.queries.begin,
-                               w.queries.end, counter, turn);
+                               w.queries.end, counter, turn, loads_issued(smem));
+  }
+
+  // With one-stage Q / dO rings, the next tile's loads are on the critical path: the dQ writer
+  // waits for them to be issued (bwd_dq_reduce.cuh).
+  CUTE_DEVICE static uint64_t* loads_issued(SharedStorage& smem) {
+    return Config::kStages == 1 ? smem.loads_issued : nullptr;
   }
 };
 

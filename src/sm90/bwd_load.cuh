@@ -100,7 +100,8 @@ struct BwdLoad {
                               Sequence const& seq, int m_begin, int m_end, Element* smem_q,
                               Element* smem_do, Element* smem_k, Element* smem_v,
                               float* smem_lse, float* smem_dpsum, uint64_t& kv_full,
-                              Pipeline& pipeline_q, Pipeline& pipeline_do) {
+                              Pipeline& pipeline_q, Pipeline& pipeline_do,
+                              uint64_t* loads_issued) {
     const int kv_head = head / p.head_group;
     const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
@@ -147,6 +148,9 @@ struct BwdLoad {
                                smem_dpsum + write_do.index() * Config::kBlockM,
                                Config::kBytesRowStat);
       ++write_do;
+      // The dQ writer's reduction of tile m − 1 may go now (bwd_dq_reduce.cuh).
+      if (loads_issued != nullptr && m > m_begin)
+        cutlass::arch::ClusterBarrier::arrive(&loads_issued[m & 1]);
     }
   }
 };

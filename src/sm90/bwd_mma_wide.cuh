@@ -171,6 +171,8 @@ struct BwdMmaWide {
         pipeline_do.consumer_release(read);
         pipeline_q.consumer_release(read);
         warpgroup_wait<0>();
+        // After the release above, not before: BwdDqReduce::write's loads_issued barriers rely on
+        // the load thread being at most one tile past the writer (bwd_dq_reduce.cuh).
         BwdDqReduce<Config>::stage(smem.dq.data(), mma_q, dQ, thread);
         ++read;
       }
