@@ -20,6 +20,7 @@
 
 #include "common/math_constants.hpp"
 #include "sm90/bwd_dq_reduce.cuh"
+#include "sm90/bwd_grid_order.hpp"
 #include "sm90/bwd_load.cuh"
 #include "sm90/bwd_mask.cuh"
 #include "sm90/bwd_mma_wide.cuh"
@@ -46,7 +47,7 @@ struct BwdParams {
   BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
   SoftcapScores softcap;
   float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
-  int n_blocks;            // key tiles of the longest sequence
+  BwdGridOrder order;      // CTA → (key tile, head, batch entry); key tiles of the longest sequence
   int heads_q;
 };
 
@@ -99,14 +100,15 @@ struct BwdKernel {
     QueryTiles queries;
   };
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
-    const int tile = int(blockIdx.x);
-    w.n_block = tile % p.n_blocks;
-    // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
-    // mma): with a causal band a key tile's first query tile is then one its predecessors in the
-    // grid (which start earlier and have less to do) have already passed.
-    if constexpr (kDeterministic) w.n_block = p.n_blocks - 1 - w.n_block;
-    w.head = (tile / p.n_blocks) % p.heads_q;
-    w.batch = tile / p.n_blocks / p.heads_q;
+    const BwdGridOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
+    w.n_block = unit.n_block;
+    // Deterministic mode (the launcher's order has groups of 1 there): key tiles in descending
+    // order, the order in which they add to dQ (see mma): with a causal band a key tile's first
+    // query tile is then one its predecessors in the grid (which start earlier and have less to
+    // do) have already passed.
+    if constexpr (kDeterministic) w.n_block = p.order.n_blocks - 1 - w.n_block;
+    w.head = unit.head;
+    w.batch = unit.batch;
     w.seq = load_sequence(sequences, w.batch);
     if (!w.seq.valid) return false;
     w.stored_k = stored_keys(sequences, w.batch);
