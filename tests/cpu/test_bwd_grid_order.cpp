@@ -70,9 +70,9 @@ TEST(Sm90BwdGridOrder, KeyTilesAscendWithinAGroupAndTheShortGroupComesFirst) {
 
 TEST(Sm90BwdGridOrder, GroupSize) {
   const int64_t mb = 1 << 20;
-  // d256 bf16 at 4k on 132 SMs with 50 MB of L2: 64 key tiles want 5 pairs, the L2 allows 2.
+  // d256 bf16 at 4k on 132 SMs with 50 MB of L2: 64 key tiles want 5 pairs, the L2 allows 3.
   const int64_t d256 = 2 * 256 * 2 + 4 * 256 + 8;
-  EXPECT_EQ(BwdGridOrder::group_for(32, 64, 4096, d256, 132, 50 * mb), 2);
+  EXPECT_EQ(BwdGridOrder::group_for(32, 64, 4096, d256, 132, 50 * mb), 3);
   // At 16k one pair's rows exceed half the L2: the plain order.
   EXPECT_EQ(BwdGridOrder::group_for(8, 256, 16384, d256, 132, 50 * mb), 1);
   // Short rows: as many pairs as the tail needs (ceil(2 · 132 / 16) = 17), capped by the pairs.
