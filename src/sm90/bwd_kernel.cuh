@@ -170,14 +170,17 @@ struct BwdKernel {
   // After the tile loop: dK ·= scale, and dK, dV written (or added to the GQA accumulators). The
   // sequence is read again rather than held through the loop (registers): the empty asm keeps the
   // compiler from reusing the first reads.
+  // `smem`: the wide kernel's, whose Q and dO buffers transpose dK and dV (BwdStore::store_dkv).
   template <class ThrMma, class AccK, class AccV>
-  CUTE_DEVICE static void store_dkv(Params const& p, ThrMma const& thr_kv, AccK& dK, AccV& dV) {
+  CUTE_DEVICE static void store_dkv(Params const& p, ThrMma const& thr_kv, AccK& dK, AccV& dV,
+                                    SharedStorage& smem) {
     SequenceParams again = p.sequences;
     asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
     Work done;
     find_work(p, again, done);
     Store::template store_dkv<kDeterministic>(p.store, done.batch, done.head, done.n_block,
-                                              done.seq, done.stored_k, thr_kv, dK, dV);
+                                              done.seq, done.stored_k, thr_kv, dK, dV,
+                                              smem.q.data(), smem.dout.data());
   }
 
  private:
@@ -326,7 +329,7 @@ struct BwdKernel {
       }
     };
     if (!w.queries.empty()) run_by_softcap(p.softcap.enabled(), tiles);
-    store_dkv(p, thr_kv, dK, dV);
+    store_dkv(p, thr_kv, dK, dV, smem);
   }
 
   // The dQ writer warp (bwd_dq_reduce.cuh). Deterministic mode: dQ of a query tile is added from

@@ -10,6 +10,8 @@
 #include <cute/tensor.hpp>
 
 #include "sm90/bwd_turns.cuh"
+#include "sm90/fragment.cuh"
+#include "sm90/wgmma.cuh"
 #include "sm90/named_barriers.cuh"
 #include "sm90/sequence.cuh"
 
@@ -102,10 +104,12 @@ struct BwdStore {
 
   // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0). Rows up to
   // stored_k are written: those past seqused_k (seq.len_k) hold 0, since their keys were masked.
+  // `staging` (the wide kernel: its Q and dO buffers, free once every MMA thread is past the tile
+  // loop; else null): where dK and dV are transposed on their way to the outputs.
   template <bool kDeterministic, class ThrMma, class AccK, class AccV>
   CUTE_DEVICE static void store_dkv(Params const& p, int batch, int head, int n_block,
                                     Sequence const& seq, int stored_k, ThrMma const& thr, AccK& dk,
-                                    AccV const& dv) {
+                                    AccV const& dv, Element* stage_k, Element* stage_v) {
     CUTE_UNROLL
     for (int k = 0; k < size(dk); ++k) dk(k) *= p.dk_scale;
     const auto coords_k = key_dim_coords<Config::kHeadDim>(thr);
@@ -130,11 +134,63 @@ struct BwdStore {
       if constexpr (kDeterministic) Turns::pass(counter, leader, Config::kMmaThreads, kBwdTurnBoth);
       return;
     }
-    store_values(p.dk, dk, coords_k, len, seq, head, first_key);
-    store_values(p.dv, dv, coords_v, len, seq, head, first_key);
+    if constexpr (Config::kWide) {
+      // A thread's dKᵀ / dVᵀ values are adjacent along the keys, i.e. one element per output row:
+      // written directly they take one 2-byte store each (~4 % of the d256 kernel's MMA time at
+      // 4k, twice that causal). Transposed by stmatrix into the free Q / dO buffers instead, each
+      // row goes out in 16-byte pieces.
+      const int thread = int(threadIdx.x) - 128;
+      // Every MMA thread's last wgmmas, which read the Q / dO buffers, are done.
+      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
+      stage_transposed<typename Config::SmemLayoutQ, typename Config::SmemLayoutQt>(dk, stage_k,
+                                                                                    thread);
+      stage_transposed<typename Config::SmemLayoutDo, typename Config::SmemLayoutDot>(dv, stage_v,
+                                                                                      thread);
+      cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
+      store_rows<typename Config::SmemLayoutQ>(p.dk, stage_k, len, seq, head, first_key, thread);
+      store_rows<typename Config::SmemLayoutDo>(p.dv, stage_v, len, seq, head, first_key, thread);
+    } else {
+      store_values(p.dk, dk, coords_k, len, seq, head, first_key);
+      store_values(p.dv, dv, coords_v, len, seq, head, first_key);
+    }
   }
 
  private:
+  // The wide kernel: a (dim, key) accumulator, rounded, into stage 0 of a (row, dim) buffer of
+  // layout Layout (Q's or dO's) through its transposed view LayoutT.
+  template <class Layout, class LayoutT, class Acc>
+  CUTE_DEVICE static void stage_transposed(Acc const& acc, Element* buffer, int thread) {
+    static_assert(Config::kBlockN == Config::kBlockM, "a key tile fills one query tile's stage");
+    Tensor rounded = make_tensor<Element>(acc.layout());
+    convert_fragment(acc, rounded);
+    Tensor staged = make_tensor(make_smem_ptr(buffer), LayoutT{})(_, _, 0);
+    store_accumulator<SM90_U16x8_STSM_T, typename Config::TiledMmaKV>(thread, rounded, staged);
+  }
+
+  // Stage 0 of a (row, dim) buffer of layout Layout to the output rows of the key tile below
+  // `len`, 16 bytes per store (the sm90 backend's views are 16-byte aligned: sm90_backend.cpp),
+  // consecutive threads along a row.
+  template <class Layout>
+  CUTE_DEVICE static void store_rows(Output const& o, Element const* buffer, int len,
+                                     Sequence const& seq, int head, int64_t first_key,
+                                     int thread) {
+    constexpr int kDim = decltype(size<1>(Layout{}))::value;
+    constexpr int kChunks = kDim * int(sizeof(Element)) / 16;  // per row
+    constexpr int kPerChunk = 16 / int(sizeof(Element));
+    static_assert((Config::kBlockN * kChunks) % Config::kMmaThreads == 0);
+    Tensor staged = make_tensor(make_smem_ptr(buffer), Layout{})(_, _, 0);
+    Element* base = o.data + int64_t(seq.batch) * o.batch_stride +
+                    (seq.start_k + first_key) * o.seq_stride + int64_t(head) * o.head_stride;
+    CUTE_UNROLL
+    for (int i = 0; i < Config::kBlockN * kChunks / Config::kMmaThreads; ++i) {
+      const int chunk = thread + i * Config::kMmaThreads;
+      const int row = chunk / kChunks, col = chunk % kChunks * kPerChunk;
+      if (row < len)
+        *reinterpret_cast<uint128_t*>(base + row * o.seq_stride + col) =
+            *reinterpret_cast<const uint128_t*>(raw_pointer_cast(&staged(row, col)));
+    }
+  }
+
   template <class Acc, class Coords>
   CUTE_DEVICE static void store_values(Output const& o, Acc const& acc, Coords const& coords,
                                        int len, Sequence const& seq, int head, int64_t first_key) {
