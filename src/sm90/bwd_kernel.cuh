@@ -88,6 +88,11 @@ struct BwdKernel {
     alignas(8) uint64_t loads_issued[2];  // one-stage rings: BwdDqReduce::write
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(cosize_v<typename Config::SmemLayoutQ> >=
+                        cosize_v<typename Store::template StagingLayout<Config::kHeadDim>> &&
+                    cosize_v<typename Config::SmemLayoutDo> >=
+                        cosize_v<typename Store::template StagingLayout<Config::kHeadDimV>>,
+                "dK and dV are staged in the Q and dO buffers (BwdStore::store_dkv)");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 
   // What this CTA works on; false when the key tile is past its sequence's keys or the sequence's
