@@ -175,7 +175,7 @@ struct BwdKernel {
   // After the tile loop: dK ·= scale, and dK, dV written (or added to the GQA accumulators). The
   // sequence is read again rather than held through the loop (registers): the empty asm keeps the
   // compiler from reusing the first reads.
-  // `smem`: the wide kernel's, whose Q and dO buffers transpose dK and dV (BwdStore::store_dkv).
+  // `smem`: its Q and dO buffers stage dK and dV on their way out (BwdStore::store_dkv).
   template <class ThrMma, class AccK, class AccV>
   CUTE_DEVICE static void store_dkv(Params const& p, ThrMma const& thr_kv, AccK& dK, AccV& dV,
                                     SharedStorage& smem) {

@@ -1,7 +1,8 @@
 // Where the backward kernel writes its gradients (dQ goes to its fp32 accumulator through
 // bwd_dq_reduce.cuh):
-//   - dK, dV once per CTA: rounded and written to the outputs, or, with GQA, added to the fp32
-//     accumulators of the kv head (its query heads run in different CTAs).
+//   - dK, dV once per CTA: rounded and written to the outputs (through shared memory, 16 bytes per
+//     store), or, with GQA, added to the fp32 accumulators of the kv head (its query heads run in
+//     different CTAs).
 // Only rows inside the sequence are touched.
 #pragma once
 
@@ -11,10 +12,10 @@
 
 #include "sm90/bwd_turns.cuh"
 #include "sm90/fragment.cuh"
-#include "sm90/wgmma.cuh"
 #include "sm90/named_barriers.cuh"
 #include "sm90/sequence.cuh"
 #include "sm90/smem_atom.cuh"
+#include "sm90/wgmma.cuh"
 
 namespace fa4::sm90 {
 
@@ -156,7 +157,6 @@ struct BwdStore {
       decltype(tile_to_shape(SmemAtom<Element, kDim>{}, Shape<BlockN, Int<kDim>>{}));
 
  private:
-
   // An accumulator of head dim kDim, rounded, into the staging layout by stmatrix: (key, dim) as
   // computed by the narrow kernel, (dim, key) transposed from the wide kernel's dKᵀ / dVᵀ.
   template <int kDim, class Acc>
