@@ -20,6 +20,7 @@
 
 #include "common/math_constants.hpp"
 #include "sm90/bwd_dq_reduce.cuh"
+#include "sm90/bwd_grid_order.hpp"
 #include "sm90/bwd_load.cuh"
 #include "sm90/bwd_mask.cuh"
 #include "sm90/bwd_mma_wide.cuh"
@@ -46,7 +47,7 @@ struct BwdParams {
   BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
   SoftcapScores softcap;
   float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
-  int n_blocks;            // key tiles of the longest sequence
+  BwdGridOrder order;      // CTA → (key tile, head, batch entry); key tiles of the longest sequence
   int heads_q;
 };
 
@@ -87,6 +88,11 @@ struct BwdKernel {
     alignas(8) uint64_t loads_issued[2];  // one-stage rings: BwdDqReduce::write
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(cosize_v<typename Config::SmemLayoutQ> >=
+                        cosize_v<typename Store::template StagingLayout<Config::kHeadDim>> &&
+                    cosize_v<typename Config::SmemLayoutDo> >=
+                        cosize_v<typename Store::template StagingLayout<Config::kHeadDimV>>,
+                "dK and dV are staged in the Q and dO buffers (BwdStore::store_dkv)");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 
   // What this CTA works on; false when the key tile is past its sequence's keys or the sequence's
@@ -99,14 +105,15 @@ struct BwdKernel {
     QueryTiles queries;
   };
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
-    const int tile = int(blockIdx.x);
-    w.n_block = tile % p.n_blocks;
-    // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
-    // mma): with a causal band a key tile's first query tile is then one its predecessors in the
-    // grid (which start earlier and have less to do) have already passed.
-    if constexpr (kDeterministic) w.n_block = p.n_blocks - 1 - w.n_block;
-    w.head = (tile / p.n_blocks) % p.heads_q;
-    w.batch = tile / p.n_blocks / p.heads_q;
+    const BwdGridOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
+    w.n_block = unit.n_block;
+    // Deterministic mode (the launcher's order has groups of 1 there): key tiles in descending
+    // order, the order in which they add to dQ (see mma): with a causal band a key tile's first
+    // query tile is then one its predecessors in the grid (which start earlier and have less to
+    // do) have already passed.
+    if constexpr (kDeterministic) w.n_block = p.order.n_blocks - 1 - w.n_block;
+    w.head = unit.head;
+    w.batch = unit.batch;
     w.seq = load_sequence(sequences, w.batch);
     if (!w.seq.valid) return false;
     w.stored_k = stored_keys(sequences, w.batch);
@@ -168,14 +175,17 @@ struct BwdKernel {
   // After the tile loop: dK ·= scale, and dK, dV written (or added to the GQA accumulators). The
   // sequence is read again rather than held through the loop (registers): the empty asm keeps the
   // compiler from reusing the first reads.
+  // `smem`: its Q and dO buffers stage dK and dV on their way out (BwdStore::store_dkv).
   template <class ThrMma, class AccK, class AccV>
-  CUTE_DEVICE static void store_dkv(Params const& p, ThrMma const& thr_kv, AccK& dK, AccV& dV) {
+  CUTE_DEVICE static void store_dkv(Params const& p, ThrMma const& thr_kv, AccK& dK, AccV& dV,
+                                    SharedStorage& smem) {
     SequenceParams again = p.sequences;
     asm volatile("" : "+l"(again.cu_seqlens_q), "+l"(again.cu_seqlens_k));
     Work done;
     find_work(p, again, done);
     Store::template store_dkv<kDeterministic>(p.store, done.batch, done.head, done.n_block,
-                                              done.seq, done.stored_k, thr_kv, dK, dV);
+                                              done.seq, done.stored_k, thr_kv, dK, dV,
+                                              smem.q.data(), smem.dout.data());
   }
 
  private:
@@ -324,7 +334,7 @@ struct BwdKernel {
       }
     };
     if (!w.queries.empty()) run_by_softcap(p.softcap.enabled(), tiles);
-    store_dkv(p, thr_kv, dK, dV);
+    store_dkv(p, thr_kv, dK, dV, smem);
   }
 
   // The dQ writer warp (bwd_dq_reduce.cuh). Deterministic mode: dQ of a query tile is added from

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "api/validate.hpp"
 #include "sm90/bwd_config.cuh"
@@ -22,6 +23,35 @@ inline Status launch_error(const char* what, int head_dim, cudaError_t err) {
   return detail::make_status(StatusCode::kDeviceError,
                              "sm90 backward %s (head dim %d) failed to launch: %s", what, head_dim,
                              cudaGetErrorString(err));
+}
+
+// The main kernel's CTA groups (bwd_grid_order.hpp): several (head, batch entry) pairs' key tiles
+// together where a causal mask makes the CTAs' work uneven; else, with varlen batches (whose
+// sequences' work differs anyway) and in deterministic mode (which orders its key tiles by its
+// turns), one pair after another. FA4_SM90_BWD_GROUP=n forces n pairs (1: the plain order; read
+// once), for tests and measurements.
+inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size_t element_bytes,
+                                  int& group) {
+  static const int forced = [] {
+    const char* v = std::getenv("FA4_SM90_BWD_GROUP");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  group = 1;
+  if (forced > 0) {
+    group = forced < rows ? forced : rows;
+    return cudaSuccess;
+  }
+  if (!p.causal || p.is_varlen() || p.deterministic) return cudaSuccess;
+  int device = 0, sm_count = 0, l2_bytes = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+  if (err != cudaSuccess) return err;
+  const int64_t bytes_per_row =
+      int64_t(p.head_dim_qk + p.head_dim_v) * int64_t(element_bytes) + 4 * p.head_dim_qk + 8;
+  group = BwdGridOrder::group_for(rows, n_blocks, p.seqlen_q, bytes_per_row, sm_count, l2_bytes);
+  return cudaSuccess;
 }
 
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
@@ -134,6 +164,10 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                        int32_t((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM),
                                        n_blocks,
                                        int32_t(p.heads_q)};
+    const int rows = int(p.heads_q * p.batch);
+    int group = 1;
+    err = backward_group(p, n_blocks, rows, sizeof(Element), group);
+    if (err != cudaSuccess) return launch_error("device query", kHeadDim, err);
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
@@ -144,7 +178,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
         band,
         softcap,
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
-        n_blocks,
+        BwdGridOrder{n_blocks, rows, group},
         int(p.heads_q)};
     auto* kernel = p.deterministic ? &bwd_kernel<BwdKernel<Config, true>> : &bwd_kernel<Kernel>;
     static_assert(Kernel::kSmemBytes == BwdKernel<Config, true>::kSmemBytes);

@@ -178,7 +178,7 @@ struct BwdMmaWide {
       }
     };
     if (!w.queries.empty()) run_by_softcap(p.softcap.enabled(), tiles);
-    Kernel::store_dkv(p, thr_kv, dKt, dVt);
+    Kernel::store_dkv(p, thr_kv, dKt, dVt, smem);
   }
 };
 

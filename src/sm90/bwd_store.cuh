@@ -1,7 +1,8 @@
 // Where the backward kernel writes its gradients (dQ goes to its fp32 accumulator through
 // bwd_dq_reduce.cuh):
-//   - dK, dV once per CTA: rounded and written to the outputs, or, with GQA, added to the fp32
-//     accumulators of the kv head (its query heads run in different CTAs).
+//   - dK, dV once per CTA: rounded and written to the outputs (through shared memory, 16 bytes per
+//     store), or, with GQA, added to the fp32 accumulators of the kv head (its query heads run in
+//     different CTAs).
 // Only rows inside the sequence are touched.
 #pragma once
 
@@ -10,8 +11,11 @@
 #include <cute/tensor.hpp>
 
 #include "sm90/bwd_turns.cuh"
+#include "sm90/fragment.cuh"
 #include "sm90/named_barriers.cuh"
 #include "sm90/sequence.cuh"
+#include "sm90/smem_atom.cuh"
+#include "sm90/wgmma.cuh"
 
 namespace fa4::sm90 {
 
@@ -34,8 +38,8 @@ struct BwdStore {
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
   using BlockN = typename Config::BlockN;
-  // Values of a thread's accumulator that are adjacent in memory: pairs along the head dim in
-  // dK / dV (BwdConfig), none in the wide kernel's dKᵀ / dVᵀ (pairs along the keys).
+  // Values of a thread's accumulator that are adjacent in memory (GQA's adds): pairs along the
+  // head dim in dK / dV (BwdConfig), none in the wide kernel's dKᵀ / dVᵀ (pairs along the keys).
   static constexpr int kRun = Config::kWide ? 1 : 2;
 
   struct Output {  // dK or dV: (batch, seq, head, dim) element strides; varlen: batch unused
@@ -102,10 +106,12 @@ struct BwdStore {
 
   // `batch`: the sequence's index (also in varlen mode, where seq.batch is 0). Rows up to
   // stored_k are written: those past seqused_k (seq.len_k) hold 0, since their keys were masked.
+  // stage_k, stage_v: the kernel's Q and dO buffers, free once every MMA thread is past the tile
+  // loop, where dK and dV go on their way to the outputs (without GQA).
   template <bool kDeterministic, class ThrMma, class AccK, class AccV>
   CUTE_DEVICE static void store_dkv(Params const& p, int batch, int head, int n_block,
                                     Sequence const& seq, int stored_k, ThrMma const& thr, AccK& dk,
-                                    AccV const& dv) {
+                                    AccV const& dv, Element* stage_k, Element* stage_v) {
     CUTE_UNROLL
     for (int k = 0; k < size(dk); ++k) dk(k) *= p.dk_scale;
     const auto coords_k = key_dim_coords<Config::kHeadDim>(thr);
@@ -130,26 +136,63 @@ struct BwdStore {
       if constexpr (kDeterministic) Turns::pass(counter, leader, Config::kMmaThreads, kBwdTurnBoth);
       return;
     }
-    store_values(p.dk, dk, coords_k, len, seq, head, first_key);
-    store_values(p.dv, dv, coords_v, len, seq, head, first_key);
+    // Through shared memory, so that each output row goes out in 16-byte pieces: the wide
+    // kernel's dKᵀ / dVᵀ values are adjacent along the keys (one 2-byte store per value when
+    // written directly: ~4 % of the d256 kernel's MMA time at 4k, twice that causal), the
+    // narrow kernel's come in pairs (4-byte stores).
+    const int thread = int(threadIdx.x) - 128;
+    // Every MMA thread's last wgmmas, which read the Q / dO buffers, are done.
+    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
+    stage<Config::kHeadDim>(dk, stage_k, thread);
+    stage<Config::kHeadDimV>(dv, stage_v, thread);
+    cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
+    store_rows<Config::kHeadDim>(p.dk, stage_k, len, seq, head, first_key, thread);
+    store_rows<Config::kHeadDimV>(p.dv, stage_v, len, seq, head, first_key, thread);
   }
 
+  // dK or dV staged in shared memory: the key tile's rows, kDim wide (a Q / dO buffer holds
+  // them: static_assert in BwdKernel).
+  template <int kDim>
+  using StagingLayout =
+      decltype(tile_to_shape(SmemAtom<Element, kDim>{}, Shape<BlockN, Int<kDim>>{}));
+
  private:
-  template <class Acc, class Coords>
-  CUTE_DEVICE static void store_values(Output const& o, Acc const& acc, Coords const& coords,
-                                       int len, Sequence const& seq, int head, int64_t first_key) {
+  // An accumulator of head dim kDim, rounded, into the staging layout by stmatrix: (key, dim) as
+  // computed by the narrow kernel, (dim, key) transposed from the wide kernel's dKᵀ / dVᵀ.
+  template <int kDim, class Acc>
+  CUTE_DEVICE static void stage(Acc const& acc, Element* buffer, int thread) {
+    Tensor rounded = make_tensor<Element>(acc.layout());
+    convert_fragment(acc, rounded);
+    if constexpr (Config::kWide) {
+      using Transposed = decltype(composition(
+          StagingLayout<kDim>{}, make_ordered_layout(Shape<Int<kDim>, BlockN>{}, Step<_2, _1>{})));
+      store_accumulator<SM90_U16x8_STSM_T, typename Config::TiledMmaKV>(
+          thread, rounded, make_tensor(make_smem_ptr(buffer), Transposed{}));
+    } else {
+      store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaKV>(
+          thread, rounded, make_tensor(make_smem_ptr(buffer), StagingLayout<kDim>{}));
+    }
+  }
+
+  // The staged rows below `len` to the output, 16 bytes per store (the sm90 backend's views are
+  // 16-byte aligned: sm90_backend.cpp), consecutive threads along a row.
+  template <int kDim>
+  CUTE_DEVICE static void store_rows(Output const& o, Element const* buffer, int len,
+                                     Sequence const& seq, int head, int64_t first_key,
+                                     int thread) {
+    constexpr int kPerChunk = 16 / int(sizeof(Element));
+    constexpr int kChunks = kDim / kPerChunk;  // per row
+    static_assert((Config::kBlockN * kChunks) % Config::kMmaThreads == 0);
+    Tensor staged = make_tensor(make_smem_ptr(buffer), StagingLayout<kDim>{});
     Element* base = o.data + int64_t(seq.batch) * o.batch_stride +
                     (seq.start_k + first_key) * o.seq_stride + int64_t(head) * o.head_stride;
     CUTE_UNROLL
-    for (int k = 0; k < size(acc); k += kRun) {
-      const int row = get<0>(coords(k));
-      if (row < len) {
-        cutlass::Array<Element, kRun> run;
-        CUTE_UNROLL
-        for (int i = 0; i < kRun; ++i) run[i] = Element(acc(k + i));
-        *reinterpret_cast<cutlass::Array<Element, kRun>*>(base + row * o.seq_stride +
-                                                          get<1>(coords(k))) = run;
-      }
+    for (int i = 0; i < Config::kBlockN * kChunks / Config::kMmaThreads; ++i) {
+      const int chunk = thread + i * Config::kMmaThreads;
+      const int row = chunk / kChunks, col = chunk % kChunks * kPerChunk;
+      if (row < len)
+        *reinterpret_cast<uint128_t*>(base + row * o.seq_stride + col) =
+            *reinterpret_cast<const uint128_t*>(raw_pointer_cast(&staged(row, col)));
     }
   }
 };

@@ -188,6 +188,9 @@ std::vector<Case> varlen_cases(const Kernel& k) {
     cases.push_back(varlen_case(k, kOdd, Mask::kCausal, kGqa4Single, true, false));
     cases.push_back(varlen_case(k, kShort, Mask::kSoftcap, kGqa4, false, true));
   }
+  // Without GQA dK and dV go straight to the outputs (the wide kernel's through shared memory):
+  // rows of partial key tiles, a one-key sequence and an empty query sequence there.
+  cases.push_back(varlen_case(k, kOdd, Mask::kCausal, kMha, false, false));
   // Every sequence empty: the call must succeed and write nothing (the tensors have only the
   // spare rows past the last sequence).
   cases.push_back(varlen_case(k, kEmpty, Mask::kCausal, kGqa4, false, false));
