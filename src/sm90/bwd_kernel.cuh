@@ -107,10 +107,11 @@ struct BwdKernel {
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
     const BwdGridOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
     w.n_block = unit.n_block;
-    // Deterministic mode (the launcher's order has groups of 1 there): key tiles in descending
-    // order, the order in which they add to dQ (see mma): with a causal band a key tile's first
-    // query tile is then one its predecessors in the grid (which start earlier and have less to
-    // do) have already passed.
+    // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
+    // mma): with a causal band a key tile's first query tile is then one its predecessors in the
+    // grid (which start earlier and have less to do) have already passed. The launcher keeps the
+    // plain order there; groups (FA4_SM90_BWD_GROUP) keep every turn's predecessors earlier in
+    // the grid too, a pair's key tiles and a key tile's query heads staying in order.
     if constexpr (kDeterministic) w.n_block = p.order.n_blocks - 1 - w.n_block;
     w.head = unit.head;
     w.batch = unit.batch;
