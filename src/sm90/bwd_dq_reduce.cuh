@@ -37,8 +37,7 @@ struct BwdDqReduce {
   // conflicts. With one-stage rings (d256) that pays only together with write()'s ordered
   // reduce-adds: alone it measured 7–10 % slower there (bench/NOTES.md, "dQ staged without bank
   // conflicts" and "d256's reduce-adds behind the next tile's loads").
-  static constexpr int kAtomFloats = decltype(size<1>(Atom{}))::value;  // 32 or 16
-  static constexpr int kAccumAtom = kAtomFloats;  // 0 would be the natural order
+  static constexpr int kAccumAtom = decltype(size<1>(Atom{}))::value;  // 32 or 16
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
@@ -103,17 +102,16 @@ struct BwdDqReduce {
     constexpr auto swizzle = recast_layout<uint8_t, float>(get_swizzle_portion(SmemLayout{}));
     Tensor tS = mma.get_thread_slice(thread).partition_C(make_tensor(make_smem_ptr(smem), linear));
     static_assert(decltype(size<0, 0>(tS))::value == 2, "a value pair is two adjacent columns");
-    constexpr int kBlocks = kAtomFloats / 8;
+    constexpr int kBlocks = kAccumAtom / 8;
     const int t = int(tS.data().get() - smem);
     const int y = dq_accum_flip(thread % 32 / 4, kAccumAtom) ^ swizzle(t) ^ t;
     int block[kBlocks];
     CUTE_UNROLL
-    for (int b = 0; b < kBlocks; ++b)
-      block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAtomFloats - 8)));
+    for (int b = 0; b < kBlocks; ++b) block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAccumAtom - 8)));
     CUTE_UNROLL
     for (int i = 0; i < size(dq); i += 2) {
       const int k = tS.layout()(i);
-      *reinterpret_cast<float2*>(smem + block[k / 8 % kBlocks] + (k & -kAtomFloats)) =
+      *reinterpret_cast<float2*>(smem + block[k / 8 % kBlocks] + (k & -kAccumAtom)) =
           make_float2(dq(i), dq(i + 1));
     }
     // st.shared is the generic proxy, the TMA reads through the async proxy.

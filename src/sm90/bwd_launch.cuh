@@ -42,11 +42,9 @@ inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size
     return cudaSuccess;
   }
   if (!p.causal || p.is_varlen() || p.deterministic) return cudaSuccess;
-  int device = 0, sm_count = 0, l2_bytes = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+  int sm_count = 0, l2_bytes = 0;
+  cudaError_t err = current_device_attribute(cudaDevAttrMultiProcessorCount, sm_count);
+  if (err == cudaSuccess) err = current_device_attribute(cudaDevAttrL2CacheSize, l2_bytes);
   if (err != cudaSuccess) return err;
   const int64_t bytes_per_row =
       int64_t(p.head_dim_qk + p.head_dim_v) * int64_t(element_bytes) + 4 * p.head_dim_qk + 8;

@@ -47,10 +47,8 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
   TileScheduler::Params scheduler = TileScheduler::make(
       (rows.count(p.seqlen_q) + Config::kBlockM - 1) / Config::kBlockM, p.heads_q / group, p.batch,
       /*heavy_last_rows=*/band.right >= 0);
-  int device = 0, sm_count = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  int sm_count = 0;
+  cudaError_t err = current_device_attribute(cudaDevAttrMultiProcessorCount, sm_count);
   // Persistent CTAs take tiles in a fixed order (tile_scheduler.cuh): balanced when every
   // sequence has the same length and nothing but the sequence end masks keys, and, with the
   // causal diagonal, where the zig-zag's share per CTA comes out even.

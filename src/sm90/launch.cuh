@@ -8,6 +8,14 @@
 
 namespace fa4::sm90 {
 
+// Attribute `attr` of the current device (the launchers' SM count, L2 size).
+inline cudaError_t current_device_attribute(cudaDeviceAttr attr, int& value) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&value, attr, device);
+  return err;
+}
+
 // `dependent`: see launch_kernel_dependent.
 template <class... KernelArgs, class... Args>
 cudaError_t launch_kernel_ex(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
