@@ -78,6 +78,8 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
   if(entry IN_LIST FA4_SM90_BWD_TABLE)
     set(_cu ${_fa4_sm90_gen}/sm90/bwd_hdim${_hdim}_${_dtype}.cu)
     configure_file(${PROJECT_SOURCE_DIR}/src/sm90/bwd_instance.cu.in ${_cu} @ONLY)
+    # Its main and dQ kernels are dependent launches that wait with griddepcontrol.wait.
+    set_source_files_properties(${_cu} PROPERTIES COMPILE_OPTIONS -DCUTLASS_ENABLE_GDC_FOR_SM90)
     list(APPEND FA4_SM90_SOURCES ${_cu})
     list(APPEND FA4_SM90_BWD_KERNELS ${entry})
     string(APPEND _fa4_sm90_bwd_table_lines

@@ -14,6 +14,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/pipeline/pipeline.hpp>
@@ -153,6 +154,11 @@ struct BwdKernel {
 
     Work w;
     const bool has_work = find_work(p, p.sequences, w);
+    // Launched dependent on the prepare kernel (bwd_launch.cuh): every thread waits for it before
+    // it reads what that kernel writes (the stats, dQ's cleared accumulator) or ends, so that this
+    // grid's end implies that one's; the load thread once it has issued K and V (BwdLoad::run).
+    const bool loads = leader && has_work && !w.queries.empty();
+    if (!loads) cutlass::arch::wait_on_dependent_grids();
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (!has_work || w.queries.empty()) return;

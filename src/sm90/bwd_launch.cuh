@@ -183,8 +183,12 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Kernel::kSmemBytes);
     if (err == cudaSuccess)
-      err = launch_kernel(kernel, dim3(unsigned(int64_t(n_blocks) * p.heads_q * p.batch)),
-                          dim3(Kernel::kThreads), size_t(Kernel::kSmemBytes), stream, params);
+      // Dependent on the prepare kernel where there is one: the CTAs start as its last ones exit
+      // (not earlier: a main CTA takes the whole register file) and load K and V before they
+      // wait for its stats.
+      err = launch_kernel_ex(kernel, dim3(unsigned(int64_t(n_blocks) * p.heads_q * p.batch)),
+                             dim3(Kernel::kThreads), size_t(Kernel::kSmemBytes), stream,
+                             q_total > 0, params);
     if (err != cudaSuccess) return launch_error("kernel", kHeadDim, err);
   }
 
@@ -192,9 +196,10 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   if (q_total > 0) {
     const FinishParams finish{sequences, dq_accum, q_total, q_per_batch, int(p.head_dim_qk),
                               p.scale(), BwdDqReduce<Config>::kAccumAtom};
-    err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
-                        row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_q, p.heads_q), row_block, 0,
-                        stream, finish, row_tensor(t.dq), false);
+    // Dependent on the main kernel where there is one: its launch overlaps that kernel's end.
+    err = launch_kernel_ex(&bwd_finish_kernel<Element, kLanesQK>,
+                           row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_q, p.heads_q), row_block, 0,
+                           stream, k_total > 0, finish, row_tensor(t.dq), false);
     if (err != cudaSuccess) return launch_error("dQ kernel", kHeadDim, err);
   }
   if (ws.gqa && k_total > 0) {

@@ -9,6 +9,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "sm90/bwd_workspace.hpp"
@@ -117,6 +118,9 @@ struct BwdLoad {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&kv_full, Config::kBytesKV);
     copy(p.tma_k.with(kv_full), tKgK(_, n_block), tKsK);
     copy(p.tma_v.with(kv_full), tVgV(_, n_block), tVsV);
+    // LSE·log2e and D come from the prepare kernel, which this kernel may overlap (a dependent
+    // launch: bwd_kernel.cuh); K and V are the caller's.
+    cutlass::arch::wait_on_dependent_grids();
 
     Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, head, q_rows, Shape<BlockM, HeadDim>{});
     Tensor gDo = sequence_tiles(p.tma_do, p.shape_do, head, q_rows, Shape<BlockM, HeadDimV>{});

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include <cute/config.hpp>
+#include <cutlass/arch/grid_dependency_control.h>
 
 #include "common/math_constants.hpp"
 #include "sm90/bwd_workspace.hpp"
@@ -158,6 +159,9 @@ struct FinishParams {
 template <class Element, int kLanes>
 __global__ void __launch_bounds__(32 * kRowWarps)
     bwd_finish_kernel(const FinishParams p, const RowTensor<Element> dst, bool keys) {
+  // The accumulator is the main kernel's, which this one may overlap (a dependent launch:
+  // bwd_launch.cuh). Every thread waits, so that this grid's end implies that one's.
+  cutlass::arch::wait_on_dependent_grids();
   RowWork w;
   if (!find_row<kLanes>(p.sequences, keys, w)) return;
   const float* src = p.accum + (int64_t(w.head) * p.rows + w.seq.start_q +

@@ -42,7 +42,8 @@ cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, 
 
 // A launch that may start while the kernel before it on the stream still runs (programmatic
 // dependent launch): the kernel must execute griddepcontrol.wait before it touches global memory
-// that kernel writes, and the kernel before it lets it start with griddepcontrol.launch_dependents.
+// that kernel writes. The kernel before it lets it start with griddepcontrol.launch_dependents, or
+// else as its last CTAs exit.
 template <class... KernelArgs, class... Args>
 cudaError_t launch_kernel_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
                                     size_t smem_bytes, void* stream, Args&&... args) {
