@@ -33,6 +33,10 @@ set(FA4_SM90_CUDA_FLAGS
   --expt-relaxed-constexpr
   -DNDEBUG
   -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+  # The kernels launched dependent on the one before them wait for it with griddepcontrol.wait
+  # (the forward for the varlen tile order, the backward's main and dQ kernels), which CUTLASS
+  # compiles in only with this definition; each instance file refuses to build without it.
+  -DCUTLASS_ENABLE_GDC_FOR_SM90
   # A ptxas warning is a failed build: C7510 ("wgmma serialized") silently costs ~20 %, and a
   # spill in the mainloop costs more (spills are warnings for the forward kernels; see below).
   -Xptxas=-Werror
@@ -41,9 +45,6 @@ set(FA4_SM90_CUDA_FLAGS
 # bytes, outside its inner loop's hot path; docs/sm90_backward.md): reported by -Xptxas=-v
 # (FA4_SM90_PTXAS_VERBOSE, scripts/gpu_check.sh counts them), not yet an error.
 set(FA4_SM90_FWD_CUDA_FLAGS -Xptxas=--warn-on-spills)
-# The forward kernel waits for the varlen tile order (src/sm90/tile_order.cuh) with
-# griddepcontrol.wait, which CUTLASS compiles in only with this definition.
-list(APPEND FA4_SM90_FWD_CUDA_FLAGS -DCUTLASS_ENABLE_GDC_FOR_SM90)
 # No --use_fast_math: exp2 is already the approximate ex2 (softmax.cuh), and the flag would also
 # turn tanhf (softcap) and the final 1/rowsum into approximations and flush denormals to zero.
 if(FA4_SM90_PTXAS_VERBOSE)
@@ -78,8 +79,6 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
   if(entry IN_LIST FA4_SM90_BWD_TABLE)
     set(_cu ${_fa4_sm90_gen}/sm90/bwd_hdim${_hdim}_${_dtype}.cu)
     configure_file(${PROJECT_SOURCE_DIR}/src/sm90/bwd_instance.cu.in ${_cu} @ONLY)
-    # Its main and dQ kernels are dependent launches that wait with griddepcontrol.wait.
-    set_source_files_properties(${_cu} PROPERTIES COMPILE_OPTIONS -DCUTLASS_ENABLE_GDC_FOR_SM90)
     list(APPEND FA4_SM90_SOURCES ${_cu})
     list(APPEND FA4_SM90_BWD_KERNELS ${entry})
     string(APPEND _fa4_sm90_bwd_table_lines
