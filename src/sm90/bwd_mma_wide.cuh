@@ -109,7 +109,8 @@ struct BwdMmaWide {
         const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (m < unmasked.begin || m >= unmasked.end)
-          mask.apply(s, score_coords, mask.row_keys(score_coords, m), w.n_block);
+          mask.apply(s, score_coords, mask.row_keys(score_coords, int64_t(m) * Config::kBlockM),
+                     w.n_block);
         Tensor tP = make_tensor<Element>(ScoreFrag{}.layout());
         auto p_rc = rowcol_view(tP);
         CUTE_UNROLL

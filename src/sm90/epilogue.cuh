@@ -2,7 +2,8 @@
 // shared memory (V's ring, free once the last P·V is done) with stmatrix, and written
 // by one TMA store, which drops rows past the sequence's end (gmem_layout.cuh). LSE rows are written
 // straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,
-// which one box cannot address: the consumer threads copy them out 16 bytes at a time instead. A
+// which one box cannot address, nor can a box of a sequence's first tile whose rows the next tile
+// overlaps (tile_rows.hpp): the consumer threads copy those out 16 bytes at a time instead. A
 // tile without keys stages nothing: its zeros go straight out the same way. Split-KV's partial
 // results (split_kv.cuh) go straight from registers.
 #pragma once
@@ -16,6 +17,7 @@
 #include "sm90/query_rows.cuh"
 #include "sm90/sequence.cuh"
 #include "sm90/split_kv.cuh"
+#include "sm90/tile_rows.hpp"
 #include "sm90/tile_scheduler.cuh"
 
 namespace fa4::sm90 {
@@ -66,19 +68,18 @@ struct FwdEpilogue {
     prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
   }
 
-  // rows: the (rows, cols) view of the O tile's identity tensor as this thread holds it.
+  // tile_rows: the rows the tile stores (tile_rows.hpp); rows: the (rows, cols) view of the O
+  // tile's identity tensor as this thread holds it.
   template <class Rows, class RowVector>
   CUTE_DEVICE static void store_lse(Params const& p, QueryRows const& query_rows, TileCoord tile,
-                                    Sequence const& seq, Rows const& rows, RowVector const& lse,
-                                    int thread) {
+                                    TileRows tile_rows, Sequence const& seq, Rows const& rows,
+                                    RowVector const& lse, int thread) {
     if (p.lse == nullptr || thread % 4 != 0) return;  // a quad shares each row; its first writes
     float* base = p.lse + seq.batch * p.lse_batch_stride + seq.start_q * p.lse_seq_stride;
-    const int first = tile.m_block * Config::kBlockM;
-    const int64_t count = query_rows.count(seq.len_q);
     CUTE_UNROLL
     for (int i = 0; i < size<0>(rows); ++i) {
-      const int r = first + get<0>(rows(i, 0));
-      if (r < count) {
+      const int r = tile_rows.first + get<0>(rows(i, 0));
+      if (r < tile_rows.end) {
         const QueryRows::Row row = query_rows.locate(r, tile.head);
         base[row.head * p.lse_head_stride + row.position * p.lse_seq_stride] = lse[i];
       }
@@ -86,19 +87,17 @@ struct FwdEpilogue {
   }
 
   // Split-KV (split_kv.cuh): this split's normalized O and LSE, fp32, straight from registers to
-  // the partials (nothing staged in V's ring). rows: as for store_lse.
+  // the partials (nothing staged in V's ring). tile_rows, rows: as for store_lse.
   template <class Rows, class FragO, class RowVector>
   CUTE_DEVICE static void store_partial(SplitPartials const& sp, QueryRows const& query_rows,
-                                        TileCoord tile, int split, Sequence const& seq,
-                                        Rows const& rows, FragO const& o, RowVector const& lse,
-                                        int thread) {
+                                        TileCoord tile, TileRows tile_rows, int split,
+                                        Sequence const& seq, Rows const& rows, FragO const& o,
+                                        RowVector const& lse, int thread) {
     const auto o_rc = rowcol_view(o);
-    const int first = tile.m_block * Config::kBlockM;
-    const int64_t count = query_rows.count(seq.len_q);
     CUTE_UNROLL
     for (int i = 0; i < size<0>(rows); ++i) {
-      const int r = first + get<0>(rows(i, 0));
-      if (r >= count) continue;
+      const int r = tile_rows.first + get<0>(rows(i, 0));
+      if (r >= tile_rows.end) continue;
       const QueryRows::Row row = query_rows.locate(r, tile.head);
       const int64_t at = sp.row(split, row.head, seq, row.position);
       float* dst = sp.o + at * HeadDimV::value;
@@ -112,8 +111,9 @@ struct FwdEpilogue {
   // A tile without keys: its rows' O is 0, written straight to the output, 16 bytes per store, by
   // all consumer threads (nothing staged in V's ring: o_free is left alone).
   CUTE_DEVICE static void store_zero_o(Params const& p, QueryRows const& query_rows,
-                                       TileCoord tile, Sequence const& seq, int thread) {
-    store_rows(p, query_rows, tile, seq, thread, [](int, int) { return uint128_t{}; });
+                                       TileCoord tile, TileRows tile_rows, Sequence const& seq,
+                                       int thread) {
+    store_rows(p, query_rows, tile, tile_rows, seq, thread, [](int, int) { return uint128_t{}; });
     __syncwarp();
   }
 
@@ -123,7 +123,7 @@ struct FwdEpilogue {
   // its GEMMs last, so the wait overlaps the other warpgroups' first QKᵀ.
   template <class TiledMma, class FragO>
   CUTE_DEVICE static void store_o(Params const& p, QueryRows const& query_rows, TileCoord tile,
-                                  Sequence const& seq,
+                                  TileRows tile_rows, Sequence const& seq,
                                   TiledMma const& mma, FragO const& o, Element* smem_o,
                                   uint64_t& smem_o_free, int thread) {
     Tensor o_low = make_tensor<Element>(o.layout());
@@ -140,9 +140,11 @@ struct FwdEpilogue {
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
 
-    if (query_rows.packed()) {
-      // A packed tile's rows belong to several heads, which one TMA box cannot address.
-      store_rows(p, query_rows, tile, seq, thread, [&](int r, int col) {
+    if (query_rows.packed() ||
+        tile_rows.box_overlaps_next(Config::kBlockM, query_rows.count(seq.len_q))) {
+      // A packed tile's rows belong to several heads, which one TMA box cannot address; a box of
+      // a sequence's first tile may hold the next tile's rows, which that tile stores.
+      store_rows(p, query_rows, tile, tile_rows, seq, thread, [&](int r, int col) {
         return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
       });
       // Every thread has read its share of the ring.
@@ -151,8 +153,8 @@ struct FwdEpilogue {
     } else if (thread == kConsumerThreads - 128) {
       const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
-      Tensor gO = local_tile(domain_offset(make_coord(rows.offset, _0{}), mO),
-                             Shape<BlockM, HeadDimV>{}, make_coord(tile.m_block, _0{}));
+      Tensor gO = local_tile(domain_offset(make_coord(rows.offset + tile_rows.first, _0{}), mO),
+                             Shape<BlockM, HeadDimV>{}, make_coord(_0{}, _0{}));
       auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                         group_modes<0, 2>(gO));
       copy(p.tma_o, tOsO, tOgO);
@@ -172,17 +174,16 @@ struct FwdEpilogue {
   // threads take consecutive chunks of a row); chunk(r, col) gives row r's 16 bytes at column col.
   template <class Chunk>
   CUTE_DEVICE static void store_rows(Params const& p, QueryRows const& query_rows,
-                                     TileCoord tile, Sequence const& seq, int thread,
-                                     Chunk const& chunk) {
+                                     TileCoord tile, TileRows tile_rows, Sequence const& seq,
+                                     int thread, Chunk const& chunk) {
     constexpr int kChunkElems = 16 / int(sizeof(Element));
     constexpr int kRowChunks = HeadDimV::value / kChunkElems;
-    const int first = tile.m_block * Config::kBlockM;
-    const int64_t count = query_rows.count(seq.len_q);
+    const int first = tile_rows.first;
     Element* o = p.o + seq.batch * p.o_batch_stride + int64_t(seq.start_q) * p.o_row_stride;
     CUTE_NO_UNROLL
     for (int c = thread; c < BlockM::value * kRowChunks; c += kConsumerThreads) {
       const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
-      if (first + r >= count) continue;
+      if (first + r >= tile_rows.end) continue;
       const QueryRows::Row row = query_rows.locate(first + r, tile.head);
       *reinterpret_cast<uint128_t*>(o + row.position * p.o_row_stride +
                                     row.head * p.o_head_stride + col) = chunk(r, col);

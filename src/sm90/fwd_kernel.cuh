@@ -31,6 +31,7 @@
 #include "sm90/sequence.cuh"
 #include "sm90/softcap.cuh"
 #include "sm90/softmax.cuh"
+#include "sm90/tile_rows.hpp"
 #include "sm90/tile_scheduler.cuh"
 #include "sm90/warpgroup_turns.cuh"
 #include "sm90/wgmma.cuh"
@@ -81,6 +82,7 @@ struct FwdKernel {
   // grid covers the longest one) or the sequence's entries are invalid.
   struct Work {
     TileCoord tile;
+    TileRows rows;  // of its sequence (tile_rows.hpp)
     int split;  // of the tile's keys (split_kv.cuh); 0 when not split
     Sequence seq;
     Mask mask;
@@ -92,11 +94,14 @@ struct FwdKernel {
     w.tile = TileScheduler::coord(p.scheduler, tile_index);
     w.split = TileScheduler::split_at(p.scheduler, entry);
     w.seq = load_sequence(p.sequences, w.tile.batch);
-    if (!w.seq.valid || w.tile.m_block * Config::kBlockM >= p.rows.count(w.seq.len_q))
-      return false;
+    if (!w.seq.valid) return false;
+    // Under a causal diagonal the short tile goes first (tile_rows.hpp).
+    w.rows = TileRows::of(w.tile.m_block, Config::kBlockM, p.rows.count(w.seq.len_q),
+                          p.scheduler.heavy_last_rows);
+    if (w.rows.empty()) return false;
     w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right),
                   p.rows};
-    w.keys = w.mask.key_tiles(w.mask.span(w.tile.m_block));
+    w.keys = w.mask.key_tiles(w.mask.span(w.rows));
     if (p.scheduler.splits > 1) w.keys = split_share(w.keys, w.split, p.scheduler.splits);
     return true;
   }
@@ -144,8 +149,8 @@ struct FwdKernel {
              t = TileScheduler::next(t)) {
           Work w;
           if (!find_work(p, t, w)) continue;
-          Load::load_packed_q(p.load, p.rows, w.tile, w.seq, q_tiles++, smem.q.data(), smem.q_full,
-                              smem.q_empty);
+          Load::load_packed_q(p.load, p.rows, w.tile, w.rows.first, w.seq, q_tiles++, smem.q.data(),
+                              smem.q_full, smem.q_empty);
         }
       }
       if (!leader) return;
@@ -158,7 +163,8 @@ struct FwdKernel {
         if (!find_work(p, t, w)) continue;
         const int staged_before = o_staged;
         if (stages_o(p, w)) ++o_staged;
-        Load::run(p.load, p.rows, w.tile, w.seq, w.keys, q_tiles++, staged_before, smem.q.data(),
+        Load::run(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tiles++, staged_before,
+                  smem.q.data(),
                   smem.k.data(),
                   smem.v.data(), smem.q_full, smem.q_empty, smem.o_free, pipeline_k, pipeline_v,
                   write_k, write_v);
@@ -220,8 +226,8 @@ struct FwdKernel {
     Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
 
     // Softcap, then the mask, in the kernel's score units (see SoftcapScores).
-    const auto row_keys = mask.row_keys(score_coords, tile.m_block);
-    const auto span = mask.span(tile.m_block);
+    const auto row_keys = mask.row_keys(score_coords, w.rows.first);
+    const auto span = mask.span(w.rows);
     auto prepare_scores = [&](auto& scores, int n_block) {
       if (p.softcap.enabled()) p.softcap.apply(scores);
       if (!mask.fully_visible(span, n_block)) {
@@ -304,16 +310,16 @@ struct FwdKernel {
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
     if (p.split.enabled()) {
-      Epilogue::store_partial(p.split, p.rows, tile, w.split, w.seq, out_coords, tOrO, lse,
-                              thread);
+      Epilogue::store_partial(p.split, p.rows, tile, w.rows, w.split, w.seq, out_coords, tOrO,
+                              lse, thread);
       return;
     }
-    Epilogue::store_lse(p.epilogue, p.rows, tile, w.seq, out_coords, lse, thread);
+    Epilogue::store_lse(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords, lse, thread);
     if (stages_o(p, w))
-      Epilogue::store_o(p.epilogue, p.rows, tile, w.seq, mma_pv, tOrO, smem.v.data(), smem.o_free,
-                        thread);
+      Epilogue::store_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO, smem.v.data(),
+                        smem.o_free, thread);
     else
-      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.seq, thread);
+      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.rows, w.seq, thread);
   }
 };
 

@@ -103,7 +103,7 @@ struct FwdLoad {
   // who need that V, cannot run two phases of o_free ahead of this wait (tiles without keys,
   // whose Q a second warp may gather, stage nothing: the epilogue stores their zeros directly).
   CUTE_DEVICE static void run(Params const& p, QueryRows const& rows, TileCoord tile,
-                              Sequence const& seq, KeyTiles keys,
+                              int first_row, Sequence const& seq, KeyTiles keys,
                               int q_tile, int o_staged, Element* smem_q, Element* smem_k,
                               Element* smem_v,
                               uint64_t& q_full, uint64_t& q_empty, uint64_t& o_free,
@@ -114,8 +114,10 @@ struct FwdLoad {
     const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
 
-    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head, q_rows,
-                               Shape<BlockM, HeadDimQK>{})(_, _, tile.m_block);
+    // The box from the tile's row 0 (TileRows::first, ≥ 0), which need not be a multiple of BlockM.
+    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head,
+                               SeqRows{q_rows.offset + first_row, q_rows.shift, q_rows.batch},
+                               Shape<BlockM, HeadDimQK>{})(_, _, 0);
     Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDimQK>{});
     Tensor gV = sequence_tiles(p.tma_v, p.shape_v, kv_head, k_rows, Shape<BlockN, HeadDimV>{});
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
@@ -161,24 +163,24 @@ struct FwdLoad {
   // protocol it follows. cp.async writes through the generic proxy and the wgmmas read through
   // the async one: the warp waits for its copies and fences before it signals q_full.
   CUTE_DEVICE static void load_packed_q(Params const& p, QueryRows const& rows, TileCoord tile,
-                                        Sequence const& seq, int q_tile, Element* smem_q,
+                                        int first_row, Sequence const& seq, int q_tile,
+                                        Element* smem_q,
                                         uint64_t& q_full, uint64_t& q_empty) {
     constexpr int kChunkElems = 16 / int(sizeof(Element));
     constexpr int kRowChunks = HeadDimQK::value / kChunkElems;
     const int lane = cutlass::canonical_lane_idx();
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
     // 32 bits: packed rows stay below 2³⁰ (QueryRows::make), and this warp has few registers.
-    const int first = tile.m_block * BlockM::value;
     const int count = int(rows.count(seq.len_q));
     Element const* q = p.q + seq.batch * p.q_batch_stride + int64_t(seq.start_q) * p.q_row_stride;
     if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
     CUTE_NO_UNROLL
     for (int c = lane; c < BlockM::value * kRowChunks; c += 32) {
       const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
-      const bool exists = first + r < count;
+      const bool exists = first_row + r < count;
       Element const* src = p.q;  // not read when the row does not exist (zero fill)
       if (exists) {
-        const QueryRows::Row row = rows.locate(first + r, tile.head);
+        const QueryRows::Row row = rows.locate(first_row + r, tile.head);
         src = q + row.position * p.q_row_stride + row.head * p.q_head_stride + col;
       }
       SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(

@@ -10,6 +10,7 @@
 
 #include "common/mask.hpp"
 #include "sm90/query_rows.cuh"
+#include "sm90/tile_rows.hpp"
 
 namespace fa4::sm90 {
 
@@ -46,16 +47,14 @@ struct TileMask {
   BandMask band;     // seqlen_k is the number of keys used (seqused_k applied)
   QueryRows rows{};  // tile row → query position (pack-GQA); identity by default
 
-  // The positions of a tile's first row and of its last row that exists (padding rows below it
-  // are computed but never stored); rows hold non-decreasing positions. Made once per tile.
+  // The positions of the first and the last row a tile stores (rows past them are computed but
+  // never stored: padding past the sequence's end, or the next tile's rows: TileRows); rows hold
+  // non-decreasing positions. Made once per tile.
   struct Span {
     int64_t first, last;
   };
-  CUTE_DEVICE Span span(int m_block) const {
-    const int64_t begin = int64_t(m_block) * kBlockM;
-    const int64_t count = rows.count(band.seqlen_q);
-    const int64_t end = begin + kBlockM < count ? begin + kBlockM : count;
-    return {rows.position(begin), rows.position(end - 1)};
+  CUTE_DEVICE Span span(TileRows tile) const {
+    return {rows.position(tile.first), rows.position(tile.end - 1)};
   }
 
   // Rows see keys in windows that only move right as the row grows, so the tile's keys lie in
@@ -84,16 +83,16 @@ struct TileMask {
     int hi[kRows];
   };
 
-  // `coords`: the (rows, cols) view of the score tile's identity tensor as this thread holds it.
+  // `coords`: the (rows, cols) view of the score tile's identity tensor as this thread holds it;
+  // `first_row`: the tile's row 0 in its sequence (TileRows::first).
   template <class Coords>
-  CUTE_DEVICE auto row_keys(Coords const& coords, int m_block) const {
+  CUTE_DEVICE auto row_keys(Coords const& coords, int64_t first_row) const {
     constexpr int kRows = decltype(cute::size<0>(coords))::value;
     RowKeys<kRows> keys;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       int64_t lo, hi;
-      band.key_range(rows.position(int64_t(m_block) * kBlockM + cute::get<0>(coords(i, 0))), &lo,
-                     &hi);
+      band.key_range(rows.position(first_row + cute::get<0>(coords(i, 0))), &lo, &hi);
       // Clamping to [0, seqlen_k] keeps lo ≥ hi for a row that sees no key.
       keys.lo[i] = int(cute::min(lo, band.seqlen_k));
       keys.hi[i] = int(cute::max(hi, int64_t(0)));
