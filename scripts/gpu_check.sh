@@ -6,7 +6,9 @@
 # the `build` step first, built on the device itself (its 16 cores build every kernel of the table
 # in minutes; GoogleTest is built from the sources FA4_GTEST_SRC points to when the device has none).
 # Logs are written to a work folder and packed into $OUT/gpu_check_logs.tgz (the device returns at
-# most 8 files); a short table is printed last and saved as $OUT/summary.txt.
+# most 8 files); a short table is printed last and saved as $OUT/summary.txt. Each line of it is
+# also printed as soon as its step is done, so that a run cut short by the device's time limit
+# still says how far it got.
 #   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd|bench_fwdbwd]...
 #          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets
 set -uo pipefail
@@ -17,7 +19,10 @@ out=$(mktemp -d /tmp/fa4_gpu_check.XXXXXX)
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$bin"
 steps=("$@")
 summary=()
-note() { summary+=("$(printf '%-10s %s' "$1" "$2")"); }
+note() {
+  summary+=("$(printf '%-10s %s' "$1" "$2")")
+  printf '[%4d s] %s\n' "$SECONDS" "${summary[${#summary[@]} - 1]}"
+}
 
 run_build() {
   local dir="$root/build/device" gtest_args=() t0=$SECONDS
