@@ -6,10 +6,10 @@
 // tile m then stores rows [m·block_m − pad, (m + 1)·block_m − pad), pad = −count mod block_m, and
 // the last tile ends at the sequence's end. Tile 0 would start above row 0, where no TMA box is to
 // start (a store's box there is an illegal instruction: bench/NOTES.md): it computes rows
-// [0, block_m), overlapping tile 1, and stores only its own rows. Its key tiles
-// are those of the rows it stores; the rows past them are computed on whatever keys that gives and
-// dropped. Key tiles per causal head, 192-row tiles by 128 keys: 4k 384 → 363 (−5.5 %), 2k −5 %,
-// 1k −16 %, 16k −1.5 %.
+// [0, block_m), overlapping tile 1, and stores only its own rows. Its key tiles are those of the
+// rows it stores; the rows past them are computed on whatever keys that gives and dropped. Key
+// tiles per causal head, 192-row tiles by 128 keys: 4k 384 → 363 (−5.5 %), 2k −5 %, 1k −16 %,
+// 16k −1.5 %.
 #pragma once
 
 #include <cstdint>
