@@ -82,7 +82,7 @@ struct BwdMmaWide {
     const auto score_coords =
         rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
     using ScoreFrag = decltype(partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{}));
-    const TileMask<Config::kBlockM, Config::kBlockN> mask{w.mask.band};
+    const TileMask<Config::kBlockN> mask{w.mask.band};
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
 
     auto tiles = [&](auto softcap_tag) {

@@ -50,7 +50,7 @@ struct FwdKernel {
   using Epilogue = FwdEpilogue<Config>;
   using Pipeline = typename Load::Pipeline;
   using PipelineState = typename Load::PipelineState;
-  using Mask = TileMask<Config::kBlockM, Config::kBlockN>;
+  using Mask = TileMask<Config::kBlockN>;
   static constexpr int kThreads = Config::kThreads;
   using Turns = WarpgroupTurns<Config::kConsumerWarpgroups>;
 

@@ -42,7 +42,7 @@ CUTE_DEVICE void mask_outside_columns(Scores& scores, Coords const& coords, int 
   }
 }
 
-template <int kBlockM, int kBlockN>
+template <int kBlockN>
 struct TileMask {
   BandMask band;     // seqlen_k is the number of keys used (seqused_k applied)
   QueryRows rows{};  // tile row → query position (pack-GQA); identity by default
