@@ -21,7 +21,7 @@
 
 #include "common/math_constants.hpp"
 #include "sm90/bwd_dq_reduce.cuh"
-#include "sm90/bwd_grid_order.hpp"
+#include "sm90/grouped_order.hpp"
 #include "sm90/bwd_load.cuh"
 #include "sm90/bwd_mask.cuh"
 #include "sm90/bwd_mma_wide.cuh"
@@ -48,7 +48,7 @@ struct BwdParams {
   BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
   SoftcapScores softcap;
   float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
-  BwdGridOrder order;      // CTA → (key tile, head, batch entry); key tiles of the longest sequence
+  GroupedOrder order;      // CTA → (key tile, head, batch entry); key tiles of the longest sequence
   int heads_q;
 };
 
@@ -106,14 +106,14 @@ struct BwdKernel {
     QueryTiles queries;
   };
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
-    const BwdGridOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
-    w.n_block = unit.n_block;
+    const GroupedOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
+    w.n_block = unit.block;
     // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
     // mma): with a causal band a key tile's first query tile is then one its predecessors in the
     // grid (which start earlier and have less to do) have already passed. The launcher keeps the
     // plain order there; groups (FA4_SM90_BWD_GROUP) keep every turn's predecessors earlier in
     // the grid too, a pair's key tiles and a key tile's query heads staying in order.
-    if constexpr (kDeterministic) w.n_block = p.order.n_blocks - 1 - w.n_block;
+    if constexpr (kDeterministic) w.n_block = p.order.blocks - 1 - w.n_block;
     w.head = unit.head;
     w.batch = unit.batch;
     w.seq = load_sequence(sequences, w.batch);

@@ -25,7 +25,7 @@ inline Status launch_error(const char* what, int head_dim, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-// The main kernel's CTA groups (bwd_grid_order.hpp): several (head, batch entry) pairs' key tiles
+// The main kernel's CTA groups (grouped_order.hpp): several (head, batch entry) pairs' key tiles
 // together where a causal mask makes the CTAs' work uneven; else, with varlen batches (whose
 // sequences' work differs anyway) and in deterministic mode (which orders its key tiles by its
 // turns), one pair after another. FA4_SM90_BWD_GROUP=n forces n pairs (1: the plain order; read
@@ -48,7 +48,7 @@ inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size
   if (err != cudaSuccess) return err;
   const int64_t bytes_per_row =
       int64_t(p.head_dim_qk + p.head_dim_v) * int64_t(element_bytes) + 4 * p.head_dim_qk + 8;
-  group = BwdGridOrder::group_for(rows, n_blocks, p.seqlen_q, bytes_per_row, sm_count, l2_bytes);
+  group = GroupedOrder::group_for(rows, n_blocks, p.seqlen_q, bytes_per_row, sm_count, l2_bytes);
   return cudaSuccess;
 }
 
@@ -176,7 +176,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
         band,
         softcap,
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
-        BwdGridOrder{n_blocks, rows, group},
+        GroupedOrder{n_blocks, rows, group},
         int(p.heads_q)};
     auto* kernel = p.deterministic ? &bwd_kernel<BwdKernel<Config, true>> : &bwd_kernel<Kernel>;
     static_assert(Kernel::kSmemBytes == BwdKernel<Config, true>::kSmemBytes);

@@ -90,6 +90,23 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
   }
   const int ctas = TileScheduler::grid(scheduler, TileScheduler::persistent(balanced_static_order),
                                        sm_count);
+  // One CTA per tile under a causal diagonal, more tiles than SMs: the grid numbered in groups of
+  // a few heads, query tile by query tile (grouped_order.hpp), so that the hardware's greedy
+  // hand-out ends on light tiles (head by head it ends on the last head's heaviest: a model puts
+  // the busiest SM 11.7 % over the mean at d256 causal 8k, 0.8 % grouped). Not for the persistent
+  // zig-zag or the varlen order, whose entries use the plain numbering. (Unpacked GQA: a kv
+  // head's K / V counted once per query head of it.)
+  if (err == cudaSuccess && ctas == scheduler.tiles && ctas > sm_count && !ordered &&
+      scheduler.heavy_last_rows) {
+    int l2_bytes = 0;
+    err = current_device_attribute(cudaDevAttrL2CacheSize, l2_bytes);
+    const int64_t sharing = p.heads_kv > 0 ? p.heads_q / p.heads_kv / group : 1;
+    const int64_t kv_row_bytes =
+        (p.head_dim_qk + p.head_dim_v) * int64_t(sizeof(typename Config::Element));
+    scheduler.grouped.group = GroupedOrder::dividing_group_for(
+        int64_t(scheduler.heads) * p.batch, p.seqlen_k,
+        sharing > 1 ? (kv_row_bytes + sharing - 1) / sharing : kv_row_bytes, l2_bytes);
+  }
 
   const typename Kernel::Params params{Kernel::Load::make_params(p, t),
                                        Kernel::Epilogue::make_params(p, t),

@@ -17,6 +17,7 @@
 #include <cute/config.hpp>
 
 #include "sm90/env_switch.hpp"
+#include "sm90/grouped_order.hpp"
 
 namespace fa4::sm90 {
 
@@ -38,11 +39,15 @@ struct TileScheduler {
     // Each tile's keys shared out among this many CTAs (split_kv.cuh): entry t is split
     // t % splits of its tile. `tiles` counts entries.
     int splits;
+    // Tile index → (query tile, head, batch entry): groups of `grouped.group` (head, batch entry)
+    // pairs, query tile by query tile (coord). Group 1, the plain head-by-head numbering, for the
+    // persistent CTAs' zig-zag, whose balance rests on it, and for `order`, whose entries use it.
+    GroupedOrder grouped;
   };
 
   static Params make(int64_t num_m_blocks, int64_t heads, int64_t batch, bool heavy_last_rows) {
     return {int(num_m_blocks), int(heads), int(num_m_blocks * heads * batch), heavy_last_rows,
-            nullptr, 1};
+            nullptr, 1, GroupedOrder{int(num_m_blocks), int(heads * batch), 1}};
   }
 
   // CTAs to launch: one per SM when persistent, else one per tile. FA4_SM90_PERSISTENT_CTAS=n
@@ -115,10 +120,8 @@ struct TileScheduler {
   }
 
   CUTE_DEVICE static TileCoord coord(Params const& p, int tile) {
-    const int m = tile % p.num_m_blocks;
-    const int head_batch = tile / p.num_m_blocks;
-    return {p.heavy_last_rows ? p.num_m_blocks - 1 - m : m, head_batch % p.heads,
-            head_batch / p.heads};
+    const GroupedOrder::Unit u = p.grouped.unit(tile, p.heads);
+    return {p.heavy_last_rows ? p.num_m_blocks - 1 - u.block : u.block, u.head, u.batch};
   }
 };
 
