@@ -104,8 +104,8 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
     const int64_t kv_row_bytes =
         (p.head_dim_qk + p.head_dim_v) * int64_t(sizeof(typename Config::Element));
     scheduler.grouped.group = GroupedOrder::dividing_group_for(
-        int64_t(scheduler.heads) * p.batch, p.seqlen_k,
-        sharing > 1 ? (kv_row_bytes + sharing - 1) / sharing : kv_row_bytes, l2_bytes);
+        int64_t(scheduler.heads) * p.batch, p.seqlen_k, (kv_row_bytes + sharing - 1) / sharing,
+        l2_bytes);
   }
 
   const typename Kernel::Params params{Kernel::Load::make_params(p, t),

@@ -18,8 +18,8 @@ namespace fa4::sm90 {
 
 struct GroupedOrder {
   int blocks;  // tiles per (head, batch entry): key tiles (backward), query tiles (forward)
-  int rows;      // (head, batch entry) pairs: heads_q · batch, numbered batch-major
-  int group;     // pairs whose key tiles run together; 1: one pair after another
+  int rows;    // (head, batch entry) pairs: heads_q · batch, numbered batch-major
+  int group;   // pairs whose tiles run together; 1: one pair after another
 
   struct Unit {
     int block, head, batch;
@@ -51,8 +51,8 @@ struct GroupedOrder {
   static int group_for(int64_t rows, int64_t blocks, int64_t shared_rows, int64_t bytes_per_row,
                        int64_t sm_count, int64_t l2_bytes) {
     int64_t g = (2 * sm_count + blocks - 1) / blocks;
-    const int64_t per_pair = shared_rows * bytes_per_row;
-    if (per_pair > 0 && g > l2_bytes / 2 / per_pair) g = l2_bytes / 2 / per_pair;
+    const int64_t fit = l2_pairs(rows, shared_rows, bytes_per_row, l2_bytes);
+    if (g > fit) g = fit;
     if (g > rows) g = rows;
     return g < 1 ? 1 : int(g);
   }
@@ -66,13 +66,20 @@ struct GroupedOrder {
   // the head-by-head numbering is up to 14.5 % off (d256 2k).
   static int dividing_group_for(int64_t rows, int64_t shared_rows, int64_t bytes_per_row,
                                 int64_t l2_bytes) {
-    const int64_t per_pair = shared_rows * bytes_per_row;
-    int64_t cap = per_pair > 0 ? l2_bytes / 2 / per_pair : rows;
+    int64_t cap = l2_pairs(rows, shared_rows, bytes_per_row, l2_bytes);
     if (cap > rows) cap = rows;
     int g = 1;
     for (int64_t d = 2; d <= cap; ++d)
       if (rows % d == 0) g = int(d);
     return g;
+  }
+
+ private:
+  // The pairs whose shared rows fit in half the L2 (all of them when they share nothing).
+  static int64_t l2_pairs(int64_t rows, int64_t shared_rows, int64_t bytes_per_row,
+                          int64_t l2_bytes) {
+    const int64_t per_pair = shared_rows * bytes_per_row;
+    return per_pair > 0 ? l2_bytes / 2 / per_pair : rows;
   }
 };
 

@@ -1,5 +1,5 @@
 // The grouped tile order (src/sm90/grouped_order.hpp) of the sm90 backward's grid and the forward's
-// dynamic schedule: every (tile, head, batch entry) exactly once for any group size, the plain
+// grid of one CTA per tile: every (tile, head, batch entry) exactly once for any group size, the plain
 // order at group 1, tiles in order within a group, the short group first, and the group size rule.
 #include <gtest/gtest.h>
 
