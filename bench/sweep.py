@@ -16,6 +16,11 @@ FlashAttention-3 (the `flash_attn_interface` module its hopper/ build installs) 
 (`flash_attn.cute`) are timed beside them when importable, each its own column; the header names
 the ones that were not.
 
+--power also records, for every timed column, the median SM clock and board power that
+nvidia-smi sampled during its timings (bench/power_log.py) and the energy per call, power × time,
+in a second table: under the board's power cap the clock, and with it the time, follows the
+energy a kernel spends (bench/NOTES.md, eighteenth session).
+
 --inputs spiky draws the inputs of the tests' spiky cases (a few query and key rows scaled up: large
 logits, late maxima). Builds configured with -DFA4_SM90_RESCALE_STATS=ON also report their O
 rescale counts (src/sm90/rescale_stats.hpp) for one forward run per row; their times include the
@@ -31,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import triton.testing
@@ -40,6 +46,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # import it as a plain module so that the sweep needs no package install.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "fa4cpp"))
 import c_abi as fa4_ctypes  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import power_log  # noqa: E402
+
+# A power_log.PowerLog while --power samples, else None (median_ms then records nothing).
+POWER = None
 
 TOKENS = 16384
 HIDDEN = 2048
@@ -163,8 +175,13 @@ def sdpa_fn(backend, q, k, v, causal):
     return run
 
 
-def median_ms(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+def median_ms(fn, windows=None):
+    """do_bench's median; with --power, the clock and power sampled meanwhile go to `windows`."""
+    start = time.time()
+    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    if POWER is not None and windows is not None:
+        windows.append(POWER.window(start, time.time()))
+    return ms
 
 
 def gpu_facts():
@@ -323,14 +340,15 @@ def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
     times = {"cudnn": [], "fa2": []}
     times.update({name: [] for name in runs})
     other_times = {name: [] for name in other_runs}
+    windows = {name: [] for name in times}  # --power: each timing's clock and power
     names = list(runs)
     for r in range(rounds):
-        times["cudnn"].append(median_ms(cudnn))
+        times["cudnn"].append(median_ms(cudnn, windows["cudnn"]))
         for name, run in other_runs.items():
             other_times[name].append(median_ms(run))
         shift = r % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
-            times[name].append(median_ms(runs[name]))
+            times[name].append(median_ms(runs[name], windows[name]))
         if fa2 is not None and "fa2_refused" not in row:
             try:
                 times["fa2"].append(median_ms(fa2))
@@ -339,9 +357,15 @@ def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
     row["cudnn_ms"] = statistics.median(times["cudnn"])
     if times["fa2"]:
         row["fa2_ms"] = statistics.median(times["fa2"])
+    power = power_log.combine(windows["cudnn"], row["cudnn_ms"])
+    if power is not None:
+        row["cudnn_power"] = power
     for name in names:
         row["libs"][name]["ms_rounds"] = times[name]
         row["libs"][name]["ms"] = statistics.median(times[name])
+        power = power_log.combine(windows[name], row["libs"][name]["ms"])
+        if power is not None:
+            row["libs"][name]["power"] = power
     for name, t in other_times.items():
         row.setdefault("others", {})[name] = {"ms": statistics.median(t)}
 
@@ -434,6 +458,9 @@ def main():
     ap.add_argument("--deterministic", default="", metavar="NAME,...",
                     help="these builds run their backward in deterministic mode (to time it beside "
                          "the default mode, give the same library twice: copy the file)")
+    ap.add_argument("--power", action="store_true",
+                    help="also record the SM clock, board power and energy per call of every "
+                         "fa4cpp build and cuDNN (nvidia-smi, sampled every 20 ms)")
     add_lib_env_arg(ap)
     args = ap.parse_args()
     args.name = args.name or args.pass_ + "_sweep"
@@ -460,6 +487,8 @@ def main():
 
     rows = []
     others, others_missing = find_others()
+    global POWER
+    POWER = power_log.PowerLog() if args.power else None
     for b, s, hq, hkv, d in shapes(hdims, seqlens):
         q, k, v = make_inputs(args.inputs, b, s, hq, hkv, d, dtype)
         out = torch.empty_like(q)
@@ -477,6 +506,8 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
         del q, k, v, out, lse
+    if POWER is not None:
+        POWER.close()
 
     result = {
         "benchmark": PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
@@ -628,6 +659,7 @@ def markdown(r):
             " | ".join("%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs),
             " / ".join(diffs)))
     lines += rescale_markdown(r, names)
+    lines += power_markdown(r, names)
     return "\n".join(lines) + "\n"
 
 
@@ -653,6 +685,32 @@ def rescale_markdown(r, names):
                 100.0 * c["exact_rescales"] / tiles, 100.0 * c["adaptive_rescales"] / tiles,
                 "%.1f×" % (c["exact_rescales"] / c["adaptive_rescales"])
                 if c["adaptive_rescales"] else "—"))
+    return lines
+
+
+def power_markdown(r, names):
+    """--power's table: per row and timed column the median SM clock and board power sampled
+    during its timings, the energy per call (power × median time) and each build's energy / cuDNN's."""
+    if not any("cudnn_power" in x or any("power" in e for e in x["libs"].values())
+               for x in r["rows"]):
+        return []
+    cols = names + ["cuDNN"]
+    lines = ["", "## SM clock, board power, energy per call (nvidia-smi every 20 ms during each "
+             "timing; medians over the rounds)", "",
+             "| d | seqlen | b | hq/hkv | causal | %s | %s |" % (
+                 " | ".join(c + " MHz / W / mJ" for c in cols),
+                 " | ".join(n + "/cuDNN energy" for n in names)),
+             "|---" * (5 + len(cols) + len(names)) + "|"]
+    for x in r["rows"]:
+        powers = [x["libs"].get(n, {}).get("power") for n in names] + [x.get("cudnn_power")]
+        cells = ["%.0f / %.0f / %.3g" % (p["sm_mhz"], p["watts"], p["mj_per_call"]) if p else "—"
+                 for p in powers]
+        base = powers[-1]
+        ratios = ["%.3f" % (p["mj_per_call"] / base["mj_per_call"]) if p and base else "—"
+                  for p in powers[:-1]]
+        lines.append("| %d | %d | %d | %d/%d | %s | %s | %s |" % (
+            x["head_dim"], x["seqlen"], x["batch"], x["heads_q"], x["heads_kv"],
+            "yes" if x["causal"] else "no", " | ".join(cells), " | ".join(ratios)))
     return lines
 
 

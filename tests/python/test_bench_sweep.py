@@ -66,7 +66,7 @@ def test_refusals_and_the_table(sweep, monkeypatch):
     assert list(runs) == ["FA3"]
     assert row["others"]["FA4"] == {"refused": "head dim not supported"}
 
-    monkeypatch.setattr(sweep, "median_ms", lambda fn: (fn(), 2.0)[1])
+    monkeypatch.setattr(sweep, "median_ms", lambda fn, windows=None: (fn(), 2.0)[1])
     row.update({"batch": 1, "seqlen": 16, "heads_q": 2, "heads_kv": 2, "head_dim": 8,
                 "causal": False, "libs": {"fa4cpp": {}}})
     sweep.time_rounds(row, 1, lambda: None, None, {"fa4cpp": lambda: None}, runs)
