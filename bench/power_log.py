@@ -10,6 +10,7 @@ import subprocess
 import threading
 
 FIELDS = "timestamp,clocks.sm,power.draw"
+INTERVAL_MS = 20  # between samples
 TIMESTAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's, in local time like time.time()'s conversions
 
 
@@ -52,7 +53,7 @@ def combine(windows, ms):
 class PowerLog:
     """Samples every `interval_ms` from a background nvidia-smi until close()."""
 
-    def __init__(self, interval_ms=20, command="nvidia-smi"):
+    def __init__(self, interval_ms=INTERVAL_MS, command="nvidia-smi"):
         self._samples = []
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(

@@ -460,7 +460,8 @@ def main():
                          "the default mode, give the same library twice: copy the file)")
     ap.add_argument("--power", action="store_true",
                     help="also record the SM clock, board power and energy per call of every "
-                         "fa4cpp build and cuDNN (nvidia-smi, sampled every 20 ms)")
+                         "fa4cpp build and cuDNN (nvidia-smi, sampled every %d ms)"
+                         % power_log.INTERVAL_MS)
     add_lib_env_arg(ap)
     args = ap.parse_args()
     args.name = args.name or args.pass_ + "_sweep"
@@ -489,25 +490,29 @@ def main():
     others, others_missing = find_others()
     global POWER
     POWER = power_log.PowerLog() if args.power else None
-    for b, s, hq, hkv, d in shapes(hdims, seqlens):
-        q, k, v = make_inputs(args.inputs, b, s, hq, hkv, d, dtype)
-        out = torch.empty_like(q)
-        lse = torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
-        for causal in causals:
-            row = {"batch": b, "seqlen": s, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
-                   "causal": causal, "dtype": args.dtype, "inputs": args.inputs}
-            if args.pass_ == "fwd":
-                row.update(measure_row(builds, args.rounds, q, k, v, out, lse, causal, others))
-            else:
-                row.update(measure_row_backward(builds, args.rounds, q, k, v, out, lse, causal,
-                                                with_forward=args.pass_ == "fwdbwd",
-                                                others=others))
-            add_rates(row, flops(b, s, hq, d, causal) * PASSES[args.pass_][1])
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del q, k, v, out, lse
-    if POWER is not None:
-        POWER.close()
+    try:
+        for b, s, hq, hkv, d in shapes(hdims, seqlens):
+            q, k, v = make_inputs(args.inputs, b, s, hq, hkv, d, dtype)
+            out = torch.empty_like(q)
+            lse = torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
+            for causal in causals:
+                row = {"batch": b, "seqlen": s, "heads_q": hq, "heads_kv": hkv, "head_dim": d,
+                       "causal": causal, "dtype": args.dtype, "inputs": args.inputs}
+                if args.pass_ == "fwd":
+                    row.update(measure_row(builds, args.rounds, q, k, v, out, lse, causal,
+                                           others))
+                else:
+                    row.update(measure_row_backward(builds, args.rounds, q, k, v, out, lse,
+                                                    causal, with_forward=args.pass_ == "fwdbwd",
+                                                    others=others))
+                add_rates(row, flops(b, s, hq, d, causal) * PASSES[args.pass_][1])
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del q, k, v, out, lse
+    finally:
+        # nvidia-smi -lms samples until stopped: a failing row must not leave it running.
+        if POWER is not None:
+            POWER.close()
 
     result = {
         "benchmark": PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
@@ -695,8 +700,8 @@ def power_markdown(r, names):
                for x in r["rows"]):
         return []
     cols = names + ["cuDNN"]
-    lines = ["", "## SM clock, board power, energy per call (nvidia-smi every 20 ms during each "
-             "timing; medians over the rounds)", "",
+    lines = ["", "## SM clock, board power, energy per call (nvidia-smi every %d ms during each "
+             "timing; medians over the rounds)" % power_log.INTERVAL_MS, "",
              "| d | seqlen | b | hq/hkv | causal | %s | %s |" % (
                  " | ".join(c + " MHz / W / mJ" for c in cols),
                  " | ".join(n + "/cuDNN energy" for n in names)),
