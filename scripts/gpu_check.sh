@@ -134,6 +134,14 @@ run_tests() {
   # many keys split): 3 splits wherever the partials fit, empty shares included; then with the
   # varlen order, pack-GQA and 3 persistent CTAs on top.
   # (The refusal tests pass no workspace: with splits forced, the workspace check answers first.)
+  # The chunked forward (fwd_config.cuh: d256 with 128-key tiles, by default only for long
+  # sequences without a causal or window mask) on every forward test of its head dims, masks
+  # included; then with 3 splits,
+  # pack-GQA and 3 persistent CTAs on top.
+  want tests_chunked && sharded tests_chunked "fwd chunked" FA4_SM90_CHUNKED_KV=on -- --gtest_filter='*Sm90Forward*d256*'
+  want tests_chunked_all && sharded tests_chunked_all "fwd chunked, 3 splits, packed, 3 CTAs" FA4_SM90_CHUNKED_KV=on \
+    FA4_SM90_SPLITS=3 FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
+    -- --gtest_filter='*Sm90Forward*d256*-*Refuses*'
   want tests_split && sharded tests_split "fwd 3 splits" FA4_SM90_SPLITS=3 -- --gtest_filter='*Sm90Forward*-*Refuses*'
   want tests_split_all && sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
     FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
@@ -191,6 +199,13 @@ run_sanitize() {
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q4_k3000_causal_split_gqa1'
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
   sanitize fwd_split "forward split" "memcheck racecheck synccheck" "$split"
+  # The chunked forward's one ring of K and V chunks, with and without a mask, varlen, on 2
+  # persistent CTAs: the ring's hand-over from tile to tile.
+  local chunked='Matrix/Sm90Forward.MatchesReference/d256_bf16_q113_k203_*'
+  chunked+=':Matrix/Sm90Forward.MatchesReference/d256_bf16_q512_k256_gqa4'
+  chunked+=':Matrix/Sm90Forward.MatchesReference/d256_bf16_varlen_ktiles_causal_gqa4_spiky'
+  sanitize fwd_chunked "forward chunked, 2 persistent CTAs" "memcheck racecheck synccheck" "$chunked" \
+    FA4_SM90_CHUNKED_KV=on FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   local tool rc
   if [ -x "$bin/fa4-bench" ]; then

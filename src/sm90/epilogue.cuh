@@ -117,6 +117,35 @@ struct FwdEpilogue {
     __syncwarp();
   }
 
+  // O of a chunked kernel (Config::kChunked): one half of the head dim's columns, normalized,
+  // straight from registers, two adjacent values per 4-byte store, rows past the tile's end
+  // dropped (packed or not: rows are located one by one). rows: as for store_lse, with the half's
+  // column offset. Nothing is staged, so nothing waits for the ring.
+  template <class Rows, class FragO>
+  CUTE_DEVICE static void store_o_direct(Params const& p, QueryRows const& query_rows,
+                                         TileCoord tile, TileRows tile_rows, Sequence const& seq,
+                                         Rows const& rows, FragO const& o) {
+    Tensor o_low = make_tensor<Element>(o.layout());
+    convert_fragment(o, o_low);
+    const auto v = rowcol_view(o_low);
+    Element* base = p.o + seq.batch * p.o_batch_stride + int64_t(seq.start_q) * p.o_row_stride;
+    CUTE_UNROLL
+    for (int i = 0; i < size<0>(rows); ++i) {
+      const int r = tile_rows.first + get<0>(rows(i, 0));
+      if (r >= tile_rows.end) continue;
+      const QueryRows::Row row = query_rows.locate(r, tile.head);
+      Element* dst = base + row.position * p.o_row_stride + row.head * p.o_head_stride;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(rows); j += 2) {
+        // Columns j and j + 1 of the view are adjacent (fragment.cuh).
+        cutlass::Array<Element, 2> pair;
+        pair[0] = v(i, j);
+        pair[1] = v(i, j + 1);
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + get<1>(rows(i, j))) = pair;
+      }
+    }
+  }
+
   // o: the normalized fp32 accumulator of this thread; smem_o: V's ring, whose barrier
   // smem_o_free is arrived at once the store has read O from it. The store is issued by the first
   // thread of the last consumer warpgroup, which waits for that read: in the next tile it issues

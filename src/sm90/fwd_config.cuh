@@ -3,6 +3,7 @@
 // pieces agree on lives here, so a new head dim is one more row in the tile table below.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -89,18 +90,51 @@ struct FwdTileSize<256, 256> {
   static constexpr int kConsumerWarpgroups = 2;
 };
 
-template <int kHeadDimQK_, int kHeadDimV_, class Element_>
+// The chunked variant of a head dim, where one exists (FwdConfig<..., true>; the launcher takes it
+// without a causal or window mask from kMinKeys keys per sequence on, fwd_launch.cuh): wider key
+// tiles whose K and V go through one ring of kKvChunks chunks of half the head dim. At d256, 128
+// keys rather than 64 halve the re-reads of Q per key: 17 % fewer shared-memory bytes per FLOP and
+// fewer instructions, so less power, which sets the clock under the H200's 700 W cap
+// (bench/NOTES.md, nineteenth session). Q (64 KB) with two 64 KB stages of K and of V would not fit
+// in shared memory; five 32 KB chunks do. S (64 registers), P (32) and O (128) do not fit together,
+// so a warpgroup's QKᵀ follows its P·V (FwdKernel::consume_chunked).
+template <int kHeadDimQK, int kHeadDimV>
+struct FwdChunkedTileSize {
+  static constexpr bool kExists = false;
+  static constexpr int kKvChunks = 0;
+  static constexpr int64_t kMinKeys = 0;
+};
+template <>
+struct FwdChunkedTileSize<256, 256> : FwdTileSize<256, 256> {
+  static constexpr bool kExists = true;
+  static constexpr int kBlockN = 128;
+  static constexpr int kKvChunks = 5;
+  // Against the 64-key kernel without a mask, five rounds: 512 keys −14 %, 1k −4 %, 2k −1 %, 4k
+  // +2.6 %, 8k +1.5 %, 16k +3.9 % (a tile's first QKᵀ and last P·V, exposed, are twice as long).
+  static constexpr int64_t kMinKeys = 4096;
+};
+
+template <int kHeadDimQK_, int kHeadDimV_, class Element_, bool kChunked_ = false>
 struct FwdConfig {
   using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
   using Accum = float;
 
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr int kConsumerWarpgroups =
-      FwdTileSize<kHeadDimQK, kHeadDimV>::kConsumerWarpgroups;
+  static constexpr bool kChunked = kChunked_;
+  static_assert(!kChunked || FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists,
+                "no chunked variant of these head dims");
+  using TileSize = std::conditional_t<kChunked, FwdChunkedTileSize<kHeadDimQK, kHeadDimV>,
+                                      FwdTileSize<kHeadDimQK, kHeadDimV>>;
+  static constexpr int kConsumerWarpgroups = TileSize::kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
-  static constexpr int kBlockN = FwdTileSize<kHeadDimQK, kHeadDimV>::kBlockN;
+  static constexpr int kBlockN = TileSize::kBlockN;
   static constexpr int kStages = 2;  // K and V ring depth
+  // Chunked: K and V share one ring of kKvChunks chunks of (kBlockN keys, half the head dim),
+  // loaded in the order the consumers take them (FwdLoad::run_chunked); else K and V rings of
+  // kStages whole tiles.
+  static constexpr int kKvChunks = FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kKvChunks * kChunked;
+  static constexpr int kChunkCols = kChunked ? kHeadDimQK / 2 : kHeadDimQK;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
 
   // setmaxnreg budgets: the producer only issues TMA; the consumers hold S, P and O.
@@ -120,10 +154,10 @@ struct FwdConfig {
   static constexpr int kExp2PolyNum = FA4_SM90_EXP2_POLY_NUM;
   static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
   static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;
-  static constexpr int kSoftmaxChains = FwdTileSize<kHeadDimQK, kHeadDimV>::kSoftmaxChains;
+  static constexpr int kSoftmaxChains = TileSize::kSoftmaxChains;
   // At threshold 0, O rescaled only when a row of the warp has a new max (softmax.cuh).
   static constexpr bool kRescaleVote = FA4_SM90_RESCALE_VOTE < 0
-                                           ? FwdTileSize<kHeadDimQK, kHeadDimV>::kRescaleVote
+                                           ? TileSize::kRescaleVote
                                            : FA4_SM90_RESCALE_VOTE != 0;
 
   using BlockM = Int<kBlockM>;
@@ -138,8 +172,10 @@ struct FwdConfig {
       GMMA::ss_op_selector<Element, Element, Accum, Shape<_64, BlockN, HeadDimQK>>(),
       WarpgroupTiling{}));
   // PV: A = P (registers, K-major), B = Vᵀ read from V's row-major tile (MN-major).
+  // Chunked, one P·V computes one chunk's half of O's columns.
+  using PVCols = Int<kChunked ? kChunkCols : kHeadDimV>;
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, Accum, Shape<_64, HeadDimV, BlockN>, GMMA::Major::K,
+      GMMA::rs_op_selector<Element, Element, Accum, Shape<_64, PVCols, BlockN>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       WarpgroupTiling{}));
 
@@ -158,13 +194,26 @@ struct FwdConfig {
   // next tile's Q by then): the ring's stages hold 2·kBlockN ≥ kBlockM rows.
   using SmemLayoutO = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
 
+  using ChunkCols = Int<kChunkCols>;
+  using Chunks = Int<kChunked ? kKvChunks : 1>;
+  using SmemLayoutChunk =
+      decltype(tile_to_shape(SmemAtom<kChunkCols>{}, Shape<BlockN, ChunkCols, Chunks>{}));
+  // A V chunk as the B operand of P·V: (dims, keys, chunk).
+  using SmemLayoutChunkT = decltype(composition(
+      SmemLayoutChunk{},
+      make_ordered_layout(Shape<ChunkCols, BlockN, Chunks>{}, Step<_2, _1, _3>{})));
+  static constexpr int kBytesChunk = kBlockN * kChunkCols * int(sizeof(Element));
+
   static constexpr int kBytesQ = kBlockM * kHeadDimQK * int(sizeof(Element));
   static constexpr int kBytesK = kBlockN * kHeadDimQK * int(sizeof(Element));  // one stage
   static constexpr int kBytesV = kBlockN * kHeadDimV * int(sizeof(Element));
 
   static_assert(kHeadDimQK % 32 == 0 && kHeadDimV % 32 == 0,
                 "rows must fill whole 64-byte swizzle atoms");
-  static_assert(cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutV>, "O is staged in V's ring");
+  static_assert(kChunked || cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutV>,
+                "O is staged in V's ring");
+  static_assert(!kChunked || (kHeadDimQK == kHeadDimV && kChunkCols % 64 == 0),
+                "chunks split both head dims in two halves of whole 128-byte swizzle atoms");
   static_assert(kBlockN % 16 == 0, "P is the A operand of a k16 wgmma");
 };
 

@@ -13,6 +13,9 @@
 //     m, P = online softmax(S)      exp2, scale·log2e folded into one FFMA
 //     O *= exp2(m_old − m_new)      once O += P Vⱼ₊₁ has landed
 //   then O /= rowsum, LSE = m + log(rowsum), O and LSE stored.
+// The chunked variant (Config::kChunked, fwd_config.cuh: d256 with 128-key tiles) has one ring of
+// half-head-dim K and V chunks instead of the two rings, and a different turn: P·V of tile j + 1,
+// then, once it is done, QKᵀ of tile j (consume_chunked); its O is stored from registers.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -66,12 +69,21 @@ struct FwdKernel {
     float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
   };
 
-  struct SharedStorage {
-    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;  // then O
+  using ChunkPipeline = typename Load::ChunkPipeline;
+  using ChunkPipelineState = typename Load::ChunkPipelineState;
+  struct Rings {  // K and V rings of whole tiles; O is staged in V's
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
+  };
+  struct ChunkRing {  // Config::kChunked
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutChunk>, 1024> c;
+    typename ChunkPipeline::SharedStorage pipeline;
+  };
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
+    std::conditional_t<Config::kChunked, ChunkRing, Rings> kv;
     alignas(8) uint64_t q_full;   // Q of the current tile has landed
     alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
     alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
@@ -111,6 +123,39 @@ struct FwdKernel {
     return !p.split.enabled() && !w.keys.empty();
   }
 
+  // The online softmax of this kernel's settings, for kRows rows per thread.
+  template <int kRows>
+  using Softmax = OnlineSoftmax<kRows, Config::kExp2PolyNum, Config::kExp2PolyDen,
+                                Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
+                                Config::kRescaleVote>;
+
+  // Softcap, then the mask, in the kernel's score units (see SoftcapScores); `coords` and
+  // `row_keys` are this thread's (Mask::row_keys), `span` the tile's (Mask::span).
+  template <class Scores, class Coords, class RowKeys, class Span>
+  CUTE_DEVICE static void prepare_scores(Params const& p, Work const& w, Scores& scores,
+                                         Coords const& coords, RowKeys const& row_keys,
+                                         Span const& span, int n_block) {
+    if (p.softcap.enabled()) p.softcap.apply(scores);
+    if (!w.mask.fully_visible(span, n_block)) {
+      auto rc = rowcol_view(scores);
+      w.mask.apply(rc, coords, row_keys, n_block);
+    }
+  }
+
+  // Q is loaded even for a tile that sees no key, so that the Q barriers' phases advance once per
+  // tile. Once this warpgroup's QKᵀ of the last key tile (keys.begin) has completed, the producer
+  // may load the next tile's Q: that load then overlaps the last P·V and the epilogue.
+  CUTE_DEVICE static void release_q(SharedStorage& smem, int thread) {
+    if (thread % 128 == 0) cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
+  }
+  // A tile that sees no key: Q is waited for and released at once. No wgmma ties this
+  // warpgroup's warps to their waits for Q here: they meet before Q is released, or a lagging warp
+  // could wait on q_full after its phase had come round again.
+  CUTE_DEVICE static void skip_keyless(SharedStorage& smem, int thread) {
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(ConsumerBarrier::kQRelease0) + thread / 128);
+    release_q(smem, thread);
+  }
+
   CUTE_DEVICE void operator()(Params const& p, char* smem_raw) const {
     auto& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
     const int warp = cutlass::canonical_warp_idx_sync();
@@ -124,69 +169,120 @@ struct FwdKernel {
       cutlass::arch::ClusterBarrier::init(&smem.q_empty, Config::kConsumerWarpgroups);
       cutlass::arch::ClusterBarrier::init(&smem.o_free, 1);
     }
-    typename Pipeline::Params pipe;
-    pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
-                               : Pipeline::ThreadCategory::Consumer;
+    if constexpr (Config::kChunked)
+      run_chunked(p, smem, warp, warpgroup, leader);
+    else
+      run_rings(p, smem, warp, warpgroup, leader);
+  }
+
+ private:
+  template <class PipelineT>
+  CUTE_DEVICE static typename PipelineT::Params pipeline_params(int warpgroup, bool leader,
+                                                                 int bytes) {
+    typename PipelineT::Params pipe;
+    pipe.role = warpgroup == 0 ? PipelineT::ThreadCategory::Producer
+                               : PipelineT::ThreadCategory::Consumer;
     pipe.is_leader = leader;
     pipe.num_consumers = 128 * Config::kConsumerWarpgroups;
-    pipe.transaction_bytes = Config::kBytesK;
-    Pipeline pipeline_k(smem.pipeline_k, pipe, Shape<_1, _1, _1>{});
-    pipe.transaction_bytes = Config::kBytesV;
-    Pipeline pipeline_v(smem.pipeline_v, pipe, Shape<_1, _1, _1>{});
+    pipe.transaction_bytes = bytes;
+    return pipe;
+  }
+
+  // Launched after the tile order (launch_kernel_dependent), the prologue overlapped it; no
+  // global memory is read before this wait. Otherwise the wait returns at once.
+  CUTE_DEVICE static void end_prologue() {
     cutlass::arch::fence_barrier_init();
     __syncthreads();
-    // Launched after the tile order (launch_kernel_dependent), this prologue overlapped it; no
-    // global memory is read before this wait. Otherwise the wait returns at once.
     cutlass::arch::wait_on_dependent_grids();
+  }
 
-    // Producer and consumers walk the same tiles and skip the same ones. The K / V ring states and
-    // the Q barriers' phases carry over from tile to tile.
+  // f(work, q_tile) for each tile this CTA runs, in order; q_tile counts them (Q's barriers'
+  // phases). Producer and consumers walk the same tiles and skip the same ones.
+  template <class F>
+  CUTE_DEVICE static void for_each_tile(Params const& p, F&& f) {
+    int q_tile = 0;
+    for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
+         t = TileScheduler::next(t)) {
+      Work w;
+      if (find_work(p, t, w)) f(w, q_tile++);
+    }
+  }
+
+  // The producer's second warp with pack-GQA: packed Q tiles are gathered row by row.
+  CUTE_DEVICE static void gather_packed_q(Params const& p, SharedStorage& smem) {
+    for_each_tile(p, [&](Work const& w, int q_tile) {
+      Load::load_packed_q(p.load, p.rows, w.tile, w.rows.first, w.seq, q_tile, smem.q.data(),
+                          smem.q_full, smem.q_empty);
+    });
+  }
+
+  CUTE_DEVICE static void run_chunked(Params const& p, SharedStorage& smem, int warp,
+                                      int warpgroup, bool leader) {
+    ChunkPipeline pipeline(smem.kv.pipeline,
+                           pipeline_params<ChunkPipeline>(warpgroup, leader, Config::kBytesChunk),
+                           Shape<_1, _1, _1>{});
+    end_prologue();
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-      if (warp == 1 && p.rows.packed()) {  // packed Q tiles are gathered row by row
-        int q_tiles = 0;
-        for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
-             t = TileScheduler::next(t)) {
-          Work w;
-          if (!find_work(p, t, w)) continue;
-          Load::load_packed_q(p.load, p.rows, w.tile, w.rows.first, w.seq, q_tiles++, smem.q.data(),
-                              smem.q_full, smem.q_empty);
-        }
-      }
+      if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
+      if (!leader) return;
+      ChunkPipelineState write = cutlass::make_producer_start_state<ChunkPipeline>();
+      for_each_tile(p, [&](Work const& w, int q_tile) {
+        Load::run_chunked(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile,
+                          smem.q.data(), smem.kv.c.data(), smem.q_full, smem.q_empty, pipeline,
+                          write);
+      });
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+      const int thread = int(threadIdx.x) - 128;
+      const Turns turns(thread / 128);
+      turns.start();
+      ChunkPipelineState read;
+      for_each_tile(p, [&](Work const& w, int q_tile) {
+        consume_chunked(p, smem, w, q_tile & 1, turns, pipeline, read);
+      });
+      turns.finish();
+    }
+  }
+
+  CUTE_DEVICE static void run_rings(Params const& p, SharedStorage& smem, int warp,
+                                    int warpgroup, bool leader) {
+    Pipeline pipeline_k(smem.kv.pipeline_k,
+                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesK),
+                        Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(smem.kv.pipeline_v,
+                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesV),
+                        Shape<_1, _1, _1>{});
+    end_prologue();
+
+    // The K / V ring states and the Q barriers' phases carry over from tile to tile.
+    if (warpgroup == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+      if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
       if (!leader) return;
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
-      int q_tiles = 0, o_staged = 0;
-      for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
-           t = TileScheduler::next(t)) {
-        Work w;
-        if (!find_work(p, t, w)) continue;
+      int o_staged = 0;
+      for_each_tile(p, [&](Work const& w, int q_tile) {
         const int staged_before = o_staged;
         if (stages_o(p, w)) ++o_staged;
-        Load::run(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tiles++, staged_before,
-                  smem.q.data(),
-                  smem.k.data(),
-                  smem.v.data(), smem.q_full, smem.q_empty, smem.o_free, pipeline_k, pipeline_v,
-                  write_k, write_v);
-      }
+        Load::run(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile, staged_before,
+                  smem.q.data(), smem.kv.k.data(), smem.kv.v.data(), smem.q_full, smem.q_empty,
+                  smem.o_free, pipeline_k, pipeline_v, write_k, write_v);
+      });
     } else {
       cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
       const int thread = int(threadIdx.x) - 128;  // among the consumer threads
       const Turns turns(thread / 128);
       turns.start();
       PipelineState read_k, read_v;
-      int q_tiles = 0;
-      for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
-           t = TileScheduler::next(t)) {
-        Work w;
-        if (!find_work(p, t, w)) continue;
-        consume(p, smem, w, (q_tiles++) & 1, turns, pipeline_k, pipeline_v, read_k, read_v);
-      }
+      for_each_tile(p, [&](Work const& w, int q_tile) {
+        consume(p, smem, w, q_tile & 1, turns, pipeline_k, pipeline_v, read_k, read_v);
+      });
       turns.finish();
     }
   }
 
- private:
   CUTE_DEVICE static void consume(Params const& p, SharedStorage& smem, Work const& w,
                                   int q_phase, Turns const& turns, Pipeline& pipeline_k,
                                   Pipeline& pipeline_v, PipelineState& read_k,
@@ -203,8 +299,8 @@ struct FwdKernel {
     auto wg_pv = warpgroup_operand_slice(mma_pv, 1);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.kv.k.data()), typename Config::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.kv.v.data()), typename Config::SmemLayoutVt{});
     Tensor tSrQ = wg_qk.partition_fragment_A(sQ);
     Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
     Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
@@ -217,37 +313,21 @@ struct FwdKernel {
     const auto out_coords =
         rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
 
-    OnlineSoftmax<decltype(size<0>(score_coords))::value, Config::kExp2PolyNum,
-                  Config::kExp2PolyDen, Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
-                  Config::kRescaleVote>
-        softmax(p.score_scale, p.score_scale * kLog2e);
+    Softmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
+                                                            p.score_scale * kLog2e);
     typename decltype(softmax)::RowVector rescale;
     using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
     Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
 
-    // Softcap, then the mask, in the kernel's score units (see SoftcapScores).
     const auto row_keys = mask.row_keys(score_coords, w.rows.first);
     const auto span = mask.span(w.rows);
     auto prepare_scores = [&](auto& scores, int n_block) {
-      if (p.softcap.enabled()) p.softcap.apply(scores);
-      if (!mask.fully_visible(span, n_block)) {
-        auto rc = rowcol_view(scores);
-        mask.apply(rc, score_coords, row_keys, n_block);
-      }
+      FwdKernel::prepare_scores(p, w, scores, score_coords, row_keys, span, n_block);
     };
-
-    // Q is loaded even for a tile that sees no key, so that the Q barriers' phases advance once per
-    // tile. Once this warpgroup's QKᵀ of the last key tile (keys.begin) has completed, the producer
-    // may load the next tile's Q: that load then overlaps the last P·V and the epilogue.
-    auto release_q = [&] {
-      if (thread % 128 == 0) cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
-    };
+    auto release_q = [&] { FwdKernel::release_q(smem, thread); };
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     if (keys.empty()) {
-      // No wgmma ties this warpgroup's warps to their waits for Q here: they meet before Q is
-      // released, or a lagging warp could wait on q_full after its phase had come round again.
-      cutlass::arch::NamedBarrier::sync(128, uint32_t(ConsumerBarrier::kQRelease0) + thread / 128);
-      release_q();
+      skip_keyless(smem, thread);
     } else {
       int n_block = keys.end - 1;
       {
@@ -316,12 +396,171 @@ struct FwdKernel {
     }
     Epilogue::store_lse(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords, lse, thread);
     if (stages_o(p, w))
-      Epilogue::store_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO, smem.v.data(),
+      Epilogue::store_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO, smem.kv.v.data(),
                         smem.o_free, thread);
     else
       Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.rows, w.seq, thread);
   }
+  // consume for Config::kChunked. S (64 registers at 128 keys), P (32) and O (128) do not fit in
+  // registers together, so a warpgroup's QKᵀ cannot run beside its own P·V: in one turn it issues
+  // P·V of the tile before, waits for it, then issues QKᵀ, and the tensor pipe runs its two GEMMs
+  // back to back while the other warpgroup's softmax runs. QKᵀ spans both K chunks of a tile (one
+  // batch, one accumulator), P·V both V chunks (O's two column halves).
+  CUTE_DEVICE static void consume_chunked(Params const& p, SharedStorage& smem, Work const& w,
+                                          int q_phase, Turns const& turns,
+                                          ChunkPipeline& pipeline, ChunkPipelineState& read) {
+    using ChunkCols = typename Config::ChunkCols;
+    const TileCoord tile = w.tile;
+    const Mask& mask = w.mask;
+    const KeyTiles keys = w.keys;
+    const int thread = int(threadIdx.x) - 128;
+    typename Config::TiledMmaQK mma_qk;
+    typename Config::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread);
+    auto thr_pv = mma_pv.get_thread_slice(thread);
+    auto wg_qk = warpgroup_operand_slice(mma_qk, 1);
+    auto wg_pv = warpgroup_operand_slice(mma_pv, 1);
+
+    Tensor sQ = flat_divide(
+        make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{}),
+        Shape<BlockM, ChunkCols>{});  // (M, cols, 1, half)
+    Tensor sC = make_tensor(make_smem_ptr(smem.kv.c.data()), typename Config::SmemLayoutChunk{});
+    Tensor sCt = make_tensor(make_smem_ptr(smem.kv.c.data()), typename Config::SmemLayoutChunkT{});
+    Tensor tSrQ0 = wg_qk.partition_fragment_A(sQ(_, _, _0{}, _0{}));
+    Tensor tSrQ1 = wg_qk.partition_fragment_A(sQ(_, _, _0{}, _1{}));
+    Tensor tSrK = wg_qk.partition_fragment_B(sC);   // (MMA, N, K, chunk)
+    Tensor tOrV = wg_pv.partition_fragment_B(sCt);  // (MMA, D/2, N, chunk)
+
+    Tensor tOrO0 = partition_fragment_C(mma_pv, Shape<BlockM, ChunkCols>{});
+    Tensor tOrO1 = partition_fragment_C(mma_pv, Shape<BlockM, ChunkCols>{});
+    clear(tOrO0);
+    clear(tOrO1);
+    const auto score_coords =
+        rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
+    Tensor cO = flat_divide(make_identity_tensor(Shape<BlockM, HeadDimV>{}),
+                            Shape<BlockM, ChunkCols>{});
+    const auto out_coords0 = rowcol_view(thr_pv.partition_C(cO(_, _, _0{}, _0{})));
+    const auto out_coords1 = rowcol_view(thr_pv.partition_C(cO(_, _, _0{}, _1{})));
+
+    Softmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
+                                                            p.score_scale * kLog2e);
+    typename decltype(softmax)::RowVector rescale;
+    using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
+    Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+
+    const auto row_keys = mask.row_keys(score_coords, w.rows.first);
+    const auto span = mask.span(w.rows);
+    auto prepare_scores = [&](auto& scores, int n_block) {
+      FwdKernel::prepare_scores(p, w, scores, score_coords, row_keys, span, n_block);
+    };
+    auto release_q = [&] { FwdKernel::release_q(smem, thread); };
+    // Two chunks of the ring from `at` on (K's or V's halves): waited for, released.
+    auto wait_pair = [&](ChunkPipelineState at) {
+      pipeline.consumer_wait(at);
+      ++at;
+      pipeline.consumer_wait(at);
+    };
+    auto release_pair = [&](ChunkPipelineState at) {
+      pipeline.consumer_release(at);
+      ++at;
+      pipeline.consumer_release(at);
+    };
+    auto advance = [](ChunkPipelineState at, int chunks) {
+      for (int i = 0; i < chunks; ++i) ++at;
+      return at;
+    };
+    auto issue_qk = [&](auto& scores, ChunkPipelineState at) {
+      ChunkPipelineState high = at;
+      ++high;
+      wgmma_issue_split_k<true>(mma_qk, tSrQ0, tSrK(_, _, _, at.index()), tSrQ1,
+                                tSrK(_, _, _, high.index()), scores);
+    };
+    auto issue_pv = [&](ChunkPipelineState at) {
+      ChunkPipelineState high = at;
+      ++high;
+      wgmma_issue_split_n(mma_pv, tOrP, tOrV(_, _, _, at.index()), tOrO0,
+                          tOrV(_, _, _, high.index()), tOrO1);
+    };
+
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
+    if (keys.empty()) {
+      skip_keyless(smem, thread);
+    } else {
+      // The ring holds K of the last key tile, then per key tile n (last to first) V of n and K of
+      // n − 1 (FwdLoad::run_chunked). One turn issues P·V of n and, once it is done (S, P and O do
+      // not fit in registers together), QKᵀ of n − 1: the tensor pipe runs a warpgroup's two GEMMs
+      // back to back, under which the other warpgroup's softmax runs.
+      int n_block = keys.end - 1;
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+      auto softmax_step = [&](int n, bool first) {
+        warpgroup_wait<0>();
+        release_pair(read);
+        read = advance(read, 2);
+        if (n == keys.begin) release_q();
+        prepare_scores(tSrS, n);
+        auto scores = rowcol_view(tSrS);
+        const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
+        if (!first && rescale_o) {  // the first tile's O is still empty
+          auto o0 = rowcol_view(tOrO0);
+          auto o1 = rowcol_view(tOrO1);
+          scale_rows(o0, rescale);
+          scale_rows(o1, rescale);
+        }
+        softmax.exponentiate(scores);
+        convert_fragment(tSrS, tOrP);
+      };
+      wait_pair(read);
+      turns.wait();
+      issue_qk(tSrS, read);
+      turns.pass();
+      softmax_step(n_block, true);
+      CUTE_NO_UNROLL
+      for (; n_block > keys.begin; --n_block) {
+        wait_pair(read);
+        turns.wait();
+        issue_pv(read);
+        warpgroup_wait<0>();  // P may be overwritten: S is next
+        release_pair(read);
+        read = advance(read, 2);
+        wait_pair(read);
+        issue_qk(tSrS, read);
+        turns.pass();
+        softmax_step(n_block - 1, false);
+      }
+      wait_pair(read);
+      turns.wait();
+      issue_pv(read);
+      turns.pass();
+      warpgroup_wait<0>();
+      release_pair(read);
+      read = advance(read, 2);
+    }
+
+    typename decltype(softmax)::RowVector o_scale, lse;
+    softmax.finish(o_scale, lse);
+    {
+      auto o0 = rowcol_view(tOrO0);
+      auto o1 = rowcol_view(tOrO1);
+      scale_rows(o0, o_scale);
+      scale_rows(o1, o_scale);
+    }
+    if (p.split.enabled()) {
+      Epilogue::store_partial(p.split, p.rows, tile, w.rows, w.split, w.seq, out_coords0, tOrO0,
+                              lse, thread);
+      Epilogue::store_partial(p.split, p.rows, tile, w.rows, w.split, w.seq, out_coords1, tOrO1,
+                              lse, thread);
+      return;
+    }
+    Epilogue::store_lse(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords0, lse, thread);
+    if (keys.empty()) {
+      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.rows, w.seq, thread);
+    } else {
+      Epilogue::store_o_direct(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords0, tOrO0);
+      Epilogue::store_o_direct(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords1, tOrO1);
+    }
+  }
 };
+
 
 template <class Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads, 1)

@@ -9,6 +9,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "api/validate.hpp"
+#include "sm90/env_switch.hpp"
 #include "sm90/fwd_config.cuh"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_launch.hpp"
@@ -28,18 +29,17 @@ template <>
 struct CutlassElement<DType::kFP16> {
   using type = cutlass::half_t;
 };
+template <class Element>
+constexpr DType dtype_of() {
+  return std::is_same_v<Element, cutlass::bfloat16_t> ? DType::kBF16 : DType::kFP16;
+}
 
-template <int kHeadDimQK, int kHeadDimV, DType kDType>
-Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace, void* stream) {
-  using Config = FwdConfig<kHeadDimQK, kHeadDimV, typename CutlassElement<kDType>::type>;
+template <class Config>
+Status launch_forward(const Problem& p, const ForwardTensors& t, const BandMask& band,
+                      Workspace workspace, void* stream) {
   using Kernel = FwdKernel<Config>;
-
-  // Nothing to write (and Q / O may be views without memory).
-  if (p.batch == 0 || p.seqlen_q == 0 || (p.is_varlen() && p.varlen.total_q == 0))
-    return Status::success();
-
-  const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
-                                       p.window.right);
+  constexpr int kHeadDimQK = Config::kHeadDimQK;
+  constexpr int kHeadDimV = Config::kHeadDimV;
   const SoftcapScores softcap = SoftcapScores::make(Softcap{p.softcap}, p.scale());
   // With pack-GQA a tile belongs to a kv head and holds the rows of its query heads.
   const QueryRows rows = QueryRows::make(p, Config::kBlockM);
@@ -140,13 +140,39 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
                                 p.is_varlen() ? 0 : t.lse.batch_stride,
                                 t.lse.head_stride,
                                 t.lse.seq_stride};
-    err = launch_combine_splits(combine, kDType, p.batch, p.seqlen_q, stream);
+    err = launch_combine_splits(combine, dtype_of<typename Config::Element>(), p.batch,
+                                p.seqlen_q, stream);
   }
   if (err != cudaSuccess)
     return detail::make_status(StatusCode::kDeviceError,
                                "sm90 forward kernel (head dims %d / %d) failed to launch: %s",
                                kHeadDimQK, kHeadDimV, cudaGetErrorString(err));
   return Status::success();
+}
+
+// The chunked variant (fwd_config.cuh) where these head dims have one, no causal or window band
+// cuts the key tiles and the sequences are long (kMinKeys, the mean over a varlen batch): its wider
+// key tiles leave each tile's first QKᵀ and last P·V exposed twice as long, which short sequences
+// and the tiles under a diagonal pay for (d256 causal 2k / 4k −3 / −2 %, bench/NOTES.md, nineteenth
+// session). FA4_SM90_CHUNKED_KV=on / off forces it, where it exists, for tests and measurements.
+template <int kHeadDimQK, int kHeadDimV, DType kDType>
+Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace, void* stream) {
+  using Element = typename CutlassElement<kDType>::type;
+  // Nothing to write (and Q / O may be views without memory).
+  if (p.batch == 0 || p.seqlen_q == 0 || (p.is_varlen() && p.varlen.total_q == 0))
+    return Status::success();
+  const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
+                                       p.window.right);
+  if constexpr (FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
+    static const int forced = env_switch("FA4_SM90_CHUNKED_KV", "on", "off");
+    const int64_t keys = p.is_varlen() ? p.varlen.total_k / p.batch : p.seqlen_k;
+    if (forced == 1 ||
+        (forced < 0 && band.left < 0 && band.right < 0 &&
+         keys >= FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kMinKeys))
+      return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>>(p, t, band,
+                                                                             workspace, stream);
+  }
+  return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element>>(p, t, band, workspace, stream);
 }
 
 }  // namespace fa4::sm90

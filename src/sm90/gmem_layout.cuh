@@ -90,4 +90,13 @@ CUTE_DEVICE auto sequence_tiles(Tma const& tma, GmemShape const& shape, int head
   return local_tile(domain_offset(make_coord(rows.offset, _0{}), m), box, make_coord(_, _0{}));
 }
 
+// The same, with the head dim tiled too: (box rows, box cols, row tile, col tile).
+template <class Tma, class Box>
+CUTE_DEVICE auto sequence_tiles_2d(Tma const& tma, GmemShape const& shape, int head, SeqRows rows,
+                                   Box box) {
+  using namespace cute;
+  Tensor m = tma.get_tma_tensor(shape)(_, _, head, rows.shift, rows.batch);
+  return local_tile(domain_offset(make_coord(rows.offset, _0{}), m), box, make_coord(_, _));
+}
+
 }  // namespace fa4::sm90

@@ -34,14 +34,26 @@ struct FwdLoad {
 
   using Pipeline = cutlass::PipelineTmaAsync<Config::kStages>;
   using PipelineState = typename Pipeline::PipelineState;
+  // Config::kChunked: one ring of K and V chunks (run_chunked).
+  using ChunkPipeline = cutlass::PipelineTmaAsync<Config::Chunks::value>;
+  using ChunkPipelineState = typename ChunkPipeline::PipelineState;
+  // One TMA box of K or V: a whole key tile, or (chunked) half of its head dim.
+  static constexpr bool kChunked = Config::kChunked;
+  using SmemLayoutChunk = typename Config::SmemLayoutChunk;
+  using SmemLayoutKBox =
+      decltype(take<0, 2>(std::conditional_t<kChunked, SmemLayoutChunk, SmemLayoutK>{}));
+  using SmemLayoutVBox =
+      decltype(take<0, 2>(std::conditional_t<kChunked, SmemLayoutChunk, SmemLayoutV>{}));
+  using KBox = Shape<BlockN, Int<kChunked ? Config::kChunkCols : HeadDimQK::value>>;
+  using VBox = Shape<BlockN, Int<kChunked ? Config::kChunkCols : HeadDimV::value>>;
 
   template <class SmemLayout, class Box>
   using Tma = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
       SmemLayout{}, Box{}, _1{}));
   using TmaQ = Tma<SmemLayoutQ, Shape<BlockM, HeadDimQK>>;
-  using TmaK = Tma<decltype(take<0, 2>(SmemLayoutK{})), Shape<BlockN, HeadDimQK>>;
-  using TmaV = Tma<decltype(take<0, 2>(SmemLayoutV{})), Shape<BlockN, HeadDimV>>;
+  using TmaK = Tma<SmemLayoutKBox, KBox>;
+  using TmaV = Tma<SmemLayoutVBox, VBox>;
 
   struct Params {
     TmaQ tma_q;
@@ -71,10 +83,8 @@ struct FwdLoad {
                              p.heads_kv);
     auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
     return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), SmemLayoutQ{}, Shape<BlockM, HeadDimQK>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, gmem(k), take<0, 2>(SmemLayoutK{}),
-                          Shape<BlockN, HeadDimQK>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, gmem(v), take<0, 2>(SmemLayoutV{}),
-                          Shape<BlockN, HeadDimV>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutKBox{}, KBox{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutVBox{}, VBox{}, _1{}),
             q.layout.shape(),
             k.layout.shape(),
             v.layout.shape(),
@@ -156,6 +166,58 @@ struct FwdLoad {
       if (n_block - 1 > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 2), tKsK);
     }
     load(p.tma_v, pipeline_v, write_v, tVgV(_, keys.begin), tVsV);
+  }
+
+  // run for Config::kChunked: per key tile (last to first) K's low and high halves of the head dim,
+  // then V's, into the next slots of one ring, the order in which every consumer warpgroup takes
+  // them (FwdKernel::consume_chunked). The tile's first K chunks go before the wait for Q's
+  // buffer, as in run. Nothing waits for O: the chunked epilogue stores from registers.
+  CUTE_DEVICE static void run_chunked(Params const& p, QueryRows const& rows, TileCoord tile,
+                                      int first_row, Sequence const& seq, KeyTiles keys, int q_tile,
+                                      Element* smem_q, Element* smem_c, uint64_t& q_full,
+                                      uint64_t& q_empty, ChunkPipeline& pipeline,
+                                      ChunkPipelineState& write) {
+    const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
+    const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
+    const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
+    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head,
+                               SeqRows{q_rows.offset + first_row, q_rows.shift, q_rows.batch},
+                               Shape<BlockM, HeadDimQK>{})(_, _, 0);
+    Tensor gK = sequence_tiles_2d(p.tma_k, p.shape_k, kv_head, k_rows, KBox{});  // (.., n, half)
+    Tensor gV = sequence_tiles_2d(p.tma_v, p.shape_v, kv_head, k_rows, VBox{});
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
+    Tensor sC = make_tensor(make_smem_ptr(smem_c), typename Config::SmemLayoutChunk{});
+    auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                      group_modes<0, 2>(gQ));
+    auto [tKgK, tKsC] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsC] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                      group_modes<0, 2>(gV));
+    auto load = [&](auto const& tma, auto const& src, auto& dst) {
+      pipeline.producer_acquire(write);
+      copy(tma.with(*pipeline.producer_get_barrier(write)), src, dst(_, write.index()));
+      ++write;
+    };
+    int n_block = keys.end - 1;
+    if (!keys.empty()) {
+      load(p.tma_k, tKgK(_, n_block, 0), tKsC);
+      load(p.tma_k, tKgK(_, n_block, 1), tKsC);
+    }
+    if (!rows.packed()) {  // else load_packed_q's warp loads Q
+      if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
+      copy(p.tma_q.with(q_full), tQgQ, tQsQ);
+    }
+    if (keys.empty()) return;
+    CUTE_NO_UNROLL
+    for (; n_block >= keys.begin; --n_block) {
+      if (n_block < keys.end - 1) {
+        load(p.tma_k, tKgK(_, n_block, 0), tKsC);
+        load(p.tma_k, tKgK(_, n_block, 1), tKsC);
+      }
+      load(p.tma_v, tVgV(_, n_block, 0), tVsC);
+      load(p.tma_v, tVgV(_, n_block, 1), tVsC);
+    }
   }
 
   // Pack-GQA: one warp gathers the tile's Q rows (rows.locate) into Q's buffer, 16 bytes per

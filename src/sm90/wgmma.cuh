@@ -30,6 +30,47 @@ CUTE_DEVICE void wgmma_issue(TiledMma& mma, TensorA const& a, TensorB const& b, 
   if constexpr (kAFromRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
 }
 
+// C (=|+=) A0·B0 + A1·B1: one GEMM whose K extent lies in two pairs of operand tiles (two chunks
+// of a ring), issued as one batch. Two batches on one accumulator would make the second wait for
+// the first to drain the tensor pipe.
+template <bool kZeroInit, class TiledMma, class A0, class B0, class A1, class B1, class TensorC>
+CUTE_DEVICE void wgmma_issue_split_k(TiledMma& mma, A0 const& a0, B0 const& b0, A1 const& a1,
+                                     B1 const& b1, TensorC& c) {
+  static_assert(!is_same_v<typename A0::value_type, typename TiledMma::ValTypeA>,
+                "operands from shared memory only");
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a0); ++k) {
+    cute::gemm(mma, a0(_, _, k), b0(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a1); ++k) cute::gemm(mma, a1(_, _, k), b1(_, _, k), c);
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+}
+
+// C0 += A·B0 and C1 += A·B1 (the two column halves of one product, A in registers), one batch.
+template <class TiledMma, class TensorA, class B0, class B1, class C0, class C1>
+CUTE_DEVICE void wgmma_issue_split_n(TiledMma& mma, TensorA const& a, B0 const& b0, C0& c0,
+                                     B1 const& b1, C1& c1) {
+  warpgroup_fence_operand(const_cast<TensorA&>(a));
+  warpgroup_fence_operand(c0);
+  warpgroup_fence_operand(c1);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) cute::gemm(mma, a(_, _, k), b0(_, _, k), c0);
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) cute::gemm(mma, a(_, _, k), b1(_, _, k), c1);
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c0);
+  warpgroup_fence_operand(c1);
+  warpgroup_fence_operand(const_cast<TensorA&>(a));
+}
+
 // A shared-memory tensor whose address the compiler cannot see through, for wgmma operands made
 // where each GEMM is issued: otherwise the k-blocks' descriptors of a loop's GEMMs are hoisted out
 // of it into registers the accumulators need (FA3 guards its larger GEMMs the same way).
