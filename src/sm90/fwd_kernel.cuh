@@ -475,11 +475,13 @@ struct FwdKernel {
       wgmma_issue_split_k<true>(mma_qk, tSrQ0, tSrK(_, _, _, at.index()), tSrQ1,
                                 tSrK(_, _, _, high.index()), scores);
     };
+    // O's two column halves, one batch each (two accumulators): the first V chunk can be
+    // released while the second half runs.
     auto issue_pv = [&](ChunkPipelineState at) {
       ChunkPipelineState high = at;
       ++high;
-      wgmma_issue_split_n(mma_pv, tOrP, tOrV(_, _, _, at.index()), tOrO0,
-                          tOrV(_, _, _, high.index()), tOrO1);
+      wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, at.index()), tOrO0);
+      wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, high.index()), tOrO1);
     };
 
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
@@ -516,15 +518,19 @@ struct FwdKernel {
       softmax_step(n_block, true);
       CUTE_NO_UNROLL
       for (; n_block > keys.begin; --n_block) {
+        const ChunkPipelineState k_at = advance(read, 2);
         wait_pair(read);
         turns.wait();
         issue_pv(read);
+        // Between P·V and QKᵀ the tensor pipe idles: only the wait for P·V's end stays there.
+        wait_pair(k_at);
+        warpgroup_wait<1>();
+        pipeline.consumer_release(read);  // V's low half has been read
         warpgroup_wait<0>();  // P may be overwritten: S is next
-        release_pair(read);
-        read = advance(read, 2);
-        wait_pair(read);
-        issue_qk(tSrS, read);
+        issue_qk(tSrS, k_at);
         turns.pass();
+        pipeline.consumer_release(advance(read, 1));
+        read = k_at;
         softmax_step(n_block - 1, false);
       }
       wait_pair(read);

@@ -52,25 +52,6 @@ CUTE_DEVICE void wgmma_issue_split_k(TiledMma& mma, A0 const& a0, B0 const& b0, 
   warpgroup_fence_operand(c);
 }
 
-// C0 += A·B0 and C1 += A·B1 (the two column halves of one product, A in registers), one batch.
-template <class TiledMma, class TensorA, class B0, class B1, class C0, class C1>
-CUTE_DEVICE void wgmma_issue_split_n(TiledMma& mma, TensorA const& a, B0 const& b0, C0& c0,
-                                     B1 const& b1, C1& c1) {
-  warpgroup_fence_operand(const_cast<TensorA&>(a));
-  warpgroup_fence_operand(c0);
-  warpgroup_fence_operand(c1);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) cute::gemm(mma, a(_, _, k), b0(_, _, k), c0);
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) cute::gemm(mma, a(_, _, k), b1(_, _, k), c1);
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c0);
-  warpgroup_fence_operand(c1);
-  warpgroup_fence_operand(const_cast<TensorA&>(a));
-}
-
 // A shared-memory tensor whose address the compiler cannot see through, for wgmma operands made
 // where each GEMM is issued: otherwise the k-blocks' descriptors of a loop's GEMMs are hoisted out
 // of it into registers the accumulators need (FA3 guards its larger GEMMs the same way).
