@@ -9,7 +9,9 @@ import statistics
 import subprocess
 import threading
 
-FIELDS = "timestamp,clocks.sm,power.draw"
+# power.draw is a one-second average on Ampere and newer (nvidia-smi --help-query-gpu), longer
+# than a timing; the instant reading follows each kernel.
+FIELDS = "timestamp,clocks.sm,power.draw.instant"
 INTERVAL_MS = 20  # between samples
 TIMESTAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's, in local time like time.time()'s conversions
 

@@ -25,7 +25,7 @@ def test_parse_sample():
     when, mhz, watts = power_log.parse_sample("%s, 1635, 689.42\n" % stamp(t))
     assert when == pytest.approx(t, abs=2e-3)
     assert (mhz, watts) == (1635.0, 689.42)
-    for line in ("timestamp, clocks.sm [MHz], power.draw [W]", "", "%s, [N/A], 70.1" % stamp(t),
+    for line in ("timestamp, clocks.sm [MHz], power.draw.instant [W]", "", "%s, [N/A], 70.1" % stamp(t),
                  "%s, 1980" % stamp(t)):
         assert power_log.parse_sample(line) is None
 
@@ -52,7 +52,7 @@ def test_power_log_reads_a_background_sampler(tmp_path):
     fake.write_text(textwrap.dedent("""\
         #!%s
         import datetime, sys, time
-        print("timestamp, clocks.sm [MHz], power.draw [W]", flush=True)
+        print("timestamp, clocks.sm [MHz], power.draw.instant [W]", flush=True)
         mhz = 1500
         while True:
             now = datetime.datetime.now().strftime("%%Y/%%m/%%d %%H:%%M:%%S.%%f")[:-3]
