@@ -9,6 +9,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "api/validate.hpp"
+#include "sm90/chunked_kv_rule.hpp"
 #include "sm90/env_switch.hpp"
 #include "sm90/fwd_config.cuh"
 #include "sm90/fwd_kernel.cuh"
@@ -151,10 +152,10 @@ Status launch_forward(const Problem& p, const ForwardTensors& t, const BandMask&
 }
 
 // The chunked variant (fwd_config.cuh) where these head dims have one, no causal or window band
-// cuts the key tiles and the sequences are long (kMinKeys, the mean over a varlen batch): its wider
-// key tiles leave each tile's first QKᵀ and last P·V exposed twice as long, which short sequences
-// and the tiles under a diagonal pay for (d256 causal 2k / 4k −3 / −2 %, bench/NOTES.md, nineteenth
-// session). FA4_SM90_CHUNKED_KV=on / off forces it, where it exists, for tests and measurements.
+// cuts the key tiles and the sequences are long (chunked_kv_rule.hpp): its wider key tiles leave
+// each tile's first QKᵀ and last P·V exposed twice as long, which short sequences and the tiles
+// under a diagonal pay for (d256 causal 2k / 4k −3 / −2 %, bench/NOTES.md, nineteenth session).
+// FA4_SM90_CHUNKED_KV=on / off forces it, where it exists, for tests and measurements.
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace, void* stream) {
   using Element = typename CutlassElement<kDType>::type;
@@ -165,10 +166,8 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
                                        p.window.right);
   if constexpr (FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
     static const int forced = env_switch("FA4_SM90_CHUNKED_KV", "on", "off");
-    const int64_t keys = p.is_varlen() ? p.varlen.total_k / p.batch : p.seqlen_k;
-    if (forced == 1 ||
-        (forced < 0 && band.left < 0 && band.right < 0 &&
-         keys >= FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kMinKeys))
+    if (takes_chunked_kv(p, band.left >= 0 || band.right >= 0,
+                         FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kMinKeys, forced))
       return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>>(p, t, band,
                                                                              workspace, stream);
   }
