@@ -130,18 +130,17 @@ run_tests() {
   want tests_ordered_packed && sharded tests_ordered_packed "fwd varlen ordered, packed, 3 CTAs" FA4_SM90_TILE_ORDER=longest \
     FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*varlen*-*_gqa1:*_gqa1_*'
-  # Every forward test through split-KV (split_kv.cuh; by default only problems of few tiles and
-  # many keys split): 3 splits wherever the partials fit, empty shares included; then with the
-  # varlen order, pack-GQA and 3 persistent CTAs on top.
-  # (The refusal tests pass no workspace: with splits forced, the workspace check answers first.)
   # The chunked forward (fwd_config.cuh: d256 with 128-key tiles, by default only for long
   # sequences without a causal or window mask) on every forward test of its head dims, masks
-  # included; then with 3 splits,
-  # pack-GQA and 3 persistent CTAs on top.
+  # included; then with 3 splits, pack-GQA and 3 persistent CTAs on top.
   want tests_chunked && sharded tests_chunked "fwd chunked" FA4_SM90_CHUNKED_KV=on -- --gtest_filter='*Sm90Forward*d256*'
   want tests_chunked_all && sharded tests_chunked_all "fwd chunked, 3 splits, packed, 3 CTAs" FA4_SM90_CHUNKED_KV=on \
     FA4_SM90_SPLITS=3 FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*d256*-*Refuses*'
+  # Every forward test through split-KV (split_kv.cuh; by default only problems of few tiles and
+  # many keys split): 3 splits wherever the partials fit, empty shares included; then with the
+  # varlen order, pack-GQA and 3 persistent CTAs on top.
+  # (The refusal tests pass no workspace: with splits forced, the workspace check answers first.)
   want tests_split && sharded tests_split "fwd 3 splits" FA4_SM90_SPLITS=3 -- --gtest_filter='*Sm90Forward*-*Refuses*'
   want tests_split_all && sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
     FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \

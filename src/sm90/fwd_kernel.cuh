@@ -567,7 +567,6 @@ struct FwdKernel {
   }
 };
 
-
 template <class Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads, 1)
     fwd_kernel(__grid_constant__ const typename Kernel::Params params) {

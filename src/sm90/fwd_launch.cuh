@@ -30,12 +30,8 @@ template <>
 struct CutlassElement<DType::kFP16> {
   using type = cutlass::half_t;
 };
-template <class Element>
-constexpr DType dtype_of() {
-  return std::is_same_v<Element, cutlass::bfloat16_t> ? DType::kBF16 : DType::kFP16;
-}
 
-template <class Config>
+template <class Config, DType kDType>
 Status launch_forward(const Problem& p, const ForwardTensors& t, const BandMask& band,
                       Workspace workspace, void* stream) {
   using Kernel = FwdKernel<Config>;
@@ -141,8 +137,7 @@ Status launch_forward(const Problem& p, const ForwardTensors& t, const BandMask&
                                 p.is_varlen() ? 0 : t.lse.batch_stride,
                                 t.lse.head_stride,
                                 t.lse.seq_stride};
-    err = launch_combine_splits(combine, dtype_of<typename Config::Element>(), p.batch,
-                                p.seqlen_q, stream);
+    err = launch_combine_splits(combine, kDType, p.batch, p.seqlen_q, stream);
   }
   if (err != cudaSuccess)
     return detail::make_status(StatusCode::kDeviceError,
@@ -168,10 +163,11 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
     static const int forced = env_switch("FA4_SM90_CHUNKED_KV", "on", "off");
     if (takes_chunked_kv(p, band.left >= 0 || band.right >= 0,
                          FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kMinKeys, forced))
-      return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>>(p, t, band,
-                                                                             workspace, stream);
+      return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>, kDType>(
+          p, t, band, workspace, stream);
   }
-  return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element>>(p, t, band, workspace, stream);
+  return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element>, kDType>(p, t, band, workspace,
+                                                                           stream);
 }
 
 }  // namespace fa4::sm90
