@@ -100,9 +100,9 @@ Status launch_forward(const Problem& p, const ForwardTensors& t, const BandMask&
     const int64_t sharing = p.heads_kv > 0 ? p.heads_q / p.heads_kv / group : 1;
     const int64_t kv_row_bytes =
         (p.head_dim_qk + p.head_dim_v) * int64_t(sizeof(typename Config::Element));
-    scheduler.grouped.group = GroupedOrder::dividing_group_for(
+    TileScheduler::set_group(scheduler, GroupedOrder::dividing_group_for(
         int64_t(scheduler.heads) * p.batch, p.seqlen_k, (kv_row_bytes + sharing - 1) / sharing,
-        l2_bytes);
+        l2_bytes));
   }
 
   const typename Kernel::Params params{Kernel::Load::make_params(p, t),

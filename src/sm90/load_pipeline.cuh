@@ -102,6 +102,39 @@ struct FwdLoad {
   }
 
 
+  // One TMA box into the ring slot `state` names, once the consumers have released it.
+  template <class Tma, class PipelineT, class State, class Src, class Dst>
+  CUTE_DEVICE static void load_stage(Tma const& tma, PipelineT& pipeline, State& state,
+                                     Src const& src, Dst& dst) {
+    pipeline.producer_acquire(state);
+    copy(tma.with(*pipeline.producer_get_barrier(state)), src, dst(_, state.index()));
+    ++state;
+  }
+
+  // The tile's Q box and Q's buffer, TMA-partitioned: the box starts at the tile's row 0
+  // (TileRows::first, ≥ 0), which need not be a multiple of BlockM.
+  CUTE_DEVICE static auto q_tiles(Params const& p, TileCoord tile, int first_row,
+                                  Sequence const& seq, Element* smem_q) {
+    const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
+    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head,
+                               SeqRows{q_rows.offset + first_row, q_rows.shift, q_rows.batch},
+                               Shape<BlockM, HeadDimQK>{})(_, _, 0);
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
+    return tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                         group_modes<0, 2>(gQ));
+  }
+  // Q into its buffer once the previous tile's last QKᵀ has read it (q_empty); with pack-GQA
+  // load_packed_q's warp gathers it instead.
+  template <class QTiles>
+  CUTE_DEVICE static void load_q(Params const& p, QueryRows const& rows, QTiles& q,
+                                 int q_tile, uint64_t& q_full, uint64_t& q_empty) {
+    if (rows.packed()) return;
+    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
+    copy(p.tma_q.with(q_full), get<0>(q), get<1>(q));
+  }
+
+
   // Runs on a single thread, once per tile; `q_tile` counts the tiles before this one, `o_staged`
   // those whose O went through V's ring (tiles with keys, when not split). Key tiles go from the
   // last to the first (the order the consumers take them: with a causal mask the partly masked
@@ -121,41 +154,23 @@ struct FwdLoad {
                               Pipeline& pipeline_v, PipelineState& write_k,
                               PipelineState& write_v) {
     const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
-    const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
+    auto q = q_tiles(p, tile, first_row, seq, smem_q);
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
-
-    // The box from the tile's row 0 (TileRows::first, ≥ 0), which need not be a multiple of BlockM.
-    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head,
-                               SeqRows{q_rows.offset + first_row, q_rows.shift, q_rows.batch},
-                               Shape<BlockM, HeadDimQK>{})(_, _, 0);
     Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDimQK>{});
     Tensor gV = sequence_tiles(p.tma_v, p.shape_v, kv_head, k_rows, Shape<BlockN, HeadDimV>{});
-    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});  // (N, D, stage)
     Tensor sV = make_tensor(make_smem_ptr(smem_v), SmemLayoutV{});
-
-    auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                      group_modes<0, 2>(gQ));
     auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                       group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
 
     auto load = [](auto const& tma, Pipeline& pipeline, PipelineState& state, auto const& src,
-                   auto& dst) {
-      pipeline.producer_acquire(state);
-      copy(tma.with(*pipeline.producer_get_barrier(state)), src, dst(_, state.index()));
-      ++state;
-    };
+                   auto& dst) { load_stage(tma, pipeline, state, src, dst); };
 
     int n_block = keys.end - 1;
     if (!keys.empty()) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block), tKsK);
-
-    if (!rows.packed()) {  // else load_packed_q's warp loads Q
-      if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
-      copy(p.tma_q.with(q_full), tQgQ, tQsQ);
-    }
+    load_q(p, rows, q, q_tile, q_full, q_empty);
     // Without keys n_block < keys.begin: no K tile.
     if (n_block > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
     if (keys.empty()) return;
@@ -178,36 +193,24 @@ struct FwdLoad {
                                       uint64_t& q_empty, ChunkPipeline& pipeline,
                                       ChunkPipelineState& write) {
     const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
-    const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
+    auto q = q_tiles(p, tile, first_row, seq, smem_q);
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
-    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head,
-                               SeqRows{q_rows.offset + first_row, q_rows.shift, q_rows.batch},
-                               Shape<BlockM, HeadDimQK>{})(_, _, 0);
     Tensor gK = sequence_tiles_2d(p.tma_k, p.shape_k, kv_head, k_rows, KBox{});  // (.., n, half)
     Tensor gV = sequence_tiles_2d(p.tma_v, p.shape_v, kv_head, k_rows, VBox{});
-    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
     Tensor sC = make_tensor(make_smem_ptr(smem_c), typename Config::SmemLayoutChunk{});
-    auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                      group_modes<0, 2>(gQ));
     auto [tKgK, tKsC] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
                                       group_modes<0, 2>(gK));
     auto [tVgV, tVsC] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
                                       group_modes<0, 2>(gV));
     auto load = [&](auto const& tma, auto const& src, auto& dst) {
-      pipeline.producer_acquire(write);
-      copy(tma.with(*pipeline.producer_get_barrier(write)), src, dst(_, write.index()));
-      ++write;
+      load_stage(tma, pipeline, write, src, dst);
     };
     int n_block = keys.end - 1;
     if (!keys.empty()) {
       load(p.tma_k, tKgK(_, n_block, 0), tKsC);
       load(p.tma_k, tKgK(_, n_block, 1), tKsC);
     }
-    if (!rows.packed()) {  // else load_packed_q's warp loads Q
-      if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
-      copy(p.tma_q.with(q_full), tQgQ, tQsQ);
-    }
+    load_q(p, rows, q, q_tile, q_full, q_empty);
     if (keys.empty()) return;
     CUTE_NO_UNROLL
     for (; n_block >= keys.begin; --n_block) {

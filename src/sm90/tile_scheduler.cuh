@@ -18,6 +18,7 @@
 
 #include "sm90/env_switch.hpp"
 #include "sm90/grouped_order.hpp"
+#include "sm90/grouped_units.hpp"
 
 namespace fa4::sm90 {
 
@@ -42,12 +43,19 @@ struct TileScheduler {
     // Tile index → (query tile, head, batch entry): groups of `grouped.group` (head, batch entry)
     // pairs, query tile by query tile (coord). Group 1, the plain head-by-head numbering, for the
     // persistent CTAs' zig-zag, whose balance rests on it, and for `order`, whose entries use it.
+    // `units` is the same order with its divisors prepared (set_group keeps the two together).
     GroupedOrder grouped;
+    GroupedUnits units;
   };
 
   static Params make(int64_t num_m_blocks, int64_t heads, int64_t batch, bool heavy_last_rows) {
+    const GroupedOrder plain{int(num_m_blocks), int(heads * batch), 1};
     return {int(num_m_blocks), int(heads), int(num_m_blocks * heads * batch), heavy_last_rows,
-            nullptr, 1, GroupedOrder{int(num_m_blocks), int(heads * batch), 1}};
+            nullptr, 1, plain, GroupedUnits::of(plain, int(heads))};
+  }
+  static void set_group(Params& p, int group) {
+    p.grouped.group = group;
+    p.units = GroupedUnits::of(p.grouped, p.heads);
   }
 
   // CTAs to launch: one per SM when persistent, else one per tile. FA4_SM90_PERSISTENT_CTAS=n
@@ -120,7 +128,7 @@ struct TileScheduler {
   }
 
   CUTE_DEVICE static TileCoord coord(Params const& p, int tile) {
-    const GroupedOrder::Unit u = p.grouped.unit(tile, p.heads);
+    const GroupedOrder::Unit u = p.units.unit(tile);
     return {p.heavy_last_rows ? p.num_m_blocks - 1 - u.block : u.block, u.head, u.batch};
   }
 };
