@@ -46,10 +46,11 @@ struct BwdDqReduce {
   struct Params {
     Tma tma;
     GmemShape shape;
+    int32_t* done;  // dq_done (bwd_workspace.hpp), or null: nothing waits on the CTAs
   };
 
-  // dq_accum: [heads_q][query rows][dim] fp32 (bwd_workspace.hpp).
-  static Params make_params(const Problem& p, float* dq_accum, int64_t q_rows) {
+  // dq_accum: [heads_q][query rows][dim] fp32, dq_done: [batch][heads_q] (bwd_workspace.hpp).
+  static Params make_params(const Problem& p, float* dq_accum, int64_t q_rows, int32_t* done) {
     TensorView t;
     t.data = dq_accum;
     t.seq_stride = p.head_dim_qk;
@@ -60,7 +61,21 @@ struct BwdDqReduce {
     const auto view = gmem_view(dq_accum, t, query_rows(p), p.head_dim_qk, p.heads_q);
     return {make_tma_copy(SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(view.base), view.layout),
                           SmemLayoutHalf{}, Shape<BlockM, HalfDim>{}, _1{}),
-            view.layout.shape()};
+            view.layout.shape(), done};
+  }
+
+  // The writer warp, after write() or in a CTA that adds nothing to dQ: every CTA of the grid adds
+  // 1 to its (batch entry, head)'s count in dq_done, `slot`, once its reduce-adds have landed in
+  // global memory, as the deterministic mode's turns do: written (every lane waits; only the one
+  // that issued has bulk groups), made visible to the generic proxy, released. The wait overlaps
+  // the MMA warpgroups' dK / dV epilogue.
+  CUTE_DEVICE static void landed(Params const& p, int64_t slot) {
+    if (p.done == nullptr) return;
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    __syncwarp();
+    if (cute::elect_one_sync()) Turns::pass_one(p.done + slot);
+    __syncwarp();
   }
 
   CUTE_DEVICE static void prefetch_descriptor(Params const& p) {

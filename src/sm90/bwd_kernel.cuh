@@ -158,10 +158,22 @@ struct BwdKernel {
     // it reads what that kernel writes (the stats, dQ's cleared accumulator) or ends, so that this
     // grid's end implies that one's; the load thread once it has issued K and V (BwdLoad::run).
     const bool loads = leader && has_work && !w.queries.empty();
-    if (!loads) cutlass::arch::wait_on_dependent_grids();
+    if (!loads) {
+      cutlass::arch::wait_on_dependent_grids();
+      // With counts (BwdDqReduce::Params::done), the dQ finish kernel may start once every CTA
+      // has got here: its blocks wait for the CTAs of their own (batch entry, head) through
+      // dq_done (bwd_rows.cuh), so that those done before the last round run on the SMs it
+      // leaves idle. After the wait: the prepare kernel's clearing of dq_done is then visible
+      // before any dQ block reads it.
+      if (p.dq.done != nullptr) cutlass::arch::launch_dependent_grids();
+    }
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-      if (!has_work || w.queries.empty()) return;
+      if (!has_work || w.queries.empty()) {
+        // No reduce-adds; the count has waited for the prepare kernel's clearing (above).
+        if (warp == 1) BwdDqReduce<Config>::landed(p.dq, dq_done_slot(p));
+        return;
+      }
       if (leader) {
         Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.queries.begin, w.queries.end,
                   smem.q.data(), smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
@@ -355,6 +367,17 @@ struct BwdKernel {
     auto turn = [&](int m) { return w.mask.last_tile(m) - w.n_block; };
     BwdDqReduce<Config>::write(p.dq, smem.dq.data(), w.head, rows, w.queries.begin,
                                w.queries.end, counter, turn, loads_issued(smem));
+    BwdDqReduce<Config>::landed(p.dq, dq_done_slot(p));
+  }
+
+  // This CTA's (batch entry, head) in dq_done ([batch][heads_q]), found again from the CTA's index
+  // rather than held through the tile loop by the producer warpgroup (24 registers: holding it
+  // spilled in the deterministic mode).
+  CUTE_DEVICE static int64_t dq_done_slot(Params const& p) {
+    int cta = int(blockIdx.x);
+    asm volatile("" : "+r"(cta));
+    const GroupedOrder::Unit unit = p.order.unit(cta, p.heads_q);
+    return int64_t(unit.batch) * p.heads_q + unit.head;
   }
 
   // With one-stage Q / dO rings, the next tile's loads are on the critical path: the dQ writer

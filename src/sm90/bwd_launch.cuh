@@ -73,6 +73,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   float* dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
   float* lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
   float* dpsum = reinterpret_cast<float*>(base + ws.dpsum);
+  auto* dq_done = reinterpret_cast<int32_t*>(base + ws.dq_done);
   float* dk_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
   float* dv_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
   auto* dq_turns = p.deterministic ? reinterpret_cast<int32_t*>(base + ws.dq_turns) : nullptr;
@@ -121,6 +122,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                 lse_log2,
                                 dpsum,
                                 dq_accum,
+                                dq_done,
                                 q_total,
                                 ws.stat_rows,
                                 q_per_batch,
@@ -135,14 +137,20 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   }
 
   const int n_blocks = int((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN);
+  const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
+                                       p.window.right);
+  // dQ's rows converted as the CTAs of their (batch entry, head) finish (dq_done: bwd_rows.cuh)
+  // where no causal or window band cuts the key tiles: each CTA then waits for its reduce-adds to
+  // land, which its dK / dV epilogue hides only where CTAs are long; causal ones lost up to 3 %
+  // (bench/NOTES.md, twentieth session).
+  int32_t* const dq_counts =
+      q_total > 0 && k_total > 0 && band.left < 0 && band.right < 0 ? dq_done : nullptr;
   // With no query rows Q and dO may be views without memory or strides; their descriptors are
   // never used but must be encodable, so they borrow K's view.
   BackwardTensors tt = t;
   if (q_total == 0) tt.q = tt.dout = t.k;
   // Also without query rows: every key tile then writes dK = dV = 0.
   if (k_total > 0) {
-    const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
-                                         p.window.right);
     const SoftcapScores softcap = SoftcapScores::make(Softcap{p.softcap}, p.scale());
     auto output = [&](const TensorView& v) {
       return typename Store::Output{static_cast<Element*>(v.data),
@@ -170,8 +178,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
         // Without query rows the reduction never runs, but its descriptor needs some address.
-        q_total > 0 ? BwdDqReduce<Config>::make_params(p, dq_accum, q_total)
-                    : BwdDqReduce<Config>::make_params(p, static_cast<float*>(t.k.data), 1),
+        q_total > 0 ? BwdDqReduce<Config>::make_params(p, dq_accum, q_total, dq_counts)
+                    : BwdDqReduce<Config>::make_params(p, static_cast<float*>(t.k.data), 1,
+                                                       nullptr),
         sequences,
         band,
         softcap,
@@ -194,9 +203,18 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
 
   // dQ: scaled and rounded (rows that see no key get 0: their accumulator stayed cleared).
   if (q_total > 0) {
-    const FinishParams finish{sequences, dq_accum, q_total, q_per_batch, int(p.head_dim_qk),
-                              p.scale(), BwdDqReduce<Config>::kAccumAtom};
-    // Dependent on the main kernel where there is one: its launch overlaps that kernel's end.
+    // With counts its rows wait for the CTAs of their (batch entry, head): n_blocks each.
+    const FinishParams finish{sequences,
+                              dq_accum,
+                              q_total,
+                              q_per_batch,
+                              int(p.head_dim_qk),
+                              p.scale(),
+                              BwdDqReduce<Config>::kAccumAtom,
+                              dq_counts,
+                              n_blocks};
+    // Dependent on the main kernel where there is one: launched as that kernel ends, or, with
+    // counts, as its last CTAs start.
     err = launch_kernel_ex(&bwd_finish_kernel<Element, kLanesQK>,
                            row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_q, p.heads_q), row_block, 0,
                            stream, k_total > 0, finish, row_tensor(t.dq), false);
@@ -204,9 +222,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   }
   if (ws.gqa && k_total > 0) {
     const FinishParams finish_k{sequences, dk_accum, k_total, k_per_batch, int(p.head_dim_qk),
-                                1.0f, 0};
+                                1.0f, 0, nullptr, 0};
     const FinishParams finish_v{sequences, dv_accum, k_total, k_per_batch, int(p.head_dim_v),
-                                1.0f, 0};
+                                1.0f, 0, nullptr, 0};
     err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
                         row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_k, p.heads_kv), row_block, 0,
                         stream, finish_k, row_tensor(t.dk), true);

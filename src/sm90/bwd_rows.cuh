@@ -5,7 +5,9 @@
 //   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
 //             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
 //   finish_q: dQ = scale · accumulator (its columns in the staging's order, dq_accum_flip),
-//             rounded to the output dtype
+//             rounded to the output dtype; without a band, each (batch entry, head) as soon as
+//             the main kernel's CTAs of that pair are done with dQ (dq_done), while its other
+//             CTAs still run
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
 // every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.
@@ -18,6 +20,7 @@
 #include <cutlass/arch/grid_dependency_control.h>
 
 #include "common/math_constants.hpp"
+#include "sm90/bwd_turns.cuh"
 #include "sm90/bwd_workspace.hpp"
 #include "sm90/sequence.cuh"
 
@@ -99,6 +102,7 @@ struct PrepareParams {
   float* lse_log2;  // workspace, [heads_q][stat rows]
   float* dpsum;
   float* dq_accum;  // [heads_q][query rows][dim]
+  int32_t* dq_done;  // [batch][heads_q]
   int64_t q_rows;   // query rows per head in the workspace
   int64_t stat_rows;
   int32_t q_rows_per_batch;
@@ -109,6 +113,11 @@ template <class Element, int kLanes>
 __global__ void __launch_bounds__(32 * kRowWarps)
     bwd_prepare_kernel(const PrepareParams p, const RowTensor<const Element> out,
                        const RowTensor<const Element> dout) {
+  // The main kernel counts up from 0 in every call: its threads add after their wait for this
+  // kernel (a dependent launch), and the dQ kernel reads the counts only after the main kernel
+  // has triggered it, after that wait: by then this clearing has landed in L2, where GPU-scope
+  // acquire loads read, so the previous call's counts are never read.
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.dq_done[blockIdx.z * gridDim.y + blockIdx.y] = 0;
   RowWork w;
   const bool is_row = find_row<kLanes>(p.sequences, false, w);
   if (!w.seq.valid) return;
@@ -153,15 +162,40 @@ struct FinishParams {
   int dim;
   float scale;
   int atom;  // the accumulator's column order (dq_accum_flip): dQ's staging atom, 0 for dK / dV
+  // dQ after a main kernel without a band (bwd_launch.cuh): [batch][heads] counts of its CTAs
+  // done with dQ, and their number per (batch entry, head); else null.
+  const int32_t* done;
+  int32_t done_expected;
 };
+
+// Eight floats of an accumulator other SMs added into in L2 (the main kernel's TMA reduce-adds,
+// GQA's red.global), for dQ maybe while this kernel ran: read past L1, which is not coherent with
+// other SMs' writes.
+CUTE_DEVICE Vec8<float> load8_l2(const float* at) {
+  Vec8<float> x;
+  *reinterpret_cast<float4*>(x.v) = __ldcg(reinterpret_cast<const float4*>(at));
+  *reinterpret_cast<float4*>(x.v + 4) = __ldcg(reinterpret_cast<const float4*>(at) + 1);
+  return x;
+}
 
 // dst = scale · accumulator, rounded; `keys` walks key rows (dK, dV), else query rows (dQ).
 template <class Element, int kLanes>
 __global__ void __launch_bounds__(32 * kRowWarps)
     bwd_finish_kernel(const FinishParams p, const RowTensor<Element> dst, bool keys) {
   // The accumulator is the main kernel's, which this one may overlap (a dependent launch:
-  // bwd_launch.cuh). Every thread waits, so that this grid's end implies that one's.
-  cutlass::arch::wait_on_dependent_grids();
+  // bwd_launch.cuh). Without counts every thread waits for that whole kernel. With them (dQ),
+  // the main kernel lets this one start as its last CTAs start, and a block waits only for the
+  // CTAs of its (batch entry, head): blocks of pairs done earlier run on the SMs the main
+  // kernel's last round leaves idle. One block still waits for the whole kernel, so that this
+  // grid's end implies that one's (its dK / dV stores).
+  if (p.done == nullptr) {
+    cutlass::arch::wait_on_dependent_grids();
+  } else {
+    if (threadIdx.x == 0) Turns::wait_at_least(p.done + blockIdx.z * gridDim.y + blockIdx.y,
+                                                p.done_expected);
+    __syncthreads();
+    if (blockIdx.x + blockIdx.y + blockIdx.z == 0) cutlass::arch::wait_on_dependent_grids();
+  }
   RowWork w;
   if (!find_row<kLanes>(p.sequences, keys, w)) return;
   const float* src = p.accum + (int64_t(w.head) * p.rows + w.seq.start_q +
@@ -170,7 +204,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   Element* out = dst.row(w.seq, w.row, w.head);
   const int flip = dq_accum_flip(w.row, p.atom);
   for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) {
-    const Vec8<float> a = load8(src + (c ^ flip));
+    const Vec8<float> a = load8_l2(src + (c ^ flip));
     Vec8<Element> x;
     CUTE_UNROLL
     for (int j = 0; j < 8; ++j) x.v[j] = Element(a.v[j] * p.scale);

@@ -26,6 +26,17 @@ struct Turns {
     } while (now != turn);
   }
 
+  // One thread: until the counter reads at least `count` (its last adder's release), backing off
+  // between reads: the waits that use it last microseconds, not one turn.
+  CUTE_DEVICE static void wait_at_least(const int32_t* counter, int count) {
+    int32_t now;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(now) : "l"(counter) : "memory");
+      if (now >= count) return;
+      __nanosleep(500);
+    }
+  }
+
   // One thread, after its adds are complete and visible: the next turn.
   CUTE_DEVICE static void pass_one(int32_t* counter) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;" : : "l"(counter) : "memory");

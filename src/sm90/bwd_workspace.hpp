@@ -1,9 +1,14 @@
 // The sm90 backward's workspace (caller-owned device memory, workspace_size bytes), shared by the
-// host launcher and the kernels. fp32 throughout, rows numbered like the packed query / key rows:
+// host launcher and the kernels. fp32 but for the int32 counters, rows numbered like the packed
+// query / key rows:
 //   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by TMA reduce-adds;
 //             each row's 8-column blocks in the staging's order (dq_accum_flip)
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
+//   dq_done   [batch][heads_q] int32          how many of the main kernel's CTAs of that (batch
+//             entry, query head) have had all their dQ reduce-adds land (cleared by the prepare
+//             kernel): without a band the dQ finish kernel's rows wait for all of them, not for
+//             the whole kernel
 //   dk_accum, dv_accum [heads_kv][key rows][dim]   GQA only: summed over a group's query heads
 //   deterministic mode only, int32, cleared before the main kernel:
 //   dq_turns  [batch][heads_q][query tiles][2]  how many key tiles (per warpgroup half of the
@@ -72,7 +77,7 @@ FA4_HD int dq_accum_flip(int64_t row, int atom) {
 }
 
 struct BwdWorkspace {
-  size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0;  // byte offsets
+  size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dq_done = 0, dk_accum = 0, dv_accum = 0;  // bytes
   size_t dq_turns = 0, dkv_turns = 0;  // deterministic mode
   size_t bytes = 0;
   int64_t stat_rows = 0;  // per head
@@ -94,6 +99,8 @@ struct BwdWorkspace {
     at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * f);
     w.dpsum = at;
     at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * f);
+    w.dq_done = at;
+    at = round(at + size_t(p.batch) * size_t(p.heads_q) * sizeof(int32_t));
     if (w.gqa) {
       w.dk_accum = at;
       at = round(at + size_t(p.heads_kv) * k_rows * size_t(p.head_dim_qk) * f);

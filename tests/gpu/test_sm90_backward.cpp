@@ -650,6 +650,64 @@ TEST(Sm90Backward, DeterministicRunsAreBitwiseEqual) {
   }
 }
 
+// Without a band, dQ's finish kernel starts as the main kernel's last CTAs start and converts a
+// (batch entry, head)'s rows once that pair's CTAs have added their dQ (bwd_rows.cuh). On grids
+// of several rounds its gradients must stay within a rounding (the sums' order differs) of the
+// same problem run the way before the counts: with a window that excludes no key, which the
+// launcher treats as a band. A block that read its accumulator early would miss key tiles'
+// terms, far beyond that rounding; with GQA the dK / dV kernels after it, launched in stream order,
+// would read accumulators the main kernel had not finished were the dQ grid's end not its end.
+TEST(Sm90Backward, DqFinishWaitsForItsKeyTiles) {
+  FA4_SKIP_WITHOUT_HOPPER();
+  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  std::vector<Kernel> kernels;  // the narrow kernel's and the wide kernel's largest
+  for (const Kernel& k : backward_kernels())
+    if (k.dtype == DType::kBF16 && (k.dim_qk == 128 || k.dim_qk == 256)) kernels.push_back(k);
+  if (kernels.empty()) kernels.push_back(backward_kernels().front());
+  for (const Kernel& k : kernels)
+    for (Heads heads : {Heads{8, 8}, kGqa4}) {
+      // 2 × 8 query heads × 16 (d128) or 32 (d256) key tiles: 256 / 512 CTAs on 132 SMs.
+      Case counted = fixed_case(k, {"q2048_k2048", 2, 2048, 2048}, Mask::kNone, heads, false,
+                                false);
+      SCOPED_TRACE(counted.name);
+      Case plain = counted;  // same name: the same inputs
+      plain.window = {2048, -1};
+      std::vector<std::vector<double>> reference;  // dq, dk, dv
+      // The plain run, then four default runs and one deterministic run with the counts.
+      for (int r = 0; r < 6; ++r) {
+        Case c = r == 0 ? plain : counted;
+        c.deterministic = r == 5;
+        BackwardRun run(c);
+        Stream stream;
+        prepare_backward(run, stream.get());
+        if (::testing::Test::HasFatalFailure()) return;
+        Status status;
+        ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, run.workspace.view(), &status));
+        ASSERT_TRUE(status.ok()) << status.message;
+        for (size_t g = 0; g < run.grads.size(); ++g) {
+          const std::vector<double> got = run.grads[g].dense();
+          if (r == 0) {
+            reference.push_back(got);
+            continue;
+          }
+          const std::vector<double>& want = reference[g];
+          ASSERT_EQ(got.size(), want.size());
+          double largest = 0.0;
+          for (double x : want) largest = std::max(largest, std::fabs(x));
+          int64_t off = 0;
+          size_t first = 0;
+          for (size_t e = 0; e < got.size(); ++e) {
+            const double bound = std::ldexp(std::fabs(want[e]), -6) + 1e-3 * largest;
+            if (!(std::fabs(got[e] - want[e]) <= bound) && off++ == 0) first = e;
+          }
+          EXPECT_EQ(off, 0) << kGradNames[g] << ", run " << r << ": differs from the plain run "
+                            << "beyond a rounding at " << off << " values, the first at " << first
+                            << " (" << got[first] << " against " << want[first] << ")";
+        }
+      }
+    }
+}
+
 // 33 query tiles × 33 key tiles, causal: every tile of the band, dQ summed over up to 33 key
 // tiles, dK / dV over up to 66 query steps. The reference computes every row (~17 s, a third of
 // the suite's reference time), hence one head and one kernel.
