@@ -28,6 +28,9 @@ struct BandMask {
     return m;
   }
 
+  // Whether a side is bounded, so that the band may cut tiles (causal included).
+  FA4_HD bool banded() const { return left >= 0 || right >= 0; }
+
   // First key row i may see (may be ≤ 0: clamp with max(0, ·)).
   FA4_HD int64_t key_begin(int64_t i) const {
     return left < 0 ? 0 : i + seqlen_k - seqlen_q - left;

@@ -144,7 +144,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   // land, which its dK / dV epilogue hides only where CTAs are long; causal ones lost up to 3 %
   // (bench/NOTES.md, twentieth session).
   int32_t* const dq_counts =
-      q_total > 0 && k_total > 0 && band.left < 0 && band.right < 0 ? dq_done : nullptr;
+      q_total > 0 && k_total > 0 && !band.banded() ? dq_done : nullptr;
   // With no query rows Q and dO may be views without memory or strides; their descriptors are
   // never used but must be encodable, so they borrow K's view.
   BackwardTensors tt = t;

@@ -161,7 +161,7 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
                                        p.window.right);
   if constexpr (FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
     static const int forced = env_switch("FA4_SM90_CHUNKED_KV", "on", "off");
-    if (takes_chunked_kv(p, band.left >= 0 || band.right >= 0,
+    if (takes_chunked_kv(p, band.banded(),
                          FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kMinKeys, forced))
       return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>, kDType>(
           p, t, band, workspace, stream);
