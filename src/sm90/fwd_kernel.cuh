@@ -142,6 +142,15 @@ struct FwdKernel {
     }
   }
 
+  // prepare_scores for one consumer thread's tile, its row keys and the tile's span made once.
+  template <class Coords>
+  CUTE_DEVICE static auto score_preparation(Params const& p, Work const& w, Coords const& coords) {
+    return [&p, &w, &coords, row_keys = w.mask.row_keys(coords, w.rows.first),
+            span = w.mask.span(w.rows)](auto& scores, int n_block) {
+      prepare_scores(p, w, scores, coords, row_keys, span, n_block);
+    };
+  }
+
   // Q is loaded even for a tile that sees no key, so that the Q barriers' phases advance once per
   // tile. Once this warpgroup's QKᵀ of the last key tile (keys.begin) has completed, the producer
   // may load the next tile's Q: that load then overlaps the last P·V and the epilogue.
@@ -288,7 +297,6 @@ struct FwdKernel {
                                   Pipeline& pipeline_v, PipelineState& read_k,
                                   PipelineState& read_v) {
     const TileCoord tile = w.tile;
-    const Mask& mask = w.mask;
     const KeyTiles keys = w.keys;
     const int thread = int(threadIdx.x) - 128;  // among the consumer threads
     typename Config::TiledMmaQK mma_qk;
@@ -319,11 +327,7 @@ struct FwdKernel {
     using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
     Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
 
-    const auto row_keys = mask.row_keys(score_coords, w.rows.first);
-    const auto span = mask.span(w.rows);
-    auto prepare_scores = [&](auto& scores, int n_block) {
-      FwdKernel::prepare_scores(p, w, scores, score_coords, row_keys, span, n_block);
-    };
+    const auto prepare_scores = score_preparation(p, w, score_coords);
     auto release_q = [&] { FwdKernel::release_q(smem, thread); };
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     if (keys.empty()) {
@@ -411,7 +415,6 @@ struct FwdKernel {
                                           ChunkPipeline& pipeline, ChunkPipelineState& read) {
     using ChunkCols = typename Config::ChunkCols;
     const TileCoord tile = w.tile;
-    const Mask& mask = w.mask;
     const KeyTiles keys = w.keys;
     const int thread = int(threadIdx.x) - 128;
     typename Config::TiledMmaQK mma_qk;
@@ -448,11 +451,7 @@ struct FwdKernel {
     using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
     Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
 
-    const auto row_keys = mask.row_keys(score_coords, w.rows.first);
-    const auto span = mask.span(w.rows);
-    auto prepare_scores = [&](auto& scores, int n_block) {
-      FwdKernel::prepare_scores(p, w, scores, score_coords, row_keys, span, n_block);
-    };
+    const auto prepare_scores = score_preparation(p, w, score_coords);
     auto release_q = [&] { FwdKernel::release_q(smem, thread); };
     // Two chunks of the ring from `at` on (K's or V's halves): waited for, released.
     auto wait_pair = [&](ChunkPipelineState at) {

@@ -10,6 +10,17 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
+// The k-blocks of A·B onto C inside an open batch: the first as mma.accumulate_ says, the rest
+// adding.
+template <class TiledMma, class TensorA, class TensorB, class TensorC>
+CUTE_DEVICE void wgmma_k_blocks(TiledMma& mma, TensorA const& a, TensorB const& b, TensorC& c) {
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+}
+
 // C (=|+=) A·B with A and B as partitioned by the tiled MMA; returns once the wgmma are issued.
 template <bool kZeroInit, class TiledMma, class TensorA, class TensorB, class TensorC>
 CUTE_DEVICE void wgmma_issue(TiledMma& mma, TensorA const& a, TensorB const& b, TensorC& c) {
@@ -20,11 +31,7 @@ CUTE_DEVICE void wgmma_issue(TiledMma& mma, TensorA const& a, TensorB const& b, 
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
+  wgmma_k_blocks(mma, a, b, c);
   warpgroup_commit_batch();
   warpgroup_fence_operand(c);
   if constexpr (kAFromRegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
@@ -41,13 +48,8 @@ CUTE_DEVICE void wgmma_issue_split_k(TiledMma& mma, A0 const& a0, B0 const& b0, 
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a0); ++k) {
-    cute::gemm(mma, a0(_, _, k), b0(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a1); ++k) cute::gemm(mma, a1(_, _, k), b1(_, _, k), c);
+  wgmma_k_blocks(mma, a0, b0, c);
+  wgmma_k_blocks(mma, a1, b1, c);
   warpgroup_commit_batch();
   warpgroup_fence_operand(c);
 }
