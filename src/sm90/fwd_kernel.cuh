@@ -130,24 +130,25 @@ struct FwdKernel {
                                 Config::kRescaleVote>;
 
   // Softcap, then the mask, in the kernel's score units (see SoftcapScores); `coords` and
-  // `row_keys` are this thread's (Mask::row_keys), `span` the tile's (Mask::span).
-  template <class Scores, class Coords, class RowKeys, class Span>
+  // `row_keys` are this thread's (Mask::row_keys), `visible` the tile's (Mask::visible_tiles).
+  template <class Scores, class Coords, class RowKeys>
   CUTE_DEVICE static void prepare_scores(Params const& p, Work const& w, Scores& scores,
                                          Coords const& coords, RowKeys const& row_keys,
-                                         Span const& span, int n_block) {
+                                         KeyTiles visible, int n_block) {
     if (p.softcap.enabled()) p.softcap.apply(scores);
-    if (!w.mask.fully_visible(span, n_block)) {
+    if (n_block < visible.begin || n_block >= visible.end) {
       auto rc = rowcol_view(scores);
       w.mask.apply(rc, coords, row_keys, n_block);
     }
   }
 
-  // prepare_scores for one consumer thread's tile, its row keys and the tile's span made once.
+  // prepare_scores for one consumer thread's tile, its row keys and the tile's unmasked key tiles
+  // made once.
   template <class Coords>
   CUTE_DEVICE static auto score_preparation(Params const& p, Work const& w, Coords const& coords) {
     return [&p, &w, &coords, row_keys = w.mask.row_keys(coords, w.rows.first),
-            span = w.mask.span(w.rows)](auto& scores, int n_block) {
-      prepare_scores(p, w, scores, coords, row_keys, span, n_block);
+            visible = w.mask.visible_tiles(w.mask.span(w.rows))](auto& scores, int n_block) {
+      prepare_scores(p, w, scores, coords, row_keys, visible, n_block);
     };
   }
 

@@ -53,13 +53,13 @@ struct TileMask {
   struct Span {
     int64_t first, last;
   };
-  CUTE_DEVICE Span span(TileRows tile) const {
+  CUTE_HOST_DEVICE Span span(TileRows tile) const {
     return {rows.position(tile.first), rows.position(tile.end - 1)};
   }
 
   // Rows see keys in windows that only move right as the row grows, so the tile's keys lie in
   // [begin(first row), end(last row)).
-  CUTE_DEVICE KeyTiles key_tiles(Span tile) const {
+  CUTE_HOST_DEVICE KeyTiles key_tiles(Span tile) const {
     int64_t lo = band.key_begin(tile.first);
     int64_t hi = band.key_end(tile.last);
     lo = lo < 0 ? 0 : lo;
@@ -68,11 +68,20 @@ struct TileMask {
     return {int(lo / kBlockN), int((hi + kBlockN - 1) / kBlockN)};
   }
 
-  // True when every stored row sees every key of the tile, so the tile needs no mask.
-  CUTE_DEVICE bool fully_visible(Span tile, int n_block) const {
-    const int64_t n0 = int64_t(n_block) * kBlockN;
-    return n0 + kBlockN <= band.seqlen_k && band.key_begin(tile.last) <= n0 &&
-           band.key_end(tile.first) >= n0 + kBlockN;
+  // The key tiles every stored row sees whole, so that they need no mask: a contiguous range
+  // (the last row's left side bounds it below; the first row's right side and the end of the keys
+  // above), computed once per query tile so that the tile loop compares two ints rather than
+  // evaluating the band in 64 bits per key tile.
+  CUTE_HOST_DEVICE KeyTiles visible_tiles(Span tile) const {
+    // key_begin(last) ≤ n·B  ⇔  n ≥ ceil(key_begin(last) / B); n ≥ 0 covers a bound ≤ 0.
+    const int64_t lo = band.key_begin(tile.last);
+    const int64_t begin = lo <= 0 ? 0 : (lo + kBlockN - 1) / kBlockN;
+    // n·B + B ≤ min(key_end(first), seqlen_k)  ⇔  n < floor(hi / B); a bound < B truncates to
+    // end ≤ 0 ≤ begin: no tile.
+    const int64_t hi = cute::min(band.key_end(tile.first), band.seqlen_k);
+    const int64_t end = hi / kBlockN;
+    if (end <= begin) return {};
+    return {int(begin), int(end)};  // 0 ≤ begin < end ≤ seqlen_k / B: both fit an int
   }
 
   // Keys [lo, hi) of each of the thread's rows, clamped to [0, seqlen_k] (lo ≥ hi: no key). They do

@@ -1,0 +1,109 @@
+// TileMask::visible_tiles (src/sm90/mask.cuh): the forward skips the mask on the key tiles of that
+// range, so it must hold exactly the tiles whose every key every row of the span sees. Checked
+// against the band row by row (BandMask::key_range) for every key tile, over causal and windowed
+// bands, query and key lengths on either side of each other and of the tile size, and the spans
+// the kernel makes (TileRows, pack-GQA) as well as arbitrary ones, rows past the end included.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "sm90/mask.cuh"
+
+namespace {
+
+using fa4::BandMask;
+using fa4::sm90::KeyTiles;
+using fa4::sm90::QueryRows;
+using fa4::sm90::TileMask;
+using fa4::sm90::TileRows;
+
+// Whether every position of [first, last] sees every key of tile n.
+template <int kBlockN>
+bool whole_tile_seen(BandMask const& band, int64_t first, int64_t last, int n) {
+  const int64_t n0 = int64_t(n) * kBlockN;
+  for (int64_t i = first; i <= last; ++i) {
+    int64_t lo, hi;
+    band.key_range(i, &lo, &hi);
+    if (lo > n0 || hi < n0 + kBlockN) return false;
+  }
+  return true;
+}
+
+template <int kBlockN>
+void expect_exact(TileMask<kBlockN> const& mask, typename TileMask<kBlockN>::Span span) {
+  const BandMask& b = mask.band;
+  const KeyTiles visible = mask.visible_tiles(span);
+  const KeyTiles keys = mask.key_tiles(span);
+  const int tiles = int((b.seqlen_k + kBlockN - 1) / kBlockN);
+  for (int n = -2; n < tiles + 2; ++n) {
+    const bool in_range = n >= visible.begin && n < visible.end;
+    ASSERT_EQ(in_range, whole_tile_seen<kBlockN>(b, span.first, span.last, n))
+        << "key tile " << n << " of " << tiles << ", visible [" << visible.begin << ", "
+        << visible.end << "), rows [" << span.first << ", " << span.last << "], seqlen_q "
+        << b.seqlen_q << " seqlen_k " << b.seqlen_k << " left " << b.left << " right " << b.right
+        << " block_n " << kBlockN;
+    // The kernel only visits the tile's key tiles.
+    if (in_range) {
+      ASSERT_TRUE(n >= keys.begin && n < keys.end) << "key tile " << n;
+    }
+  }
+}
+
+template <int kBlockN>
+void check_band(int64_t sq, int64_t sk, bool causal, int64_t left, int64_t right) {
+  // Folded as the launcher does, then per sequence as find_work does.
+  const BandMask launch = BandMask::make(sq, sk, causal, left, right);
+  const BandMask band = BandMask::make(sq, sk, false, launch.left, launch.right);
+
+  // The spans of the kernel's query tiles, with and without pack-GQA.
+  for (int group : {1, 3, 8}) {
+    const TileMask<kBlockN> mask{band, QueryRows{cutlass::FastDivmod(group)}};
+    const int64_t count = mask.rows.count(sq);
+    for (int block_m : {64, 128, 192}) {
+      for (bool short_first : {false, true}) {
+        for (int m = 0; int64_t(m) * block_m < count + block_m; ++m) {
+          const TileRows rows = TileRows::of(m, block_m, count, short_first);
+          if (rows.empty()) continue;
+          expect_exact(mask, mask.span(rows));
+        }
+      }
+    }
+  }
+
+  // Any span: one row, many, and rows past the sequence's end.
+  const TileMask<kBlockN> mask{band};
+  for (int64_t first = 0; first < sq + 3; first += first < 4 ? 1 : 37) {
+    for (int64_t rows : {1, 2, 64, 129, 300}) {
+      expect_exact(mask, {first, first + rows - 1});
+    }
+  }
+}
+
+template <int kBlockN>
+void check_all() {
+  const std::vector<int64_t> lengths = {1, 7, 63, 64, 65, 128, 177, 300, 513};
+  for (int64_t sq : lengths) {
+    for (int64_t sk : {int64_t(0), int64_t(1), int64_t(kBlockN - 1), int64_t(kBlockN),
+                       int64_t(kBlockN + 1), int64_t(3 * kBlockN), int64_t(130), int64_t(257),
+                       int64_t(700)}) {
+      for (bool causal : {false, true}) {
+        for (int64_t left : {-1, 0, 1, 5, 64, 127, 200, 5000}) {
+          for (int64_t right : {-1, 0, 1, 17, 128, 5000}) {
+            if (causal && right > 0) continue;  // folded to 0
+            check_band<kBlockN>(sq, sk, causal, left, right);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Sm90TileMask, VisibleTilesExact64) { check_all<64>(); }
+TEST(Sm90TileMask, VisibleTilesExact96) { check_all<96>(); }
+TEST(Sm90TileMask, VisibleTilesExact128) { check_all<128>(); }
+TEST(Sm90TileMask, VisibleTilesExact176) { check_all<176>(); }
+
+}  // namespace
