@@ -19,12 +19,8 @@
 
 namespace fa4::sm90 {
 
-// Query tiles [begin, end) that see a key tile; empty when no query sees any of its keys.
-struct QueryTiles {
-  int begin = 0;
-  int end = 0;
-  CUTE_HOST_DEVICE bool empty() const { return end <= begin; }
-};
+// Query tiles that see a key tile; empty when no query sees any of its keys.
+using QueryTiles = TileRange;
 
 template <int kBlockN, int kBlockM>
 struct KeyTileMask {

@@ -136,7 +136,7 @@ struct FwdKernel {
                                          Coords const& coords, RowKeys const& row_keys,
                                          KeyTiles visible, int n_block) {
     if (p.softcap.enabled()) p.softcap.apply(scores);
-    if (n_block < visible.begin || n_block >= visible.end) {
+    if (!visible.contains(n_block)) {
       auto rc = rowcol_view(scores);
       w.mask.apply(rc, coords, row_keys, n_block);
     }

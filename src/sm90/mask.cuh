@@ -14,13 +14,16 @@
 
 namespace fa4::sm90 {
 
-// Key tiles [begin, end) a query tile has to visit; empty when no row of the tile sees a key.
-struct KeyTiles {
+// Tiles [begin, end) of one side of the score matrix (key tiles or query tiles).
+struct TileRange {
   int begin = 0;
   int end = 0;
   CUTE_HOST_DEVICE bool empty() const { return end <= begin; }
   CUTE_HOST_DEVICE int count() const { return end - begin; }
+  CUTE_HOST_DEVICE bool contains(int tile) const { return tile >= begin && tile < end; }
 };
+// Key tiles a query tile has to visit; empty when no row of the tile sees a key.
+using KeyTiles = TileRange;
 
 // Sets scores(i, j) to −inf unless column col0 + j' lies in [lo[i], hi[i]), where j' is column j's
 // offset from the thread's first column. `coords` is the (rows, cols) view of the tile's identity
