@@ -1,6 +1,8 @@
 // The forward epilogue: the normalized O accumulator is rounded to the output dtype, staged in
-// shared memory (V's ring, free once the last P·V is done) with stmatrix, and written
-// by one TMA store, which drops rows past the sequence's end (gmem_layout.cuh). LSE rows are written
+// shared memory with stmatrix and written by TMA, which drops rows past the sequence's end
+// (gmem_layout.cuh): where there is room (Config::kOBuffer: d96, d128) in a buffer of its
+// own, each consumer warpgroup its 64 rows with a store of its own (store_own_o); elsewhere in V's
+// ring, free once the last P·V is done, by one store of the whole tile (store_o). LSE rows are written
 // straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,
 // which one box cannot address, nor can a box of a sequence's first tile whose rows the next tile
 // overlaps (tile_rows.hpp): the consumer threads copy those out 16 bytes at a time instead. A
@@ -31,10 +33,14 @@ struct FwdEpilogue {
   using HeadDimV = typename Config::HeadDimV;
   using SmemLayoutO = typename Config::SmemLayoutO;
   static constexpr int kConsumerThreads = 128 * Config::kConsumerWarpgroups;
+  // The TMA store's box: a warpgroup's slice (Config::kOBuffer) or the whole tile.
+  using StoreRows = std::conditional_t<Config::kOBuffer, _64, BlockM>;
+  using SmemLayoutStore =
+      std::conditional_t<Config::kOBuffer, typename Config::SmemLayoutOSlice, SmemLayoutO>;
 
   using TmaO = decltype(make_tma_copy(
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}),
-      SmemLayoutO{}, Shape<BlockM, HeadDimV>{}, _1{}));
+      SmemLayoutStore{}, Shape<StoreRows, HeadDimV>{}, _1{}));
 
   struct Params {
     TmaO tma_o;
@@ -52,7 +58,7 @@ struct FwdEpilogue {
     const auto o = gmem_view(static_cast<Element*>(t.out.data), t.out, query_rows(p), p.head_dim_v,
                              p.heads_q);
     return {make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(o.base), o.layout),
-                          SmemLayoutO{}, Shape<BlockM, HeadDimV>{}, _1{}),
+                          SmemLayoutStore{}, Shape<StoreRows, HeadDimV>{}, _1{}),
             o.layout.shape(),
             p.return_lse ? t.lse.data : nullptr,
             p.is_varlen() ? 0 : t.lse.batch_stride,
@@ -113,7 +119,8 @@ struct FwdEpilogue {
   CUTE_DEVICE static void store_zero_o(Params const& p, QueryRows const& query_rows,
                                        TileCoord tile, TileRows tile_rows, Sequence const& seq,
                                        int thread) {
-    store_rows(p, query_rows, tile, tile_rows, seq, thread, [](int, int) { return uint128_t{}; });
+    store_rows(p, query_rows, tile, tile_rows, seq, 0, Config::kBlockM, thread, kConsumerThreads,
+               [](int, int) { return uint128_t{}; });
     __syncwarp();
   }
 
@@ -155,6 +162,7 @@ struct FwdEpilogue {
                                   TileRows tile_rows, Sequence const& seq,
                                   TiledMma const& mma, FragO const& o, Element* smem_o,
                                   uint64_t& smem_o_free, int thread) {
+    static_assert(!Config::kOBuffer, "store_own_o");
     Tensor o_low = make_tensor<Element>(o.layout());
     convert_fragment(o, o_low);
 
@@ -173,9 +181,10 @@ struct FwdEpilogue {
         tile_rows.box_overlaps_next(Config::kBlockM, query_rows.count(seq.len_q))) {
       // A packed tile's rows belong to several heads, which one TMA box cannot address; a box of
       // a sequence's first tile may hold the next tile's rows, which that tile stores.
-      store_rows(p, query_rows, tile, tile_rows, seq, thread, [&](int r, int col) {
-        return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
-      });
+      store_rows(p, query_rows, tile, tile_rows, seq, 0, Config::kBlockM, thread,
+                 kConsumerThreads, [&](int r, int col) {
+                   return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
+                 });
       // Every thread has read its share of the ring.
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
       if (thread == kConsumerThreads - 128) cutlass::arch::ClusterBarrier::arrive(&smem_o_free);
@@ -198,19 +207,82 @@ struct FwdEpilogue {
     __syncwarp();
   }
 
+  // Config::kOBuffer: this thread's warpgroup stages its 64 rows of O in its slice of O's buffer
+  // (smem_o) and stores them, waiting for no other warpgroup: once its previous store has read the
+  // slice (the warpgroup's first thread, which issues its stores, waits for that, and the
+  // warpgroup meets), stmatrix, a fence for the TMA's proxy, the warpgroup meets again, and its
+  // first thread issues one 64-row box (not waited for: finish_stores). A slice a box cannot take
+  // (a packed tile's rows, or the rows of a sequence's short first tile that the next tile
+  // stores: as in store_o) is copied out row by row by its warpgroup instead.
+  template <class TiledMma, class FragO>
+  CUTE_DEVICE static void store_own_o(Params const& p, QueryRows const& query_rows,
+                                      TileCoord tile, TileRows tile_rows, Sequence const& seq,
+                                      TiledMma const& mma, FragO const& o, Element* smem_o,
+                                      int thread) {
+    static_assert(Config::kOBuffer, "store_o");
+    Tensor o_low = make_tensor<Element>(o.layout());
+    convert_fragment(o, o_low);
+    // Warp-uniform (a shuffle), where thread / 128 would be a register of its own in every thread.
+    const int warpgroup = cutlass::canonical_warp_group_idx() - 1, row0 = 64 * warpgroup;
+    const uint32_t own = uint32_t(ConsumerBarrier::kWarpgroup0) + uint32_t(warpgroup);
+    if (tile_rows.first + row0 >= tile_rows.end) return;  // no row of this slice is stored
+
+    Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Config::SmemLayoutOBuffer{});
+    auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
+    auto thr_copy = smem_copy.get_thread_slice(thread);
+    finish_stores(thread);
+    cutlass::arch::NamedBarrier::sync(128, own);
+    copy(smem_copy, thr_copy.retile_S(o_low), thr_copy.partition_D(sO));
+    // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, own);
+
+    if (query_rows.packed() ||
+        tile_rows.slice_overlaps_next(row0, 64, query_rows.count(seq.len_q))) {
+      // Read before the slice is staged again: after the warpgroup's next first barrier above.
+      store_rows(p, query_rows, tile, tile_rows, seq, row0, 64, thread % 128, 128,
+                 [&](int r, int col) {
+                   return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
+                 });
+    } else if (thread % 128 == 0) {
+      const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
+      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
+      Tensor gO =
+          local_tile(domain_offset(make_coord(rows.offset + tile_rows.first + row0, _0{}), mO),
+                     Shape<_64, HeadDimV>{}, make_coord(_0{}, _0{}));
+      Tensor sSlice = make_tensor(make_smem_ptr(smem_o + row0 * HeadDimV::value),
+                                  typename Config::SmemLayoutOSlice{});
+      auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sSlice),
+                                        group_modes<0, 2>(gO));
+      copy(p.tma_o, tOsO, tOgO);
+      tma_store_arrive();
+    }
+    // The next tile starts with warp-collective instructions (bar.sync, wgmma: .aligned), which
+    // need the warp's threads together again.
+    __syncwarp();
+  }
+
+  // store_own_o's wait, by each warpgroup's first thread: its stores have read its slice (before
+  // the slice is staged again, and before the CTA exits).
+  CUTE_DEVICE static void finish_stores(int thread) {
+    if (thread % 128 == 0) tma_store_wait<0>();
+  }
+
  private:
-  // O's rows of a tile to their heads, 16 bytes per store, by all consumer threads (consecutive
-  // threads take consecutive chunks of a row); chunk(r, col) gives row r's 16 bytes at column col.
+  // Rows [row0, row0 + rows) of a tile's O to their heads, 16 bytes per store, by `threads`
+  // threads (consecutive threads take consecutive chunks of a row; `thread` among them);
+  // chunk(r, col) gives tile row r's 16 bytes at column col.
   template <class Chunk>
   CUTE_DEVICE static void store_rows(Params const& p, QueryRows const& query_rows,
                                      TileCoord tile, TileRows tile_rows, Sequence const& seq,
-                                     int thread, Chunk const& chunk) {
+                                     int row0, int rows, int thread, int threads,
+                                     Chunk const& chunk) {
     constexpr int kChunkElems = 16 / int(sizeof(Element));
     constexpr int kRowChunks = HeadDimV::value / kChunkElems;
     const int first = tile_rows.first;
     Element* o = p.o + seq.batch * p.o_batch_stride + int64_t(seq.start_q) * p.o_row_stride;
     CUTE_NO_UNROLL
-    for (int c = thread; c < BlockM::value * kRowChunks; c += kConsumerThreads) {
+    for (int c = row0 * kRowChunks + thread; c < (row0 + rows) * kRowChunks; c += threads) {
       const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
       if (first + r >= tile_rows.end) continue;
       const QueryRows::Row row = query_rows.locate(first + r, tile.head);

@@ -4,8 +4,9 @@
 //
 //   warpgroup 0 (producer, 24 or 32 registers): one thread loads, by TMA, each tile's first K
 //   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
-//   tiles (the first V once the previous tile's O, staged in V's ring, has been stored). With
-//   pack-GQA (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q.
+//   tiles (the first V, where O is staged in V's ring, once the previous tile's O has been
+//   stored; at d96 / d128 O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
+//   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q.
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
 //   each, taking turns at the tensor cores. Per key tile j, going down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
@@ -71,24 +72,31 @@ struct FwdKernel {
 
   using ChunkPipeline = typename Load::ChunkPipeline;
   using ChunkPipelineState = typename Load::ChunkPipelineState;
-  struct Rings {  // K and V rings of whole tiles; O is staged in V's
+  struct Rings {  // K and V rings of whole tiles; O is staged in V's (without Config::kOBuffer)
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
   };
+  // The rings with O's own buffer (Config::kOBuffer).
+  struct RingsAndO : Rings {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutOBuffer>, 1024> o;
+  };
   struct ChunkRing {  // Config::kChunked
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutChunk>, 1024> c;
     typename ChunkPipeline::SharedStorage pipeline;
   };
+  static constexpr bool kOBuffer = Config::kOBuffer;
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
-    std::conditional_t<Config::kChunked, ChunkRing, Rings> kv;
+    std::conditional_t<Config::kChunked, ChunkRing, std::conditional_t<kOBuffer, RingsAndO, Rings>>
+        kv;
     alignas(8) uint64_t q_full;   // Q of the current tile has landed
     alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
     alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 
   // What a CTA does for one tile of the grid; false when the tile is past its sequence's end (the
   // grid covers the longest one) or the sequence's entries are invalid.
@@ -118,9 +126,13 @@ struct FwdKernel {
     return true;
   }
 
-  // Whether this tile's O goes through V's ring (o_free): tiles with keys, when not split.
+  // Whether this tile's O is staged for a TMA store: tiles with keys, when not split.
   CUTE_DEVICE static bool stages_o(Params const& p, Work const& w) {
     return !p.split.enabled() && !w.keys.empty();
+  }
+  // Whether it is staged in V's ring, which the next tile's V then waits for (o_free).
+  CUTE_DEVICE static bool stages_o_in_v(Params const& p, Work const& w) {
+    return !kOBuffer && stages_o(p, w);
   }
 
   // The online softmax of this kernel's settings, for kRows rows per thread.
@@ -162,7 +174,7 @@ struct FwdKernel {
   // warpgroup's warps to their waits for Q here: they meet before Q is released, or a lagging warp
   // could wait on q_full after its phase had come round again.
   CUTE_DEVICE static void skip_keyless(SharedStorage& smem, int thread) {
-    cutlass::arch::NamedBarrier::sync(128, uint32_t(ConsumerBarrier::kQRelease0) + thread / 128);
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(ConsumerBarrier::kWarpgroup0) + thread / 128);
     release_q(smem, thread);
   }
 
@@ -275,7 +287,7 @@ struct FwdKernel {
       int o_staged = 0;
       for_each_tile(p, [&](Work const& w, int q_tile) {
         const int staged_before = o_staged;
-        if (stages_o(p, w)) ++o_staged;
+        if (stages_o_in_v(p, w)) ++o_staged;
         Load::run(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile, staged_before,
                   smem.q.data(), smem.kv.k.data(), smem.kv.v.data(), smem.q_full, smem.q_empty,
                   smem.o_free, pipeline_k, pipeline_v, write_k, write_v);
@@ -290,6 +302,8 @@ struct FwdKernel {
         consume(p, smem, w, q_tile & 1, turns, pipeline_k, pipeline_v, read_k, read_v);
       });
       turns.finish();
+      // The last store must have read O's buffer before the CTA's shared memory goes.
+      if constexpr (kOBuffer) Epilogue::finish_stores(thread);
     }
   }
 
@@ -400,11 +414,14 @@ struct FwdKernel {
       return;
     }
     Epilogue::store_lse(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords, lse, thread);
-    if (stages_o(p, w))
+    if (!stages_o(p, w))
+      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.rows, w.seq, thread);
+    else if constexpr (kOBuffer)
+      Epilogue::store_own_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO,
+                            smem.kv.o.data(), thread);
+    else
       Epilogue::store_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO, smem.kv.v.data(),
                         smem.o_free, thread);
-    else
-      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.rows, w.seq, thread);
   }
   // consume for Config::kChunked. S (64 registers at 128 keys), P (32) and O (128) do not fit in
   // registers together, so a warpgroup's QKᵀ cannot run beside its own P·V: in one turn it issues

@@ -11,7 +11,9 @@ enum class ConsumerBarrier : uint32_t {
   kTurn1 = 1,     // consumer warpgroup 1 may issue its GEMMs
   kEpilogue = 2,  // all consumers: V's ring is free for O / O is staged for the TMA store
   kTurn2 = 3,     // consumer warpgroup 2 may issue its GEMMs (three consumer warpgroups)
-  kQRelease0 = 4,  // consumer warpgroup 0 (+1, +2 for the others) has seen Q of a keyless tile
+  // Consumer warpgroup 0's own barrier (+1, +2 for the others): it has seen Q of a keyless tile;
+  // its slice of O's buffer is free / staged (FwdEpilogue::store_own_o).
+  kWarpgroup0 = 4,
 };
 
 // The backward kernel's named barriers: dS of both MMA warpgroups is in shared memory; one

@@ -28,7 +28,11 @@ struct TileRows {
   // tile stores (tile 0 of a sequence whose short tile comes first): then the rows are stored
   // one by one, up to `end`.
   FA4_HD bool box_overlaps_next(int block_m, int64_t count) const {
-    return end < count && end - first < block_m;
+    return slice_overlaps_next(0, block_m, count);
+  }
+  // The same for a box of `rows` rows from first + offset (a consumer warpgroup's slice).
+  FA4_HD bool slice_overlaps_next(int offset, int rows, int64_t count) const {
+    return end < count && end - first < offset + rows;
   }
 
   // Tile m_block of a sequence of `count` rows; `short_first`: the short tile at the top (above).

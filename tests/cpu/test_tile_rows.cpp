@@ -72,6 +72,25 @@ TEST(Sm90TileRows, TheShortTileComesFirstAndOnlyItsBoxOverlaps) {
   EXPECT_FALSE(single.box_overlaps_next(block_m, 100));
 }
 
+// A warpgroup's 64-row slice of a tile's box: only a slice that reaches past the stored rows of a
+// sequence's short first tile overlaps the next tile.
+TEST(Sm90TileRows, OnlyTheSlicesPastTheShortTileOverlap) {
+  const int block_m = 128;
+  for (int64_t count : {int64_t(4096 - 32), int64_t(4096 - 64), int64_t(4096 - 96)}) {
+    const TileRows first = TileRows::of(0, block_m, count, true);
+    const int stored = first.end - first.first;  // 96, 64 or 32 rows
+    EXPECT_EQ(first.slice_overlaps_next(0, 64, count), stored < 64) << count;
+    EXPECT_TRUE(first.slice_overlaps_next(64, 64, count)) << count;
+    const TileRows second = TileRows::of(1, block_m, count, true);
+    EXPECT_FALSE(second.slice_overlaps_next(0, 64, count)) << count;
+    EXPECT_FALSE(second.slice_overlaps_next(64, 64, count)) << count;
+  }
+  // The last tile of a sequence without a short first tile: its slices end at the sequence's end.
+  const TileRows last = TileRows::of(1, block_m, 200, false);
+  EXPECT_FALSE(last.slice_overlaps_next(0, 64, 200));
+  EXPECT_FALSE(last.slice_overlaps_next(64, 64, 200));
+}
+
 // Key tiles of a causal head with seqlen_q = seqlen_k: a tile needs the keys up to its last
 // stored row.
 int causal_key_tiles(int64_t count, int block_m, int block_n, bool short_first) {
