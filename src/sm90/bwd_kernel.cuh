@@ -282,7 +282,7 @@ struct BwdKernel {
         warpgroup_wait<1>();  // Sᵀ is ready (dPᵀ may still run)
         const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
-        if (m < unmasked.begin || m >= unmasked.end)
+        if (!unmasked.contains(m))
           Mask::apply(s, score_coords, row_queries, m);
         static_assert(decltype(size<1>(s))::value % 2 == 0);
         CUTE_UNROLL

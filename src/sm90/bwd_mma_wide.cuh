@@ -108,7 +108,7 @@ struct BwdMmaWide {
         warpgroup_wait<1>();  // S is ready (dP may still run)
         const float* lse_row = stage_stats<Config::kBlockM>(smem.lse.data(), stage);
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
-        if (m < unmasked.begin || m >= unmasked.end)
+        if (!unmasked.contains(m))
           mask.apply(s, score_coords, mask.row_keys(score_coords, int64_t(m) * Config::kBlockM),
                      w.n_block);
         Tensor tP = make_tensor<Element>(ScoreFrag{}.layout());
