@@ -1,6 +1,6 @@
 // The forward epilogue: the normalized O accumulator is rounded to the output dtype, staged in
 // shared memory with stmatrix and written by TMA, which drops rows past the sequence's end
-// (gmem_layout.cuh): where there is room (Config::kOBuffer: d96, d128) in a buffer of its
+// (gmem_layout.cuh): where there is room (Config::kOBuffer: d64, d96, d128) in a buffer of its
 // own, each consumer warpgroup its 64 rows with a store of its own (store_own_o); elsewhere in V's
 // ring, free once the last P·V is done, by one store of the whole tile (store_o). LSE rows are written
 // straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,

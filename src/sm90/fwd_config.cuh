@@ -210,11 +210,11 @@ struct FwdConfig {
   static constexpr int kBytesO = kBlockM * kHeadDimV * int(sizeof(Element));
 
   // O staged in a buffer of its own where shared memory has room for one beside Q and the rings
-  // (d96, d128; 1 KB left for the barriers): each consumer warpgroup then stages and stores its
-  // own 64 rows, waiting for nobody (FwdEpilogue::store_own_o), and the next tile's V loads wait
-  // for nothing of the epilogue. Elsewhere O goes through V's ring (store_o); so at d64, whose
-  // three consumer warpgroups of 160 registers spill with store_own_o (96 bytes).
-  static constexpr bool kOBuffer = !kChunked && kConsumerWarpgroups == 2 &&
+  // (d64, d96, d128; 1 KB left for the barriers): each consumer warpgroup then stages and stores
+  // its own 64 rows, waiting for nobody (FwdEpilogue::store_own_o), and the next tile's V loads
+  // wait for nothing of the epilogue. Elsewhere (d192, 192x128, unchunked d256) O goes through V's
+  // ring (store_o).
+  static constexpr bool kOBuffer = !kChunked &&
                                    kBytesQ + kStages * (kBytesK + kBytesV) + kBytesO + 1024 <=
                                        227 * 1024;
   using SmemLayoutOSlice = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<_64, HeadDimV>{}));

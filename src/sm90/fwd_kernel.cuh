@@ -5,7 +5,7 @@
 //   warpgroup 0 (producer, 24 or 32 registers): one thread loads, by TMA, each tile's first K
 //   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
 //   tiles (the first V, where O is staged in V's ring, once the previous tile's O has been
-//   stored; at d96 / d128 O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
+//   stored; at d64 / d96 / d128 O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
 //   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q.
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
 //   each, taking turns at the tensor cores. Per key tile j, going down:

@@ -69,7 +69,7 @@ std::vector<Case> fixed_cases(const Kernel& k) {
   int rotation = 0;
   for (const Shape& s : kShapes) {
     // q203 under the causal diagonal: a short first tile of 75 rows, whose first 64-row slice
-    // goes out in one box and its second row by row (FwdEpilogue::store_own_o at d96, d128).
+    // goes out in one box and its second row by row (FwdEpilogue::store_own_o at d64, d96, d128).
     if (!full && std::string(s.tag) != "q113_k203" && std::string(s.tag) != "q512_k256" &&
         std::string(s.tag) != "q1_k4096" && std::string(s.tag) != "q300_k300" &&
         std::string(s.tag) != "q203_k113")
