@@ -167,36 +167,22 @@ struct FwdEpilogue {
     convert_fragment(o, o_low);
 
     Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});
-    auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
-    auto thr_copy = smem_copy.get_thread_slice(thread);
-
     // Every consumer warpgroup must be past its last read of V before O overwrites the ring.
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
-    copy(smem_copy, thr_copy.retile_S(o_low), thr_copy.partition_D(sO));
-    // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
+    stage(mma, o_low, sO, thread, [] {
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
+    });
 
     if (query_rows.packed() ||
         tile_rows.box_overlaps_next(Config::kBlockM, query_rows.count(seq.len_q))) {
       // A packed tile's rows belong to several heads, which one TMA box cannot address; a box of
       // a sequence's first tile may hold the next tile's rows, which that tile stores.
       store_rows(p, query_rows, tile, tile_rows, seq, 0, Config::kBlockM, thread,
-                 kConsumerThreads, [&](int r, int col) {
-                   return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
-                 });
+                 kConsumerThreads, chunks_of(sO));
       // Every thread has read its share of the ring.
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, uint32_t(ConsumerBarrier::kEpilogue));
       if (thread == kConsumerThreads - 128) cutlass::arch::ClusterBarrier::arrive(&smem_o_free);
     } else if (thread == kConsumerThreads - 128) {
-      const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
-      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
-      Tensor gO = local_tile(domain_offset(make_coord(rows.offset + tile_rows.first, _0{}), mO),
-                             Shape<BlockM, HeadDimV>{}, make_coord(_0{}, _0{}));
-      auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
-                                        group_modes<0, 2>(gO));
-      copy(p.tma_o, tOsO, tOgO);
-      tma_store_arrive();
+      issue_store(p, tile, seq, tile_rows.first, sO);
       // Once the store has read the ring, the producer may load the next tile's V into it (and
       // the CTA may exit).
       tma_store_wait<0>();
@@ -228,34 +214,17 @@ struct FwdEpilogue {
     if (tile_rows.first + row0 >= tile_rows.end) return;  // no row of this slice is stored
 
     Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Config::SmemLayoutOBuffer{});
-    auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
-    auto thr_copy = smem_copy.get_thread_slice(thread);
     finish_stores(thread);
-    cutlass::arch::NamedBarrier::sync(128, own);
-    copy(smem_copy, thr_copy.retile_S(o_low), thr_copy.partition_D(sO));
-    // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(128, own);
+    stage(mma, o_low, sO, thread, [own] { cutlass::arch::NamedBarrier::sync(128, own); });
 
     if (query_rows.packed() ||
         tile_rows.slice_overlaps_next(row0, 64, query_rows.count(seq.len_q))) {
       // Read before the slice is staged again: after the warpgroup's next first barrier above.
-      store_rows(p, query_rows, tile, tile_rows, seq, row0, 64, thread % 128, 128,
-                 [&](int r, int col) {
-                   return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
-                 });
+      store_rows(p, query_rows, tile, tile_rows, seq, row0, 64, thread % 128, 128, chunks_of(sO));
     } else if (thread % 128 == 0) {
-      const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
-      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
-      Tensor gO =
-          local_tile(domain_offset(make_coord(rows.offset + tile_rows.first + row0, _0{}), mO),
-                     Shape<_64, HeadDimV>{}, make_coord(_0{}, _0{}));
-      Tensor sSlice = make_tensor(make_smem_ptr(smem_o + row0 * HeadDimV::value),
-                                  typename Config::SmemLayoutOSlice{});
-      auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sSlice),
-                                        group_modes<0, 2>(gO));
-      copy(p.tma_o, tOsO, tOgO);
-      tma_store_arrive();
+      issue_store(p, tile, seq, tile_rows.first + row0,
+                  make_tensor(make_smem_ptr(smem_o + row0 * HeadDimV::value),
+                              typename Config::SmemLayoutOSlice{}));
     }
     // The next tile starts with warp-collective instructions (bar.sync, wgmma: .aligned), which
     // need the warp's threads together again.
@@ -269,6 +238,44 @@ struct FwdEpilogue {
   }
 
  private:
+  // O rounded to the output dtype (o_low) into sO by stmatrix, between two meetings of the
+  // threads that share the buffer (`meet`): after the first it is free, after the second it is
+  // staged. stmatrix writes through the generic proxy, the TMA store reads through the async
+  // proxy: a fence between.
+  template <class TiledMma, class FragLow, class SmemO, class Meet>
+  CUTE_DEVICE static void stage(TiledMma const& mma, FragLow const& o_low, SmemO& sO, int thread,
+                                Meet const& meet) {
+    auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
+    auto thr_copy = smem_copy.get_thread_slice(thread);
+    meet();
+    copy(smem_copy, thr_copy.retile_S(o_low), thr_copy.partition_D(sO));
+    cutlass::arch::fence_view_async_shared();
+    meet();
+  }
+
+  // One TMA box of StoreRows rows of O from the staged sO (SmemLayoutStore) to the rows from the
+  // sequence's row `first` on, without waiting for it (tma_store_wait).
+  template <class SmemO>
+  CUTE_DEVICE static void issue_store(Params const& p, TileCoord tile, Sequence const& seq,
+                                      int first, SmemO const& sO) {
+    const SeqRows rows = seq.q_rows(get<0>(p.shape_o));
+    Tensor mO = p.tma_o.get_tma_tensor(p.shape_o)(_, _, tile.head, rows.shift, rows.batch);
+    Tensor gO = local_tile(domain_offset(make_coord(rows.offset + first, _0{}), mO),
+                           Shape<StoreRows, HeadDimV>{}, make_coord(_0{}, _0{}));
+    auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
+                                      group_modes<0, 2>(gO));
+    copy(p.tma_o, tOsO, tOgO);
+    tma_store_arrive();
+  }
+
+  // store_rows' chunk reader of a staged sO.
+  template <class SmemO>
+  CUTE_DEVICE static auto chunks_of(SmemO const& sO) {
+    return [&sO](int r, int col) {
+      return *reinterpret_cast<uint128_t const*>(raw_pointer_cast(&sO(r, col)));
+    };
+  }
+
   // Rows [row0, row0 + rows) of a tile's O to their heads, 16 bytes per store, by `threads`
   // threads (consecutive threads take consecutive chunks of a row; `thread` among them);
   // chunk(r, col) gives tile row r's 16 bytes at column col.
