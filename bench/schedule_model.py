@@ -9,7 +9,9 @@ over the mean for:
   greedy   each tile to whichever CTA is free first, tiles numbered head by head: one CTA per
            tile as the hardware hands them out, or a dynamic schedule in that order;
   grouped  the same, tiles numbered in groups of a few heads, query tile by query tile
-           (src/sm90/grouped_order.hpp), the group as GroupedOrder::dividing_group_for picks it.
+           (src/sm90/grouped_order.hpp), the group as GroupedOrder::dividing_group_for picks it;
+  zz-group the zig-zag on the best of the largest four such groups that fit
+           (src/sm90/causal_schedule.hpp tries these where the plain zig-zag does not balance).
 bench/NOTES.md (sixteenth session) compares these with measurements. No GPU, no dependencies.
 """
 import argparse
@@ -83,9 +85,13 @@ def model(d, seqlen, pairs, sharing, overhead=0.5):
     costs = key_tiles(seqlen, block_m, block_n)
     group = dividing_group(pairs, seqlen, math.ceil(2 * d * 2 / sharing))
     plain = numbered(costs, pairs, 1)
+    tried = [g for g in range(group, 1, -1) if pairs % g == 0][:4]
+    best = min([(zigzag(numbered(costs, pairs, g), overhead=overhead), g) for g in tried] +
+               [(zigzag(plain, overhead=overhead), 1)])
     return {"tiles": len(plain), "group": group, "zigzag": zigzag(plain, overhead=overhead),
             "greedy": greedy(plain, overhead=overhead),
-            "grouped": greedy(numbered(costs, pairs, group), overhead=overhead)}
+            "grouped": greedy(numbered(costs, pairs, group), overhead=overhead),
+            "zz_group": best}
 
 
 def main():
@@ -96,12 +102,13 @@ def main():
     args = ap.parse_args()
     hdims = [int(x) for x in args.hdims.split(",")]
     seqlens = [int(x) for x in args.seqlens.split(",")]
-    print("| d | seqlen | pairs | tiles | zigzag | greedy | grouped (group) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| d | seqlen | pairs | tiles | zigzag | greedy | grouped (group) | zz-group (group) |")
+    print("|---|---|---|---|---|---|---|---|")
     for d, s, pairs, sharing in rows(hdims, seqlens):
         m = model(d, s, pairs, sharing, args.overhead)
         print(f"| {d} | {s} | {pairs}{' (GQA)' if sharing > 1 else ''} | {m['tiles']} | "
-              f"{m['zigzag']:.3f} | {m['greedy']:.3f} | {m['grouped']:.3f} ({m['group']}) |")
+              f"{m['zigzag']:.3f} | {m['greedy']:.3f} | {m['grouped']:.3f} ({m['group']}) | "
+              f"{m['zz_group'][0]:.3f} ({m['zz_group'][1]}) |")
 
 
 if __name__ == "__main__":

@@ -118,6 +118,10 @@ run_tests() {
   # mask and sequence layout (tile_scheduler.cuh): the hand-over of Q's buffer and V's ring.
   want tests_persistent && sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*'
+  # The same with the zig-zag's tiles numbered in groups of 2 pairs, query tile by query tile
+  # (causal_schedule.hpp chooses such numberings for some causal shapes).
+  want tests_persistent_grouped && sharded tests_persistent_grouped "fwd 3 CTAs, zig-zag in groups of 2" \
+    FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 FA4_SM90_ZIGZAG_GROUP=2 -- --gtest_filter='*Sm90Forward*'
   # The forward's GQA / MQA tests with pack-GQA forced on (query_rows.cuh: by default only short
   # query sequences pack), alone and with 3 persistent CTAs.
   want tests_packed && sharded tests_packed "fwd packed" FA4_SM90_PACK_GQA=1 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*'

@@ -44,15 +44,38 @@ Status launch_forward(const Problem& p, const ForwardTensors& t, const BandMask&
   TileScheduler::Params scheduler = TileScheduler::make(
       (rows.count(p.seqlen_q) + Config::kBlockM - 1) / Config::kBlockM, p.heads_q / group, p.batch,
       /*heavy_last_rows=*/band.right >= 0);
-  int sm_count = 0;
+  int sm_count = 0, l2_bytes = 0;
   cudaError_t err = current_device_attribute(cudaDevAttrMultiProcessorCount, sm_count);
+  // The L2's size and a (head, batch entry) pair's K and V rows in it, for the numberings in
+  // groups under a causal diagonal (unpacked GQA: a kv head's K / V counted once per query head of
+  // it).
+  if (err == cudaSuccess && band.right >= 0)
+    err = current_device_attribute(cudaDevAttrL2CacheSize, l2_bytes);
+  const int64_t pairs = int64_t(scheduler.heads) * p.batch;
+  const int64_t sharing = p.heads_kv > 0 ? p.heads_q / p.heads_kv / group : 1;
+  const int64_t kv_row_bytes =
+      ((p.head_dim_qk + p.head_dim_v) * int64_t(sizeof(typename Config::Element)) + sharing - 1) /
+      sharing;
   // Persistent CTAs take tiles in a fixed order (tile_scheduler.cuh): balanced when every
   // sequence has the same length and nothing but the sequence end masks keys, and, with the
-  // causal diagonal, where the zig-zag's share per CTA comes out even.
+  // causal diagonal, where the zig-zag's share per CTA comes out even. With the diagonal alone
+  // (no window) and seqlen_q = seqlen_k, unpacked, a model with each tile's key tiles decides, and
+  // may number the zig-zag's tiles in groups (causal_schedule.hpp); otherwise (a right-only
+  // window, seqlen_q ≠ seqlen_k, pack-GQA) a query tile counts as its index.
   const bool fixed_lengths = !p.is_varlen() && p.seqused_k == nullptr;
+  const bool causal_model = fixed_lengths && band.left < 0 && band.right == 0 &&
+                            p.seqlen_q == p.seqlen_k && !rows.packed() && err == cudaSuccess;
+  CausalSchedule causal{false, 1};
+  if (causal_model) {
+    const int64_t fit = GroupedOrder::l2_pairs(pairs, p.seqlen_k, kv_row_bytes, l2_bytes);
+    causal = TileScheduler::causal_schedule({int(p.seqlen_q), Config::kBlockM, Config::kBlockN,
+                                             int(pairs), sm_count, int(fit < pairs ? fit : pairs)});
+  }
   const bool balanced_static_order =
       fixed_lengths && band.left < 0 &&
-      (band.right < 0 || TileScheduler::zigzag_balanced(scheduler, sm_count));
+      (band.right < 0 ||
+       (causal_model ? causal.persistent : TileScheduler::zigzag_balanced(scheduler, sm_count)));
+  const int zigzag_group = causal.persistent ? causal.group : 1;
   const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
                                  int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
                                  int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
@@ -90,19 +113,15 @@ Status launch_forward(const Problem& p, const ForwardTensors& t, const BandMask&
   // One CTA per tile under a causal diagonal, more tiles than SMs: the grid numbered in groups of
   // a few heads, query tile by query tile (grouped_order.hpp), so that the hardware's greedy
   // hand-out ends on light tiles (head by head it ends on the last head's heaviest: a model puts
-  // the busiest SM 11.7 % over the mean at d256 causal 8k, 0.8 % grouped). Not for the persistent
-  // zig-zag or the varlen order, whose entries use the plain numbering. (Unpacked GQA: a kv
-  // head's K / V counted once per query head of it.)
-  if (err == cudaSuccess && ctas == scheduler.tiles && ctas > sm_count && !ordered &&
-      scheduler.heavy_last_rows) {
-    int l2_bytes = 0;
-    err = current_device_attribute(cudaDevAttrL2CacheSize, l2_bytes);
-    const int64_t sharing = p.heads_kv > 0 ? p.heads_q / p.heads_kv / group : 1;
-    const int64_t kv_row_bytes =
-        (p.head_dim_qk + p.head_dim_v) * int64_t(sizeof(typename Config::Element));
-    TileScheduler::set_group(scheduler, GroupedOrder::dividing_group_for(
-        int64_t(scheduler.heads) * p.batch, p.seqlen_k, (kv_row_bytes + sharing - 1) / sharing,
-        l2_bytes));
+  // the busiest SM 11.7 % over the mean at d256 causal 8k, 0.8 % grouped). The persistent zig-zag
+  // in the group the causal schedule chose (1: head by head). Not for the varlen order, whose
+  // entries use the plain numbering.
+  if (err == cudaSuccess && !ordered) {
+    if (scheduler.heavy_last_rows && ctas == scheduler.tiles && ctas > sm_count)
+      TileScheduler::set_group(scheduler, GroupedOrder::dividing_group_for(
+                                              pairs, p.seqlen_k, kv_row_bytes, l2_bytes));
+    else if (ctas < scheduler.tiles)
+      TileScheduler::set_group(scheduler, TileScheduler::zigzag_group(zigzag_group, pairs));
   }
 
   const typename Kernel::Params params{Kernel::Load::make_params(p, t),

@@ -74,7 +74,6 @@ struct GroupedOrder {
     return g;
   }
 
- private:
   // The pairs whose shared rows fit in half the L2 (all of them when they share nothing).
   static int64_t l2_pairs(int64_t rows, int64_t shared_rows, int64_t bytes_per_row,
                           int64_t l2_bytes) {

@@ -16,6 +16,7 @@
 
 #include <cute/config.hpp>
 
+#include "sm90/causal_schedule.hpp"
 #include "sm90/env_switch.hpp"
 #include "sm90/grouped_order.hpp"
 #include "sm90/grouped_units.hpp"
@@ -41,8 +42,9 @@ struct TileScheduler {
     // t % splits of its tile. `tiles` counts entries.
     int splits;
     // Tile index → (query tile, head, batch entry): groups of `grouped.group` (head, batch entry)
-    // pairs, query tile by query tile (coord). Group 1, the plain head-by-head numbering, for the
-    // persistent CTAs' zig-zag, whose balance rests on it, and for `order`, whose entries use it.
+    // pairs, query tile by query tile (coord). Group 1, the plain head-by-head numbering, for
+    // `order`, whose entries use it, and for the persistent CTAs' zig-zag but where the causal
+    // schedule numbers it in groups (causal_schedule.hpp).
     // `units` is the same order with its divisors prepared (set_group keeps the two together).
     GroupedOrder grouped;
     GroupedUnits units;
@@ -77,6 +79,16 @@ struct TileScheduler {
     static const int forced = env_switch("FA4_SM90_SCHEDULE", "persistent", "per_tile");
     return forced < 0 ? balanced_static_order : forced == 1;
   }
+  // The group of the persistent zig-zag's numbering: `chosen` (the causal schedule's, or 1), or
+  // FA4_SM90_ZIGZAG_GROUP=g (read once) wherever persistent CTAs run, for the tests: every mask
+  // and layout through a grouped zig-zag (at most all pairs; the short group first).
+  static int zigzag_group(int chosen, int64_t pairs) {
+    static const int forced = [] {
+      const char* v = std::getenv("FA4_SM90_ZIGZAG_GROUP");
+      return v == nullptr ? 0 : std::atoi(v);
+    }();
+    return forced <= 0 ? chosen : int(forced < pairs ? forced : pairs);
+  }
 
   // Whether persistent CTAs in the zig-zag get about equal work (within 4 % of the mean) when a
   // query tile costs as many key tiles as it sees under the causal diagonal. The zig-zag balances
@@ -107,12 +119,29 @@ struct TileScheduler {
     return last.balanced;
   }
 
-  // The zig-zag step of CTA c of g: from the first half of a 2g-tile round to the mirrored tile
-  // of its second half, from there to the next round's first half. With one CTA per tile (g =
-  // tiles), past the last tile.
-  CUTE_HOST_DEVICE static int zigzag_next(int tile, int c, int g) {
-    return tile % (2 * g) < g ? tile + 2 * (g - c) - 1 : tile + 2 * c + 1;
+  // Under the causal diagonal with seqlen_q = seqlen_k, the zig-zag head by head, on a grouped
+  // numbering, or one CTA per tile (causal_schedule.hpp). The model walks the tiles a few times
+  // (up to about a millisecond at kMaxTilesChecked; beyond, one CTA per tile), once per shape
+  // and thread: the answers for the last kKept shapes are kept (a model's layers alternate a few).
+  static CausalSchedule causal_schedule(CausalSchedule::Shape const& s) {
+    constexpr int64_t kMaxTilesChecked = 1 << 14;
+    constexpr int kKept = 8;
+    if (int64_t(s.blocks()) * s.pairs > kMaxTilesChecked || s.ctas <= 0) return {false, 1};
+    struct Kept {
+      CausalSchedule::Shape shape{};
+      CausalSchedule schedule{false, 1};
+      bool valid = false;
+    };
+    static thread_local Kept kept[kKept];
+    static thread_local int next = 0;
+    for (Kept const& k : kept)
+      if (k.valid && k.shape == s) return k.schedule;
+    kept[next] = {s, CausalSchedule::choose(s), true};
+    const CausalSchedule chosen = kept[next].schedule;
+    next = (next + 1) % kKept;
+    return chosen;
   }
+
   CUTE_DEVICE static int first() { return int(blockIdx.x); }
   CUTE_DEVICE static int next(int tile) {
     return zigzag_next(tile, int(blockIdx.x), int(gridDim.x));

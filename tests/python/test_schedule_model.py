@@ -53,3 +53,13 @@ def test_figures_quoted_in_notes(sm):
 def test_balanced_loads_read_one(sm):
     assert sm.greedy([1.0] * 264, ctas=132, overhead=0.0) == pytest.approx(1.0)
     assert sm.zigzag([1.0] * 264, ctas=132, overhead=0.0) == pytest.approx(1.0)
+
+
+def test_zigzag_on_groups_as_the_causal_schedule(sm):
+    # src/sm90/causal_schedule.hpp and tests/cpu/test_causal_schedule.cpp: d64 causal 512 and 2k
+    # run the zig-zag in groups of 128 and 16 pairs.
+    busiest, group = sm.model(64, 512, 1024, 1)["zz_group"]
+    assert group == 128 and round(busiest, 3) == 1.045
+    busiest, group = sm.model(64, 2048, 256, 1)["zz_group"]
+    assert group == 16 and round(busiest, 3) == 1.044
+    assert sm.model(128, 4096, 64, 1)["zz_group"][1] == 1  # balanced head by head
