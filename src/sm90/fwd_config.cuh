@@ -37,7 +37,12 @@ using namespace cute;
 // with three; O takes dv/2, S N/2 and P N/4 registers). kSoftmaxChains: independent max / sum chains
 // per row in the softmax (softmax.cuh); 4 measured +2-6 % at d128, -3-4 % at d64 (bench/NOTES.md,
 // v3); the other head dims keep 1 until measured. kRescaleVote: O rescaled only on tiles where a
-// row of the warp has a new max (softmax.cuh), rather than on every tile.
+// row of the warp has a new max (softmax.cuh), rather than on every tile. kOwnKeyTiles: each
+// consumer warpgroup computes only the key tiles its own 64 rows see (FwdKernel::own_key_tiles),
+// set where key tiles are narrower than query tiles, so that a slice can see fewer than its tile
+// (measured +3-5 % at d64 causal 512-2k, +2-4 % at d192; at d128, where every slice sees the
+// tile's key tiles, the extra steps cost 2-3 % at causal 512-1k: bench/NOTES.md, twenty-fifth
+// session).
 template <int kHeadDimQK, int kHeadDimV>
 struct FwdTileSize;
 template <>
@@ -48,6 +53,8 @@ struct FwdTileSize<64, 64> {
   // d64 is bound by the softmax (MUFU): three consumer warpgroups (192 query rows, 160 registers
   // each) keep more of it in flight per SM, as FA3 does.
   static constexpr int kConsumerWarpgroups = 3;
+  // 192-row tiles on 128-key tiles: slices of a diagonal or short tile see fewer key tiles.
+  static constexpr bool kOwnKeyTiles = true;
 };
 template <>
 struct FwdTileSize<96, 96> {
@@ -55,6 +62,7 @@ struct FwdTileSize<96, 96> {
   static constexpr int kSoftmaxChains = 1;
   static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
+  static constexpr bool kOwnKeyTiles = false;
 };
 template <>
 struct FwdTileSize<128, 128> {
@@ -62,6 +70,7 @@ struct FwdTileSize<128, 128> {
   static constexpr int kSoftmaxChains = 4;
   static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
+  static constexpr bool kOwnKeyTiles = false;
 };
 // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
 template <>
@@ -70,6 +79,7 @@ struct FwdTileSize<192, 192> {
   static constexpr int kSoftmaxChains = 1;
   static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
+  static constexpr bool kOwnKeyTiles = true;  // 96-key tiles under 128-row tiles
 };
 template <>
 struct FwdTileSize<192, 128> {
@@ -77,6 +87,7 @@ struct FwdTileSize<192, 128> {
   static constexpr int kSoftmaxChains = 1;
   static constexpr bool kRescaleVote = false;
   static constexpr int kConsumerWarpgroups = 2;
+  static constexpr bool kOwnKeyTiles = false;
 };
 // FA3 uses 80 here; with this kernel's register budget 80 spills 16 bytes (measured), 64 does not.
 // O's rescale is 128 multiplies per thread and tile here, 4x the exponentials: skipping it when no
@@ -88,6 +99,8 @@ struct FwdTileSize<256, 256> {
   static constexpr int kSoftmaxChains = 1;
   static constexpr bool kRescaleVote = true;
   static constexpr int kConsumerWarpgroups = 2;
+  // Own key tiles measured +1-2 % at causal 512-4k, but spill 12 bytes here (tile-level values).
+  static constexpr bool kOwnKeyTiles = false;
 };
 
 // The chunked variant of a head dim, where one exists (FwdConfig<..., true>; the launcher takes it
@@ -129,6 +142,7 @@ struct FwdConfig {
   static constexpr int kConsumerWarpgroups = TileSize::kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = TileSize::kBlockN;
+  static constexpr bool kOwnKeyTiles = TileSize::kOwnKeyTiles && !kChunked;
   static constexpr int kStages = 2;  // K and V ring depth
   // Chunked: K and V share one ring of kKvChunks chunks of (kBlockN keys, half the head dim),
   // loaded in the order the consumers take them (FwdLoad::run_chunked); else K and V rings of

@@ -178,6 +178,47 @@ struct FwdKernel {
     release_q(smem, thread);
   }
 
+  // The key tiles this consumer warpgroup's own rows see, within the tile's: those of its 64-row
+  // slice of the rows the tile stores (Config::kOwnKeyTiles; else the tile's). A slice past them
+  // (past the sequence's end, or the next tile's rows in a short first tile: tile_rows.hpp) sees
+  // none, and on a causal diagonal the upper slices see fewer key tiles than the tile; the rest the
+  // warpgroup only passes on (pass_key_tiles), so that the tensor cores and the MUFU run the other
+  // warpgroups' work meanwhile.
+  CUTE_DEVICE static KeyTiles own_key_tiles(Work const& w) {
+    if constexpr (!Config::kOwnKeyTiles) {
+      return w.keys;
+    } else {
+      // Warp-uniform: from thread / 128 the branches on the result are not known to be uniform,
+      // and d64's kernel then spills 84-100 bytes (measured).
+      const int warpgroup = cutlass::canonical_warp_group_idx() - 1;
+      TileRows slice{w.rows.first + 64 * warpgroup, 0};
+      slice.end = cute::min(w.rows.end, slice.first + 64);
+      if (slice.empty() || w.keys.empty()) return {};
+      const KeyTiles own = w.mask.key_tiles(w.mask.span(slice));
+      // Within the tile's key tiles, which a split narrows to its share.
+      return {cute::max(own.begin, w.keys.begin), cute::min(own.end, w.keys.end)};
+    }
+  }
+
+  // `count` key tiles this warpgroup's rows do not see, from the ring's next: each consumer
+  // warpgroup releases every stage, and all take the same turns, so their K and V are waited for
+  // and released and their turns passed on. One turn per key tile, as the GEMMs take them.
+  CUTE_DEVICE static void pass_key_tiles(int count, Turns const& turns, Pipeline& pipeline_k,
+                                         Pipeline& pipeline_v, PipelineState& read_k,
+                                         PipelineState& read_v) {
+    CUTE_NO_UNROLL
+    for (int i = 0; i < count; ++i) {
+      pipeline_k.consumer_wait(read_k);
+      turns.wait();
+      turns.pass();
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+      pipeline_v.consumer_wait(read_v);
+      pipeline_v.consumer_release(read_v);
+      ++read_v;
+    }
+  }
+
   CUTE_DEVICE void operator()(Params const& p, char* smem_raw) const {
     auto& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
     const int warp = cutlass::canonical_warp_idx_sync();
@@ -345,10 +386,21 @@ struct FwdKernel {
     const auto prepare_scores = score_preparation(p, w, score_coords);
     auto release_q = [&] { FwdKernel::release_q(smem, thread); };
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
-    if (keys.empty()) {
+    const KeyTiles own = own_key_tiles(w);
+    auto pass_key_tiles = [&](int count) {
+      FwdKernel::pass_key_tiles(count, turns, pipeline_k, pipeline_v, read_k, read_v);
+    };
+    if (own.empty()) {
       skip_keyless(smem, thread);
+      if (!keys.empty()) {  // the tile's turns: one per key tile, one for the last P·V
+        pass_key_tiles(keys.count());
+        turns.wait();
+        turns.pass();
+      }
     } else {
-      int n_block = keys.end - 1;
+      // Key tiles go from the last to the first: those above this warpgroup's own come first.
+      pass_key_tiles(keys.end - own.end);
+      int n_block = own.end - 1;
       {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
         pipeline_k.consumer_wait(read_k);
@@ -358,7 +410,7 @@ struct FwdKernel {
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read_k);
         ++read_k;
-        if (n_block == keys.begin) release_q();
+        if (n_block == own.begin) release_q();
         prepare_scores(tSrS, n_block);
         auto scores = rowcol_view(tSrS);
         softmax.update_max(scores, rescale);  // O is still empty: nothing to rescale
@@ -367,7 +419,7 @@ struct FwdKernel {
       }
 
       CUTE_NO_UNROLL
-      for (; n_block > keys.begin; --n_block) {
+      for (; n_block > own.begin; --n_block) {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
         pipeline_k.consumer_wait(read_k);
         turns.wait();
@@ -379,7 +431,7 @@ struct FwdKernel {
         warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
         pipeline_k.consumer_release(read_k);
         ++read_k;
-        if (n_block - 1 == keys.begin) release_q();
+        if (n_block - 1 == own.begin) release_q();
         prepare_scores(tSrS, n_block - 1);
         auto scores = rowcol_view(tSrS);
         const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
@@ -402,6 +454,7 @@ struct FwdKernel {
       warpgroup_wait<0>();
       pipeline_v.consumer_release(read_v);
       ++read_v;  // the ring carries over to the next tile
+      pass_key_tiles(own.begin - keys.begin);  // below this warpgroup's own (a window's left side)
     }
 
     typename decltype(softmax)::RowVector o_scale, lse;

@@ -7,9 +7,10 @@
 // the last tile ends at the sequence's end. Tile 0 would start above row 0, where no TMA box is to
 // start (a store's box there is an illegal instruction: bench/NOTES.md): it computes rows
 // [0, block_m), overlapping tile 1, and stores only its own rows. Its key tiles are those of the
-// rows it stores; the rows past them are computed on whatever keys that gives and dropped. Key
-// tiles per causal head, 192-row tiles by 128 keys: 4k 384 → 363 (−5.5 %), 2k −5 %, 1k −16 %,
-// 16k −1.5 %.
+// rows it stores; the rows past them are computed on whatever keys that gives and dropped (at
+// d64 / d192 a consumer warpgroup whose 64 rows are all past them computes nothing:
+// FwdKernel::own_key_tiles). Key tiles per causal head, 192-row tiles by 128 keys: 4k 384 → 363
+// (−5.5 %), 2k −5 %, 1k −16 %, 16k −1.5 %.
 #pragma once
 
 #include <cstdint>
