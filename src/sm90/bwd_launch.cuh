@@ -7,13 +7,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "api/validate.hpp"
 #include "sm90/bwd_config.cuh"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/bwd_rows.cuh"
 #include "sm90/bwd_workspace.hpp"
+#include "sm90/env_switch.hpp"
 #include "sm90/fwd_launch.cuh"
 #include "sm90/launch.cuh"
 
@@ -32,10 +32,7 @@ inline Status launch_error(const char* what, int head_dim, cudaError_t err) {
 // once), for tests and measurements.
 inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size_t element_bytes,
                                   int& group) {
-  static const int forced = [] {
-    const char* v = std::getenv("FA4_SM90_BWD_GROUP");
-    return v == nullptr ? 0 : std::atoi(v);
-  }();
+  static const int forced = env_int("FA4_SM90_BWD_GROUP");
   group = 1;
   if (forced > 0) {
     group = forced < rows ? forced : rows;

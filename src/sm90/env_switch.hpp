@@ -16,4 +16,11 @@ inline int env_switch(const char* name, const char* on, const char* off) {
   return -1;
 }
 
+// The integer in environment variable `name` (as atoi reads it: 0 when it is not a number), 0
+// when it is unset. Callers read it once, into a static.
+inline int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
 }  // namespace fa4::sm90

@@ -139,12 +139,13 @@ struct FwdLoad {
   // those whose O went through V's ring (tiles with keys, when not split, where O has no buffer
   // of its own: FwdConfig::kOBuffer). Key tiles go from the last to the first (the order the
   // consumers take them: with a causal mask the partly masked tiles come first); V trails K by
-  // one tile because the consumers need K of tile j together with V of tile j+1. Q's buffer is free once the previous tile's last QKᵀ is done, V's ring
-  // once the last staged O has been stored: the first K tile is issued before waiting for the
-  // one, the next K tile before waiting for the other. Every tile after the first waits for Q's
-  // buffer (also one without keys); only a tile that loads V waits for the ring, so the consumers,
-  // who need that V, cannot run two phases of o_free ahead of this wait (tiles without keys,
-  // whose Q a second warp may gather, stage nothing: the epilogue stores their zeros directly).
+  // one tile because the consumers need K of tile j together with V of tile j+1. Q's buffer is
+  // free once the previous tile's last QKᵀ is done, V's ring once the last staged O has been
+  // stored: the first K tile is issued before waiting for the one, the next K tile before waiting
+  // for the other. Every tile after the first waits for Q's buffer (also one without keys); only
+  // a tile that loads V waits for the ring, so the consumers, who need that V, cannot run two
+  // phases of o_free ahead of this wait (tiles without keys, whose Q a second warp may gather,
+  // stage nothing: the epilogue stores their zeros directly).
   CUTE_DEVICE static void run(Params const& p, QueryRows const& rows, TileCoord tile,
                               int first_row, Sequence const& seq, KeyTiles keys,
                               int q_tile, int o_staged, Element* smem_q, Element* smem_k,

@@ -5,9 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 
 #include "fa4/attention.hpp"
+#include "sm90/env_switch.hpp"
 
 namespace fa4::sm90 {
 
@@ -26,8 +26,7 @@ constexpr int64_t kMaxSms = 256;
 // the tests run every problem through the split path; 0 or unset: the launcher's choice.
 inline int forced_splits() {
   static const int forced = [] {
-    const char* v = std::getenv("FA4_SM90_SPLITS");
-    const int n = v == nullptr ? 0 : std::atoi(v);
+    const int n = env_int("FA4_SM90_SPLITS");
     return n < 0 ? 0 : n > kMaxSplits ? kMaxSplits : n;
   }();
   return forced;

@@ -12,7 +12,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 #include <cute/config.hpp>
 
@@ -65,10 +64,7 @@ struct TileScheduler {
   // tiles per CTA: the hand-over of the shared buffers from one tile to the next is then tested on
   // every mask and sequence layout, not only on the large problems where it happens by itself.
   static int grid(Params const& p, bool persistent, int sm_count) {
-    static const int forced_ctas = [] {
-      const char* v = std::getenv("FA4_SM90_PERSISTENT_CTAS");
-      return v == nullptr ? 0 : std::atoi(v);
-    }();
+    static const int forced_ctas = env_int("FA4_SM90_PERSISTENT_CTAS");
     const int ctas = forced_ctas > 0 ? forced_ctas : sm_count;
     return persistent && ctas < p.tiles ? ctas : p.tiles;
   }
@@ -83,10 +79,7 @@ struct TileScheduler {
   // FA4_SM90_ZIGZAG_GROUP=g (read once) wherever persistent CTAs run, for the tests: every mask
   // and layout through a grouped zig-zag (at most all pairs; the short group first).
   static int zigzag_group(int chosen, int64_t pairs) {
-    static const int forced = [] {
-      const char* v = std::getenv("FA4_SM90_ZIGZAG_GROUP");
-      return v == nullptr ? 0 : std::atoi(v);
-    }();
+    static const int forced = env_int("FA4_SM90_ZIGZAG_GROUP");
     return forced <= 0 ? chosen : int(forced < pairs ? forced : pairs);
   }
 
