@@ -2,7 +2,8 @@
 // of one head of one sequence (fixed-length or varlen; sequence.cuh), one after the other
 // (tile_scheduler.cuh).
 //
-//   warpgroup 0 (producer, 24 or 32 registers): one thread loads, by TMA, each tile's first K
+//   warpgroup 0 (producer, 24 or 32 registers): one thread finds each tile and publishes it for
+//   the consumers (tile_queue.cuh), then loads, by TMA, the tile's first K
 //   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
 //   tiles (the first V, where O is staged in V's ring, once the previous tile's O has been
 //   stored; at d64 / d96 / d128 O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
@@ -35,6 +36,7 @@
 #include "sm90/sequence.cuh"
 #include "sm90/softcap.cuh"
 #include "sm90/softmax.cuh"
+#include "sm90/tile_queue.cuh"
 #include "sm90/tile_rows.hpp"
 #include "sm90/tile_scheduler.cuh"
 #include "sm90/warpgroup_turns.cuh"
@@ -86,20 +88,7 @@ struct FwdKernel {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutChunk>, 1024> c;
     typename ChunkPipeline::SharedStorage pipeline;
   };
-  static constexpr bool kOBuffer = Config::kOBuffer;
-  struct SharedStorage {
-    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
-    std::conditional_t<Config::kChunked, ChunkRing, std::conditional_t<kOBuffer, RingsAndO, Rings>>
-        kv;
-    alignas(8) uint64_t q_full;   // Q of the current tile has landed
-    alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
-    alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
-  };
-  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
-
-  // What a CTA does for one tile of the grid; false when the tile is past its sequence's end (the
-  // grid covers the longest one) or the sequence's entries are invalid.
+  // What a CTA does for one tile of the grid.
   struct Work {
     TileCoord tile;
     TileRows rows;  // of its sequence (tile_rows.hpp)
@@ -107,7 +96,25 @@ struct FwdKernel {
     Sequence seq;
     Mask mask;
     KeyTiles keys;
+
+    CUTE_DEVICE bool valid() const { return seq.valid; }  // Work{} ends the TileQueue
   };
+  using Tiles = TileQueue<Work>;
+  static constexpr bool kOBuffer = Config::kOBuffer;
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
+    std::conditional_t<Config::kChunked, ChunkRing, std::conditional_t<kOBuffer, RingsAndO, Rings>>
+        kv;
+    typename Tiles::SharedStorage tiles;
+    alignas(8) uint64_t q_full;   // Q of the current tile has landed
+    alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
+    alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
+
+  // The tile of grid entry `entry`; false when it is past its sequence's end (the grid covers the
+  // longest one) or the sequence's entries are invalid.
   CUTE_DEVICE static bool find_work(Params const& p, int entry, Work& w) {
     const int tile_index = TileScheduler::tile_at(p.scheduler, entry);
     if (tile_index < 0) return false;
@@ -260,7 +267,8 @@ struct FwdKernel {
   }
 
   // f(work, q_tile) for each tile this CTA runs, in order; q_tile counts them (Q's barriers'
-  // phases). Producer and consumers walk the same tiles and skip the same ones.
+  // phases). The load thread and pack-GQA's Q warp walk the same tiles and skip the same ones;
+  // the consumers take them from the load thread (for_each_published_tile).
   template <class F>
   CUTE_DEVICE static void for_each_tile(Params const& p, F&& f) {
     int q_tile = 0;
@@ -268,6 +276,28 @@ struct FwdKernel {
          t = TileScheduler::next(t)) {
       Work w;
       if (find_work(p, t, w)) f(w, q_tile++);
+    }
+  }
+
+  // The load thread's for_each_tile: each tile is published for the consumers (TileQueue) before
+  // f loads it, and the end after the last.
+  template <class F>
+  CUTE_DEVICE static void publish_each_tile(Params const& p, Tiles& tiles, F&& f) {
+    typename Tiles::State write = Tiles::producer_start();
+    for_each_tile(p, [&](Work const& w, int q_tile) {
+      tiles.publish(w, write);
+      f(w, q_tile);
+    });
+    tiles.publish_end(write);
+  }
+  // The consumers' for_each_tile: the tiles as the load thread published them.
+  template <class F>
+  CUTE_DEVICE static void for_each_published_tile(Tiles& tiles, F&& f) {
+    typename Tiles::State read;
+    for (int q_tile = 0;; ++q_tile) {
+      const Work w = tiles.take(read);
+      if (!w.valid()) return;
+      f(w, q_tile);
     }
   }
 
@@ -284,13 +314,14 @@ struct FwdKernel {
     ChunkPipeline pipeline(smem.kv.pipeline,
                            pipeline_params<ChunkPipeline>(warpgroup, leader, Config::kBytesChunk),
                            Shape<_1, _1, _1>{});
+    Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
     end_prologue();
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
       if (!leader) return;
       ChunkPipelineState write = cutlass::make_producer_start_state<ChunkPipeline>();
-      for_each_tile(p, [&](Work const& w, int q_tile) {
+      publish_each_tile(p, tiles, [&](Work const& w, int q_tile) {
         Load::run_chunked(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile,
                           smem.q.data(), smem.kv.c.data(), smem.q_full, smem.q_empty, pipeline,
                           write);
@@ -301,7 +332,7 @@ struct FwdKernel {
       const Turns turns(thread / 128);
       turns.start();
       ChunkPipelineState read;
-      for_each_tile(p, [&](Work const& w, int q_tile) {
+      for_each_published_tile(tiles, [&](Work const& w, int q_tile) {
         consume_chunked(p, smem, w, q_tile & 1, turns, pipeline, read);
       });
       turns.finish();
@@ -316,6 +347,7 @@ struct FwdKernel {
     Pipeline pipeline_v(smem.kv.pipeline_v,
                         pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesV),
                         Shape<_1, _1, _1>{});
+    Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
     end_prologue();
 
     // The K / V ring states and the Q barriers' phases carry over from tile to tile.
@@ -326,7 +358,7 @@ struct FwdKernel {
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
       int o_staged = 0;
-      for_each_tile(p, [&](Work const& w, int q_tile) {
+      publish_each_tile(p, tiles, [&](Work const& w, int q_tile) {
         const int staged_before = o_staged;
         if (stages_o_in_v(p, w)) ++o_staged;
         Load::run(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile, staged_before,
@@ -339,7 +371,7 @@ struct FwdKernel {
       const Turns turns(thread / 128);
       turns.start();
       PipelineState read_k, read_v;
-      for_each_tile(p, [&](Work const& w, int q_tile) {
+      for_each_published_tile(tiles, [&](Work const& w, int q_tile) {
         consume(p, smem, w, q_tile & 1, turns, pipeline_k, pipeline_v, read_k, read_v);
       });
       turns.finish();
