@@ -488,6 +488,30 @@ def main():
 
     rows = []
     others, others_missing = find_others()
+    result = {
+        "benchmark": PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
+        "pass": args.pass_,
+        "git_sha": args.sha,
+        "others": sorted(others),
+        "others_missing": others_missing,
+        "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
+                  "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic,
+                  "env": x.env}
+                 for x in builds],
+        "started_utc": started,
+        "gpu_before": facts_before,
+        "gpu_after": None,
+        "complete": False,
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "inputs": args.inputs,
+        "rounds": args.rounds,
+        "timing": timing_note(args.rounds),
+        "flops": "4*b*h*s*s*d, halved for causal" + ("" if args.pass_ == "fwd" else
+                                                      ", x%g (%s)" % (PASSES[args.pass_][1],
+                                                                      PASSES[args.pass_][0])),
+        "rows": rows,
+    }
     global POWER
     POWER = power_log.PowerLog() if args.power else None
     try:
@@ -508,35 +532,15 @@ def main():
                 add_rates(row, flops(b, s, hq, d, causal) * PASSES[args.pass_][1])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                # Written after every row: a run stopped by its time limit keeps what it measured.
+                write_result(result, args.out, args.name, markdown, quiet=True)
             del q, k, v, out, lse
     finally:
         # nvidia-smi -lms samples until stopped: a failing row must not leave it running.
         if POWER is not None:
             POWER.close()
 
-    result = {
-        "benchmark": PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
-        "pass": args.pass_,
-        "git_sha": args.sha,
-        "others": sorted(others),
-        "others_missing": others_missing,
-        "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
-                  "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic,
-                  "env": x.env}
-                 for x in builds],
-        "started_utc": started,
-        "gpu_before": facts_before,
-        "gpu_after": gpu_facts(),
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "inputs": args.inputs,
-        "rounds": args.rounds,
-        "timing": timing_note(args.rounds),
-        "flops": "4*b*h*s*s*d, halved for causal" + ("" if args.pass_ == "fwd" else
-                                                      ", x%g (%s)" % (PASSES[args.pass_][1],
-                                                                      PASSES[args.pass_][0])),
-        "rows": rows,
-    }
+    result.update(gpu_after=gpu_facts(), complete=True)
     write_result(result, args.out, args.name, markdown)
 
 
@@ -611,15 +615,17 @@ def timing_note(rounds):
             + ("; median of %d rounds, builds in rotated order" % rounds if rounds > 1 else ""))
 
 
-def write_result(result, out, name, to_markdown):
-    """<out>/<name>.json and <out>/<name>.md (to_markdown(result)); prints the markdown."""
+def write_result(result, out, name, to_markdown, quiet=False):
+    """<out>/<name>.json and <out>/<name>.md (to_markdown(result)); prints the markdown unless
+    quiet."""
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(result, f, indent=1)
     md = to_markdown(result)
     with open(os.path.join(out, name + ".md"), "w") as f:
         f.write(md)
-    print(md)
+    if not quiet:
+        print(md)
 
 
 def build_label(x):
@@ -650,6 +656,9 @@ def markdown(r):
            "" if r.get("pass", "fwd") == "fwd" else " of dQ"),
         "|---" * (8 + 2 * len(names) + len(others)) + "|",
     ]
+    if r.get("complete") is False:
+        lines[3:3] = ["", "**Partial:** the run stopped after these %d rows (its time limit or an "
+                      "error); the rows it had not reached are missing." % len(r["rows"])]
     for x in r["rows"]:
         libs = [x["libs"].get(n, {}) for n in names]
         fmt = lambda d, k: "%.1f" % d[k] if k in d else "—"

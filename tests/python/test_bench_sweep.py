@@ -115,3 +115,22 @@ def test_checked_builds_records_refusals_and_differences(sweep):
     assert row["libs"]["a"] == {"note": "a", "max_abs_diff_vs_cudnn": 0.25}
     assert row["libs"]["b"] == {"refused": "head dim not built"}
     assert not any(b.env_active for b in builds)
+
+
+def test_partial_result_is_written_and_marked(sweep, tmp_path, capsys):
+    row = {"batch": 1, "seqlen": 16, "heads_q": 2, "heads_kv": 2, "head_dim": 8, "causal": True,
+           "cudnn_tflops": 1.0, "libs": {"fa4cpp": {"tflops": 2.0, "vs_cudnn": 2.0}}}
+    result = {"benchmark": "forward sweep", "pass": "fwd", "git_sha": "abc", "torch": "t",
+              "cudnn": 1, "timing": "median", "flops": "4*b*h*s*s*d", "gpu_before": {},
+              "libs": [{"name": "fa4cpp", "version": "0", "path": "lib"}], "complete": False,
+              "rows": [row]}
+    sweep.write_result(result, str(tmp_path), "partial", sweep.markdown, quiet=True)
+    assert capsys.readouterr().out == ""
+    md = (tmp_path / "partial.md").read_text()
+    lines = md.splitlines()
+    assert lines[3] == "" and lines[4].startswith("**Partial:** the run stopped after these 1 rows")
+    assert lines[6].startswith("| d | seqlen |") and lines[8].startswith("| 8 | 16 |")
+    result["complete"] = True
+    sweep.write_result(result, str(tmp_path), "partial", sweep.markdown)
+    assert "Partial" not in (tmp_path / "partial.md").read_text()
+    assert "| 8 | 16 |" in capsys.readouterr().out
