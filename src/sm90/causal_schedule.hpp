@@ -4,10 +4,12 @@
 // choice compares a model of each one's busiest SM (bench/schedule_model.py's list scheduling,
 // with zig-zags on grouped numberings and a fixed cost per tile of each schedule's own): a tile
 // costs the key tiles it sees plus a fixed part, half a key tile
-// on a persistent CTA, which loads the next tile's first K and Q under this one, and 1.3 on a CTA
-// of its own (its start, its first loads and its epilogue alone on the SM; fitted to the measured
-// loss of one CTA per tile where the zig-zag balances, 4–23 % at 512–4k: bench/NOTES.md,
-// seventeenth session).
+// on a persistent CTA, which loads the next tile's first K and Q under this one, and 1.8 on a CTA
+// of its own (its start, its first loads and its epilogue alone on the SM). 1.8 is the median of
+// per-row fits: for each causal row of the benchmark (d64–d256, 512–4k), the fixed part at which
+// the model's time of the zig-zag over one CTA per tile equals the measured one (range 1.3–2.9;
+// bench/NOTES.md, twenty-seventh session; 1.3, fitted in the seventeenth, predates the faster
+// persistent tile start).
 //
 // The zig-zag's balance depends on the tiles' numbering. Head by head, its mirrored pairs have
 // equal work only where its rounds line up with the query tiles per head (d64 512: three tiles of
@@ -41,7 +43,7 @@ struct CausalSchedule {
 
   // Fixed work per tile, in key tiles (above).
   static constexpr double kFixedPersistent = 0.5;
-  static constexpr double kFixedPerTile = 1.3;
+  static constexpr double kFixedPerTile = 1.8;
   // The zig-zag head by head is kept where its busiest CTA is within 4 % of the mean; else it is
   // tried on the largest few groups that fit (each try walks every tile once).
   static constexpr double kBalanced = 1.04;
