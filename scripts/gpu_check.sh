@@ -10,7 +10,8 @@
 # also printed as soon as its step is done, so that a run cut short by the device's time limit
 # still says how far it got.
 #   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd|bench_fwdbwd]...
-#          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets
+#          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
+#          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -89,21 +90,33 @@ smoke_ok() {
 # single-threaded (the kernels themselves take milliseconds). `sharded NAME LABEL [VAR=value ...]
 # -- [test arguments]`: logs NAME_shard*.log, NAME.log and NAME_failed.txt, one summary line.
 sharded() {
-  local name=$1 label=$2 shards=8 pids=() failed=0 envs=() i p
+  local name=$1 label=$2 shards=8 pids=() failed=0 envs=() i p limit=${FA4_SHARD_TIMEOUT:-240}
   shift 2
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   for i in $(seq 0 $((shards - 1))); do
-    env "${envs[@]}" GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 \
+    env "${envs[@]}" GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" \
       "$bin/fa4_gpu_tests" "$@" >"$out/${name}_shard$i.log" 2>&1 &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
+  # A shard stopped by its timeout names the test it was in (its last RUN line): a hang, or a
+  # set too slow for the limit, rather than a failing test.
+  local rc stuck=()
+  for i in "${!pids[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    [ $rc -eq 0 ] && continue
+    failed=$((failed + 1))
+    [ $rc -eq 124 ] &&
+      stuck+=("$(grep '^\[ RUN' "$out/${name}_shard$i.log" | tail -n 1 | sed 's/^\[ RUN *\] //')")
+  done
   cat "$out/${name}"_shard*.log >"$out/$name.log"
   local passed skipped
   passed=$(grep -h '^\[  PASSED  \]' "$out/${name}"_shard*.log | awk '{s += $4} END {print s + 0}')
   skipped=$(grep -h '^\[  SKIPPED \]' "$out/${name}"_shard*.log | awk '{s += $4} END {print s + 0}')
   note "$label" "passed $passed, skipped $skipped, failing shards $failed/$shards"
+  [ ${#stuck[@]} -gt 0 ] &&
+    note "" "$(printf '%s; ' "${stuck[@]}" | sed "s/; $//; s/^/timed out ($limit s) in: /" | cut -c1-300)"
   grep -h '^\[  FAILED  \]' "$out/${name}"_shard*.log | sort -u | head -n 20 >"$out/${name}_failed.txt"
   [ -s "$out/${name}_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/${name}_failed.txt" | cut -c1-300)"
 }
