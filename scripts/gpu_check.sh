@@ -90,7 +90,7 @@ smoke_ok() {
 # single-threaded (the kernels themselves take milliseconds). `sharded NAME LABEL [VAR=value ...]
 # -- [test arguments]`: logs NAME_shard*.log, NAME.log and NAME_failed.txt, one summary line.
 sharded() {
-  local name=$1 label=$2 shards=8 pids=() failed=0 envs=() i p limit=${FA4_SHARD_TIMEOUT:-240}
+  local name=$1 label=$2 shards=8 pids=() failed=0 envs=() i limit=${FA4_SHARD_TIMEOUT:-240}
   shift 2
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
   [ $# -gt 0 ] && shift

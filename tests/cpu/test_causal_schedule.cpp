@@ -113,8 +113,8 @@ TEST(Sm90CausalSchedule, ShortRowsRunPersistentInGroups) {
 
 TEST(Sm90CausalSchedule, D96At4kRunsPersistentInGroups) {
   // 84 pairs of 32 query tiles: head by head the zig-zag's busiest CTA is 12 % over the mean, in
-  // groups of 6 5 %; measured 2.8 % faster than one CTA per tile (bench/NOTES.md, twenty-seventh
-  // session), which the model with 1.3 key tiles per tile of its own had chosen.
+  // groups of 6 it is 5 % over; measured 2.8 % faster than one CTA per tile (bench/NOTES.md,
+  // twenty-seventh session), which the model with 1.3 key tiles per tile of its own had chosen.
   const CausalSchedule::Shape s = row(96, 4096);
   const CausalSchedule chosen = CausalSchedule::choose(s);
   EXPECT_TRUE(chosen.persistent);
