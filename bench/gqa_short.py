@@ -7,8 +7,6 @@ and, as DESIGN.md §5 asks for decode, GB/s of K and V read. Writes <out>/<name>
   python3 bench/gqa_short.py --lib base=/tmp/base/libfa4.so --lib new=build/libfa4.so \\
       --rounds 2 --sha $(git rev-parse --short HEAD) --out DIR
 """
-import datetime
-import json
 
 import torch
 
@@ -35,9 +33,9 @@ SHAPES = (
 def main():
     args, builds = sweep.script_args(__doc__, "gqa_short")
     torch.manual_seed(0)
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    facts_before = sweep.gpu_facts()
-    rows = []
+    run = sweep.ResultFile(args.out, args.name, markdown,
+                           "short queries against long keys with GQA (bench/gqa_short.py)",
+                           args.sha, builds, args.rounds)
     for b, sq, sk, hq, hkv, d in SHAPES:
         q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
@@ -50,17 +48,14 @@ def main():
             row.update(sweep.measure_row(builds, args.rounds, q, k, v, out, lse, False))
         except RuntimeError as e:  # cuDNN refused the shape: no anchor, no row
             row["cudnn_refused"] = str(e).splitlines()[0][:200]
-            rows.append(row)
+            run.add(row)
             continue
         sweep.add_rates(row, 4.0 * b * hq * sq * sk * d)
         sweep.add_rates(row, 2.0 * b * sk * hkv * d * k.element_size(), "gbps", 1e9)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        run.add(row)
         del q, k, v, out, lse
 
-    result = sweep.result_dict("short queries against long keys with GQA (bench/gqa_short.py)", args.sha, builds,
-                               args.rounds, started, facts_before, rows)
-    sweep.write_result(result, args.out, args.name, markdown)
+    run.finish()
 
 
 def markdown(r):
@@ -69,8 +64,8 @@ def markdown(r):
         "# Short queries, long keys, GQA: forward, GB/s of K + V (TFLOP/s)", "",
         "%s; normal inputs, bf16, no mask; %s. GB/s = bytes of K and V / time; TFLOP/s = "
         "4·b·hq·sq·sk·d / time. Ratio = fa4cpp build / cuDNN, same run, same tensors."
-        % (sweep.run_facts(r), r["timing"]), "",
-    ] + sweep.table_head(["d", "sq", "sk", "b", "hq/hkv"], names)
+        % (sweep.run_facts(r), r["timing"]),
+    ] + sweep.partial_note(r) + [""] + sweep.table_head(["d", "sq", "sk", "b", "hq/hkv"], names)
     cell = lambda d, k: ("%.0f (%.1f)" % (d[k + "gbps"], d[k + "tflops"])
                          if k + "gbps" in d else "—")
     for x in r["rows"]:

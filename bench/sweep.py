@@ -483,35 +483,14 @@ def main():
     seqlens = [int(x) for x in args.seqlens.split(",")]
     causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     torch.manual_seed(0)
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    facts_before = gpu_facts()
-
-    rows = []
     others, others_missing = find_others()
-    result = {
-        "benchmark": PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
-        "pass": args.pass_,
-        "git_sha": args.sha,
-        "others": sorted(others),
-        "others_missing": others_missing,
-        "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
-                  "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic,
-                  "env": x.env}
-                 for x in builds],
-        "started_utc": started,
-        "gpu_before": facts_before,
-        "gpu_after": None,
-        "complete": False,
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "inputs": args.inputs,
-        "rounds": args.rounds,
-        "timing": timing_note(args.rounds),
-        "flops": "4*b*h*s*s*d, halved for causal" + ("" if args.pass_ == "fwd" else
-                                                      ", x%g (%s)" % (PASSES[args.pass_][1],
-                                                                      PASSES[args.pass_][0])),
-        "rows": rows,
-    }
+    run = ResultFile(args.out, args.name, markdown, PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
+                     args.sha, builds, args.rounds, extra={
+                         "pass": args.pass_, "others": sorted(others),
+                         "others_missing": others_missing, "inputs": args.inputs,
+                         "flops": "4*b*h*s*s*d, halved for causal" + (
+                             "" if args.pass_ == "fwd" else
+                             ", x%g (%s)" % (PASSES[args.pass_][1], PASSES[args.pass_][0]))})
     global POWER
     POWER = power_log.PowerLog() if args.power else None
     try:
@@ -530,18 +509,14 @@ def main():
                                                     causal, with_forward=args.pass_ == "fwdbwd",
                                                     others=others))
                 add_rates(row, flops(b, s, hq, d, causal) * PASSES[args.pass_][1])
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                # Written after every row: a run stopped by its time limit keeps what it measured.
-                write_result(result, args.out, args.name, markdown, quiet=True)
+                run.add(row)
             del q, k, v, out, lse
     finally:
         # nvidia-smi -lms samples until stopped: a failing row must not leave it running.
         if POWER is not None:
             POWER.close()
 
-    result.update(gpu_after=gpu_facts(), complete=True)
-    write_result(result, args.out, args.name, markdown)
+    run.finish()
 
 
 def script_args(doc, name):
@@ -582,23 +557,53 @@ def table_cells(x, names, cell, cudnn=None):
     return " | ".join(cells) + " |"
 
 
-def result_dict(benchmark, sha, builds, rounds, started, facts_before, rows):
+def result_dict(benchmark, sha, builds, rounds):
     """What a benchmark script writes: what ran (each build with its --lib-env), where, when, how
-    it was timed, and its rows."""
+    it was timed; rows to come, gpu_after and complete set when the run ends (ResultFile)."""
     return {
         "benchmark": benchmark,
         "git_sha": sha,
         "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
+                  "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic,
                   "env": x.env} for x in builds],
-        "started_utc": started,
-        "gpu_before": facts_before,
-        "gpu_after": gpu_facts(),
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu_before": gpu_facts(),
+        "gpu_after": None,
+        "complete": False,
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
         "rounds": rounds,
         "timing": timing_note(rounds),
-        "rows": rows,
+        "rows": [],
     }
+
+
+class ResultFile:
+    """A run's <out>/<name>.json and .md, rewritten after every row so that a run stopped by its
+    time limit keeps what it measured; marked partial (complete: False, partial_note) until
+    finish(). extra: the script's own top-level entries."""
+
+    def __init__(self, out, name, to_markdown, benchmark, sha, builds, rounds, extra=None):
+        self.out, self.name, self.to_markdown = out, name, to_markdown
+        self.result = result_dict(benchmark, sha, builds, rounds)
+        self.result.update(extra or {})
+
+    def add(self, row):
+        self.result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        write_result(self.result, self.out, self.name, self.to_markdown, quiet=True)
+
+    def finish(self):
+        self.result.update(gpu_after=gpu_facts(), complete=True)
+        write_result(self.result, self.out, self.name, self.to_markdown)
+
+
+def partial_note(r):
+    """The lines a table carries below its header paragraph while its run is incomplete."""
+    if r.get("complete") is not False:
+        return []
+    return ["", "**Partial:** the run stopped after these %d rows (its time limit or an error); "
+            "the rows it had not reached are missing." % len(r["rows"])]
 
 
 def run_facts(r):
@@ -656,9 +661,7 @@ def markdown(r):
            "" if r.get("pass", "fwd") == "fwd" else " of dQ"),
         "|---" * (8 + 2 * len(names) + len(others)) + "|",
     ]
-    if r.get("complete") is False:
-        lines[3:3] = ["", "**Partial:** the run stopped after these %d rows (its time limit or an "
-                      "error); the rows it had not reached are missing." % len(r["rows"])]
+    lines[3:3] = partial_note(r)
     for x in r["rows"]:
         libs = [x["libs"].get(n, {}) for n in names]
         fmt = lambda d, k: "%.1f" % d[k] if k in d else "—"

@@ -15,8 +15,6 @@ same run:
       --lib-env input:FA4_SM90_TILE_ORDER=input --rounds 2 --sha $(git rev-parse --short HEAD) \\
       --out DIR
 """
-import datetime
-import json
 import random
 
 import torch
@@ -119,20 +117,17 @@ def measure(builds, rounds, lens, hq, hkv, d, causal):
 def main():
     args, builds = sweep.script_args(__doc__, "varlen")
     torch.manual_seed(0)
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    facts_before = sweep.gpu_facts()
-    rows = []
+    run = sweep.ResultFile(args.out, args.name, markdown,
+                           "variable-length batches (bench/varlen.py)",
+                           args.sha, builds, args.rounds)
     for name, lens, hq, hkv, d, causal in SHAPES:
         row = {"batch": name, "sequences": len(lens), "tokens": sum(lens), "longest": max(lens),
                "heads_q": hq, "heads_kv": hkv, "head_dim": d, "causal": causal, "dtype": "bf16"}
         row.update(measure(builds, args.rounds, lens, hq, hkv, d, causal))
         sweep.add_rates(row, 4.0 * hq * d * sum(visible_pairs(n, causal) for n in lens))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        run.add(row)
 
-    result = sweep.result_dict("variable-length batches (bench/varlen.py)", args.sha, builds,
-                               args.rounds, started, facts_before, rows)
-    sweep.write_result(result, args.out, args.name, markdown)
+    run.finish()
 
 
 def markdown(r):
@@ -142,8 +137,9 @@ def markdown(r):
         "%s; normal inputs, bf16, len_q = len_k per sequence; %s. TFLOP/s = 4·hq·d·(visible "
         "pairs) / time. Ratio = fa4cpp build / cuDNN, same run, same tensors; cuDNN* = on the "
         "batch padded to its longest sequence (it refused the nested one)."
-        % (sweep.run_facts(r), r["timing"]), "",
-    ] + sweep.table_head(["batch", "seqs", "tokens", "d", "hq/hkv", "causal"], names)
+        % (sweep.run_facts(r), r["timing"]),
+    ] + sweep.partial_note(r) + [""] + \
+        sweep.table_head(["batch", "seqs", "tokens", "d", "hq/hkv", "causal"], names)
     cell = lambda d, k: "%.1f" % d[k + "tflops"] if k + "tflops" in d else "—"
     for x in r["rows"]:
         cudnn = cell(x, "cudnn_") + ("*" if x.get("cudnn_padded") else "")

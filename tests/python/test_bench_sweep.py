@@ -1,9 +1,10 @@
 """bench/sweep.py's other FlashAttention builds (FA3 / FA4 columns when importable), on the CPU
 with stand-in modules: which import, the closures they are timed through (forward, backward of one
-forward, both), refusals per row, and the table's columns; and the fa4cpp builds' checked first
-runs (checked_builds)."""
+forward, both), refusals per row, and the table's columns; the fa4cpp builds' checked first runs
+(checked_builds); and the result files every benchmark script writes row by row (ResultFile)."""
 import contextlib
 import importlib.util
+import json
 import os
 import sys
 import types
@@ -134,3 +135,44 @@ def test_partial_result_is_written_and_marked(sweep, tmp_path, capsys):
     sweep.write_result(result, str(tmp_path), "partial", sweep.markdown)
     assert "Partial" not in (tmp_path / "partial.md").read_text()
     assert "| 8 | 16 |" in capsys.readouterr().out
+
+
+def test_result_file_writes_each_row_then_the_whole_run(sweep, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "gpu_facts", lambda: {"name": "GPU"})
+    build = types.SimpleNamespace(name="fa4cpp", path="lib.so", version="0", deterministic=False,
+                                  env={}, has_rescale_counts=lambda: False)
+    run = sweep.ResultFile(str(tmp_path), "run", sweep.markdown, "forward sweep", "abc", [build],
+                           3, extra={"pass": "fwd", "flops": "4*b*h*s*s*d"})
+    row = {"batch": 1, "seqlen": 16, "heads_q": 2, "heads_kv": 2, "head_dim": 8, "causal": False,
+           "cudnn_tflops": 1.0, "libs": {"fa4cpp": {"tflops": 2.0, "vs_cudnn": 2.0}}}
+    run.add(row)
+    assert json.loads(capsys.readouterr().out) == row  # the row, printed as measured
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert written["complete"] is False and written["gpu_after"] is None
+    assert written["pass"] == "fwd" and written["rounds"] == 3 and written["rows"] == [row]
+    assert written["libs"][0]["path"] == "lib.so" and not written["libs"][0]["deterministic"]
+    assert "**Partial:** the run stopped after these 1 rows" in (tmp_path / "run.md").read_text()
+    run.add(dict(row, seqlen=32))
+    run.finish()
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert written["complete"] is True and written["gpu_after"] == {"name": "GPU"}
+    assert [r["seqlen"] for r in written["rows"]] == [16, 32]
+    md = (tmp_path / "run.md").read_text()
+    assert "Partial" not in md and "| 8 | 32 |" in md and "| 8 | 32 |" in capsys.readouterr().out
+
+
+def test_small_scripts_mark_a_partial_table(sweep, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(REPO, "bench"))
+    monkeypatch.setitem(sys.modules, "sweep", sweep)
+    r = {"libs": [{"name": "fa4cpp", "version": "0", "path": "lib"}], "git_sha": "abc",
+         "gpu_before": {}, "torch": "t", "cudnn": 1, "timing": "median", "rows": []}
+    for script in ("varlen", "gqa_short"):
+        spec = importlib.util.spec_from_file_location(script,
+                                                      os.path.join(REPO, "bench", script + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        lines = module.markdown(dict(r, complete=False)).splitlines()
+        assert lines[3] == "" and lines[4].startswith("**Partial:** the run stopped after these 0")
+        assert lines[5] == "" and lines[6].startswith("| ")
+        done = module.markdown(dict(r, complete=True)).splitlines()
+        assert "Partial" not in "\n".join(done) and done[3] == "" and done[4].startswith("| ")
