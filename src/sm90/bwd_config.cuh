@@ -18,6 +18,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "sm90/bwd_workspace.hpp"
+#include "sm90/register_budget.hpp"
 #include "sm90/smem_atom.cuh"
 
 // A/B switch (bench/ab_variants.sh): 1 or 0 forces BwdConfig::kDvBeforeDs; -1 chooses by tile.
@@ -53,7 +54,7 @@ struct BwdConfig {
   // and dQ (dim/4): the MMA warpgroups need the whole budget.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
-  static_assert(kProducerRegisters + kMmaWarpgroups * kMmaRegisters <= 512);
+  static_assert(register_budget_fits(kProducerRegisters, kMmaWarpgroups, kMmaRegisters));
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -145,6 +146,7 @@ struct BwdWideConfig {
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
+  static_assert(register_budget_fits(kProducerRegisters, kMmaWarpgroups, kMmaRegisters));
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -10,6 +10,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "sm90/register_budget.hpp"
 #include "sm90/smem_atom.cuh"
 
 #ifndef FA4_SM90_EXP2_POLY_NUM
@@ -154,8 +155,8 @@ struct FwdConfig {
   // setmaxnreg budgets: the producer only issues TMA; the consumers hold S, P and O.
   static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
-  static_assert(kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters <= 512,
-                "register budget exceeds the 64K registers of an SM");
+  static_assert(register_budget_fits(kProducerRegisters, kConsumerWarpgroups, kConsumerRegisters),
+                "register budget exceeds the CTA's launch allocation");
 
   // Softmax (softmax.cuh): kExp2PolyNum of every kExp2PolyDen exponentials on the FMA pipe (FA4's
   // software exp2), and O rescaled only when a row's scaled max grows by more than `threshold`
