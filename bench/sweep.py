@@ -688,20 +688,22 @@ def rescale_markdown(r, names):
         return []
     lines = ["", "## O rescales per warp tile (one forward run, %s inputs)" % r.get("inputs"), "",
              "Exact: a threshold-0 online softmax (any row max of the warp grew); built: what the "
-             "build did. Reduction = exact / built.", "",
-             "| d | seqlen | causal | build | warp tiles | exact | built | reduction |",
-             "|---|---|---|---|---|---|---|---|"]
+             "build did (above exact where it rescales without checking). Reduction = exact / "
+             "built; none: the build rescaled no warp tile.", "",
+             "| d | seqlen | hq/hkv | causal | build | warp tiles | exact | built | reduction |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for x in r["rows"]:
         for n in counted:
             c = x["libs"].get(n, {}).get("rescale_counts")
             if c is None:
                 continue
             tiles = max(c["warp_tiles"], 1)
-            lines.append("| %d | %d | %s | %s | %d | %.2f %% | %.2f %% | %s |" % (
-                x["head_dim"], x["seqlen"], "yes" if x["causal"] else "no", n, c["warp_tiles"],
+            lines.append("| %d | %d | %d/%d | %s | %s | %d | %.2f %% | %.2f %% | %s |" % (
+                x["head_dim"], x["seqlen"], x["heads_q"], x["heads_kv"],
+                "yes" if x["causal"] else "no", n, c["warp_tiles"],
                 100.0 * c["exact_rescales"] / tiles, 100.0 * c["adaptive_rescales"] / tiles,
                 "%.1f×" % (c["exact_rescales"] / c["adaptive_rescales"])
-                if c["adaptive_rescales"] else "—"))
+                if c["adaptive_rescales"] else "none"))
     return lines
 
 

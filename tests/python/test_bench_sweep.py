@@ -176,3 +176,17 @@ def test_small_scripts_mark_a_partial_table(sweep, monkeypatch):
         assert lines[5] == "" and lines[6].startswith("| ")
         done = module.markdown(dict(r, complete=True)).splitlines()
         assert "Partial" not in "\n".join(done) and done[3] == "" and done[4].startswith("| ")
+
+
+def test_rescale_table_names_heads_and_builds_that_never_rescaled(sweep):
+    row = {"batch": 1, "seqlen": 16, "heads_q": 8, "heads_kv": 2, "head_dim": 64, "causal": True,
+           "libs": {"thr8": {"rescale_counts": {"warp_tiles": 200, "exact_rescales": 50,
+                                                "adaptive_rescales": 0}},
+                    "thr0": {"rescale_counts": {"warp_tiles": 200, "exact_rescales": 50,
+                                                "adaptive_rescales": 200}},
+                    "uncounted": {}}}
+    lines = sweep.rescale_markdown({"inputs": "spiky", "rows": [row]}, ["thr8", "thr0", "uncounted"])
+    assert lines[1] == "## O rescales per warp tile (one forward run, spiky inputs)"
+    assert lines[-2] == "| 64 | 16 | 8/2 | yes | thr8 | 200 | 25.00 % | 0.00 % | none |"
+    assert lines[-1] == "| 64 | 16 | 8/2 | yes | thr0 | 200 | 25.00 % | 100.00 % | 0.2× |"
+    assert sweep.rescale_markdown({"rows": [dict(row, libs={"a": {}})]}, ["a"]) == []
