@@ -9,6 +9,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "sm90/bwd_mask.cuh"
 #include "sm90/bwd_turns.cuh"
 #include "sm90/bwd_workspace.hpp"
 #include "sm90/gmem_layout.cuh"
@@ -134,19 +135,20 @@ struct BwdDqReduce {
     cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, full_barrier(wg));
   }
 
-  // The writer warp (one warp of the producer warpgroup): for each query tile m in [begin, end)
+  // The writer warp (one warp of the producer warpgroup): for each query tile m, in `order`,
   // and each warpgroup's half, waits for the half, issues its reduce-add and frees the half once
   // the TMA unit has read it. Deterministic mode (`counter(m, wg)` not null): before its reduction
   // the writer waits for the counter to read turn(m), and moves it on once the reduction has
   // landed in global memory; the MMA warpgroups never wait on a turn themselves.
   // `loads_issued` (one-stage Q / dO rings, else null): two mbarriers, the load thread arriving on
-  // [t & 1] once it has issued tile t's Q and dO (t after the first); the reduce-add of tile m
-  // waits for tile m + 1's, so that the TMA unit takes the loads the next tile waits on before this
+  // [t & 1] once it has issued step t's Q and dO (t after the first); the reduce-add of step t
+  // waits for step t + 1's, so that the TMA unit takes the loads the next tile waits on before this
   // tile's 2 × 32 KB reduction.
   template <class Counter, class Turn>
-  CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows, int begin,
-                                int end, Counter const& counter, Turn const& turn,
+  CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows,
+                                QueryOrder order, Counter const& counter, Turn const& turn,
                                 uint64_t* loads_issued) {
+    const int begin = order.tiles.begin, end = order.tiles.end;
     const bool issuer = cute::elect_one_sync();
     Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
     Tensor gDq = local_tile(domain_offset(make_coord(rows.offset, _0{}), mDq),
@@ -155,13 +157,15 @@ struct BwdDqReduce {
     for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg)
       cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
     CUTE_NO_UNROLL
-    for (int m = begin; m < end; ++m) {
-      // When this warp gets here, the load thread may have issued tile m + 2 too (the MMA
-      // warpgroups free tile m + 1's stage before they stage tile m + 1's dQ, which waits for
-      // this reduction), not m + 3: with a barrier per parity of the tile, neither is a phase
+    for (int step = begin; step < end; ++step) {
+      const int m = order.tile(step);
+      // When this warp gets here, the load thread may have issued step + 2 too (the MMA
+      // warpgroups free step + 1's stage before they stage step + 1's dQ, which waits for this
+      // reduction), not step + 3: with a barrier per parity of the step, neither is a phase
       // ahead.
-      if (loads_issued != nullptr && m + 1 < end)
-        cutlass::arch::ClusterBarrier::wait(&loads_issued[(m + 1) & 1], ((m - begin) >> 1) & 1);
+      if (loads_issued != nullptr && step + 1 < end)
+        cutlass::arch::ClusterBarrier::wait(&loads_issued[(step + 1) & 1],
+                                            ((step - begin) >> 1) & 1);
       CUTE_UNROLL
       for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg) {
         cutlass::arch::NamedBarrier::sync(kHandshakeThreads, full_barrier(wg));
@@ -191,7 +195,7 @@ struct BwdDqReduce {
         }
         __syncwarp();
         // No arrive after the last tile: every arrive is matched by a staging.
-        if (m + 1 < end) cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
+        if (step + 1 < end) cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
       }
     }
   }

@@ -50,6 +50,7 @@ struct BwdParams {
   float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
   GroupedOrder order;      // CTA → (key tile, head, batch entry); key tiles of the longest sequence
   int heads_q;
+  bool rotate_queries;  // each key tile starts at its own query tile (QueryOrder); no band
 };
 
 // kDeterministic: the deterministic mode (bwd_turns.cuh) is its own instance, so that the default
@@ -104,6 +105,7 @@ struct BwdKernel {
     Sequence seq;
     Mask mask;
     QueryTiles queries;
+    QueryOrder order;  // of `queries`
   };
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
     const GroupedOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
@@ -124,6 +126,9 @@ struct BwdKernel {
     // A key tile past seqused_k sees no query: it only writes dK = dV = 0.
     w.queries = w.n_block * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(w.n_block)
                                                           : QueryTiles{};
+    // Deterministic mode keeps the order of its turns.
+    w.order = QueryOrder::make(w.queries, w.n_block, p.order.blocks,
+                               !kDeterministic && p.rotate_queries);
     return true;
   }
 
@@ -175,8 +180,8 @@ struct BwdKernel {
         return;
       }
       if (leader) {
-        Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.queries.begin, w.queries.end,
-                  smem.q.data(), smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
+        Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.order, smem.q.data(),
+                  smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
                   smem.dpsum.data(), smem.kv_full, pipeline_q, pipeline_do, loads_issued(smem));
       } else if (warp == 1) {
         write_dq(p, smem, w);
@@ -251,6 +256,7 @@ struct BwdKernel {
 
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
+    const QueryOrder order = w.order;
 
     // The tile loop, compiled once with softcap and once without (run_by_softcap): with softcap,
     // P must be rounded before Sᵀ becomes dS's factor.
@@ -261,7 +267,8 @@ struct BwdKernel {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
       PipelineState read;  // the Q and dO rings advance together
       CUTE_NO_UNROLL
-      for (int m = w.queries.begin; m < w.queries.end; ++m) {
+      for (int step = w.queries.begin; step < w.queries.end; ++step) {
+        const int m = order.tile(step);
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_q.consumer_wait(read);
@@ -325,7 +332,7 @@ struct BwdKernel {
         // since each waits for its own dQ before the next step's barrier.
         // stmatrix.trans: the (query, key) tile from the (key, query) registers.
         store_ds(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, 0),
-                 (m & 1) * kDsStageElements);
+                 (step & 1) * kDsStageElements);
         if constexpr (!Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,
                              wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
@@ -338,7 +345,7 @@ struct BwdKernel {
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
         wgmma_issue<true>(mma_q,
                           wg_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
-                              _, _, _, m & 1),
+                              _, _, _, step & 1),
                           wg_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
         wgmma_issue<false>(mma_kv, tKVrDs,
                            wg_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
@@ -365,8 +372,8 @@ struct BwdKernel {
       else return nullptr;
     };
     auto turn = [&](int m) { return w.mask.last_tile(m) - w.n_block; };
-    BwdDqReduce<Config>::write(p.dq, smem.dq.data(), w.head, rows, w.queries.begin,
-                               w.queries.end, counter, turn, loads_issued(smem));
+    BwdDqReduce<Config>::write(p.dq, smem.dq.data(), w.head, rows, w.order, counter, turn,
+                               loads_issued(smem));
     BwdDqReduce<Config>::landed(p.dq, dq_done_slot(p));
   }
 

@@ -49,6 +49,15 @@ inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size
   return cudaSuccess;
 }
 
+// Key tiles start at their own query tiles (QueryOrder, bwd_mask.cuh) where every key tile sees
+// every query tile (no band) and the order of the adds is free (not in deterministic mode).
+// FA4_SM90_BWD_ROTATE=off keeps each key tile's walk from query tile 0 (read once), for
+// measurements.
+inline bool rotate_queries(const BandMask& band, bool deterministic) {
+  static const int forced = env_switch("FA4_SM90_BWD_ROTATE", "on", "off");
+  return forced != 0 && !band.banded() && !deterministic;
+}
+
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
                     void* stream) {
@@ -183,7 +192,8 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
         softcap,
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
         GroupedOrder{n_blocks, rows, group},
-        int(p.heads_q)};
+        int(p.heads_q),
+        rotate_queries(band, p.deterministic)};
     auto* kernel = p.deterministic ? &bwd_kernel<BwdKernel<Config, true>> : &bwd_kernel<Kernel>;
     static_assert(Kernel::kSmemBytes == BwdKernel<Config, true>::kSmemBytes);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

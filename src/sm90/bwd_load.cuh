@@ -93,12 +93,12 @@ struct BwdLoad {
   }
 
 
-  // Runs on a single thread. Query tiles [m_begin, m_end) in increasing order, Q before dO (Sᵀ,
-  // which needs Q, is issued before dPᵀ).
+  // Runs on a single thread. Query tiles in `order`, Q before dO (Sᵀ, which needs Q, is issued
+  // before dPᵀ).
   // `batch`: the sequence's index (also in varlen mode). smem_lse / smem_dpsum: kBlockM floats
   // per stage.
   CUTE_DEVICE static void run(Params const& p, int head, int n_block, int batch,
-                              Sequence const& seq, int m_begin, int m_end, Element* smem_q,
+                              Sequence const& seq, QueryOrder order, Element* smem_q,
                               Element* smem_do, Element* smem_k, Element* smem_v,
                               float* smem_lse, float* smem_dpsum, uint64_t& kv_full,
                               Pipeline& pipeline_q, Pipeline& pipeline_do,
@@ -136,7 +136,8 @@ struct BwdLoad {
     PipelineState write_q = cutlass::make_producer_start_state<Pipeline>();
     PipelineState write_do = cutlass::make_producer_start_state<Pipeline>();
     CUTE_NO_UNROLL
-    for (int m = m_begin; m < m_end; ++m) {
+    for (int step = order.tiles.begin; step < order.tiles.end; ++step) {
+      const int m = order.tile(step);
       const int64_t stat = first_stat + int64_t(m) * Config::kBlockM;
       pipeline_q.producer_acquire(write_q);
       uint64_t* full_q = pipeline_q.producer_get_barrier(write_q);
@@ -153,8 +154,8 @@ struct BwdLoad {
                                Config::kBytesRowStat);
       ++write_do;
       // The dQ writer's reduction of tile m − 1 may go now (bwd_dq_reduce.cuh).
-      if (loads_issued != nullptr && m > m_begin)
-        cutlass::arch::ClusterBarrier::arrive(&loads_issued[m & 1]);
+      if (loads_issued != nullptr && step > order.tiles.begin)
+        cutlass::arch::ClusterBarrier::arrive(&loads_issued[step & 1]);
     }
   }
 };

@@ -22,6 +22,27 @@ namespace fa4::sm90 {
 // Query tiles that see a key tile; empty when no query sees any of its keys.
 using QueryTiles = TileRange;
 
+// The order in which a key tile visits its query tiles: step i of [begin, end) takes tile
+// begin + (i − begin + shift) mod count. Without a band every key tile sees every query tile, and
+// a (head, batch entry)'s key tiles, which start together, would add their dQ into the same tile
+// at the same time; each starting at its own tile spreads those adds over the accumulator. The
+// steps, not the tiles, keep the rings' and stages' parities (a wrap would repeat one).
+struct QueryOrder {
+  QueryTiles tiles;
+  int shift = 0;  // in [0, count)
+
+  // Key tile n_block of `blocks` (n_block < blocks) starts n_block / blocks of the way along the
+  // tiles; without `rotate`, at the first.
+  CUTE_HOST_DEVICE static QueryOrder make(QueryTiles tiles, int n_block, int blocks, bool rotate) {
+    const int count = tiles.count();
+    return {tiles, rotate && count > 1 ? int(int64_t(n_block) * count / blocks) : 0};
+  }
+  CUTE_HOST_DEVICE int tile(int step) const {
+    const int t = step + shift;
+    return t < tiles.end ? t : t - tiles.count();
+  }
+};
+
 template <int kBlockN, int kBlockM>
 struct KeyTileMask {
   BandMask band;  // this sequence's lengths

@@ -84,13 +84,15 @@ struct BwdMmaWide {
     using ScoreFrag = decltype(partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{}));
     const TileMask<Config::kBlockN> mask{w.mask.band};
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
+    const QueryOrder order = w.order;
 
     auto tiles = [&](auto softcap_tag) {
       constexpr bool kSoftcap = decltype(softcap_tag)::value;
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
       PipelineState read;  // the Q and dO rings advance together
       CUTE_NO_UNROLL
-      for (int m = w.queries.begin; m < w.queries.end; ++m) {
+      for (int step = w.queries.begin; step < w.queries.end; ++step) {
+        const int m = order.tile(step);
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
         pipeline_q.consumer_wait(read);
@@ -141,11 +143,11 @@ struct BwdMmaWide {
         // m+1 may be ahead of the other's dQ reading stage m, never further. So does P where both
         // warpgroups read every key's P; with one stage, this warpgroup's last dVᵀ, its only
         // reader, finished last step.
-        const int p_stage = Config::kStagesP == 2 ? (m & 1) : 0;
+        const int p_stage = Config::kStagesP == 2 ? (step & 1) : 0;
         store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tP,
                                                                             sP(_, _, p_stage));
         store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tDs,
-                                                                            sDs(_, _, m & 1));
+                                                                            sDs(_, _, step & 1));
         cutlass::arch::fence_view_async_shared();  // generic-proxy stores before wgmma reads
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
 
@@ -159,12 +161,12 @@ struct BwdMmaWide {
             mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.q.data(), LayoutQt{}))(
                         _, _, _, stage),
             wg_kv.partition_fragment_B(opaque_smem_tensor(smem.ds.data(), LayoutDst{}))(
-                _, _, _, m & 1),
+                _, _, _, step & 1),
             dKt);
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
         wgmma_issue<true>(
             mma_q, wg_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
-                       _, _, _, m & 1),
+                       _, _, _, step & 1),
             wg_q.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutKt{})), dQ);
         // dVᵀ and dKᵀ are done: Q's and dO's stage is free (with one stage, as at d256, the next
         // tile's loads start here, while dQ runs).

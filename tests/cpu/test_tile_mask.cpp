@@ -3,12 +3,14 @@
 // against the band row by row (BandMask::key_range) for every key tile, over causal and windowed
 // bands, query and key lengths on either side of each other and of the tile size, and the spans
 // the kernel makes (TileRows, pack-GQA) as well as arbitrary ones, rows past the end included.
+// And the backward's QueryOrder (src/sm90/bwd_mask.cuh): each key tile's walk over its query tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "sm90/bwd_mask.cuh"
 #include "sm90/mask.cuh"
 
 namespace {
@@ -105,5 +107,50 @@ TEST(Sm90TileMask, VisibleTilesExact64) { check_all<64>(); }
 TEST(Sm90TileMask, VisibleTilesExact96) { check_all<96>(); }
 TEST(Sm90TileMask, VisibleTilesExact128) { check_all<128>(); }
 TEST(Sm90TileMask, VisibleTilesExact176) { check_all<176>(); }
+
+// Every key tile visits each of its query tiles once, in steps that wrap once, starting where
+// make() puts it: the first tile without rotation; with it, n_block / blocks of the way along,
+// so that key tiles with the same range start at different tiles where there are as many tiles.
+TEST(Sm90QueryOrder, EachTileOnceFromItsStart) {
+  using fa4::sm90::QueryOrder;
+  using fa4::sm90::QueryTiles;
+  for (int begin : {0, 1, 5}) {
+    for (int count : {0, 1, 2, 3, 7, 64, 65}) {
+      const QueryTiles tiles{begin, begin + count};
+      for (int blocks : {1, 2, 3, 64, 100}) {
+        std::vector<int> starts;
+        for (int n = 0; n < blocks; ++n) {
+          for (bool rotate : {false, true}) {
+            const QueryOrder order = QueryOrder::make(tiles, n, blocks, rotate);
+            ASSERT_GE(order.shift, 0);
+            ASSERT_LT(order.shift, count > 0 ? count : 1);
+            if (!rotate || count < 2) {
+              EXPECT_EQ(order.shift, 0);
+            }
+            std::vector<int> seen(count, 0);
+            for (int step = tiles.begin; step < tiles.end; ++step) {
+              const int m = order.tile(step);
+              ASSERT_TRUE(tiles.contains(m)) << m;
+              ++seen[m - begin];
+              // One wrap: from the last tile to the first, else the next tile.
+              if (step > tiles.begin) {
+                const int before = order.tile(step - 1);
+                EXPECT_EQ(m, before + 1 == tiles.end ? tiles.begin : before + 1);
+              }
+            }
+            EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), count);
+            if (count > 0) EXPECT_EQ(order.tile(tiles.begin), begin + order.shift);
+            if (rotate) starts.push_back(order.shift);
+          }
+        }
+        // Distinct starts for the first min(count, blocks) tiles' worth of key tiles.
+        std::sort(starts.begin(), starts.end());
+        const int distinct =
+            int(std::unique(starts.begin(), starts.end()) - starts.begin());
+        EXPECT_EQ(distinct, count < 2 ? 1 : std::min(count, blocks)) << count << " " << blocks;
+      }
+    }
+  }
+}
 
 }  // namespace
