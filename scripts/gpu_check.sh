@@ -162,6 +162,10 @@ run_tests() {
   want tests_split_all && sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
     FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
     FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*:*Refuses*'
+  # The backward's tests without a band with every kernel's key tiles starting at their own query
+  # tiles (QueryOrder; by default only the wide kernel's do).
+  want tests_bwd_rotate && sharded tests_bwd_rotate "bwd rotated" FA4_SM90_BWD_ROTATE=on \
+    -- --gtest_filter='*Sm90Backward*-*causal*:*window*:*deterministic*:*Refus*:*CanImplement*'
 }
 
 # `sanitize NAME LABEL "TOOLS" FILTER [VAR=value ...]`: the GPU tests of FILTER under each
@@ -190,6 +194,8 @@ run_sanitize() {
   # and the wide backward (P and dS through shared memory): d256 (one-stage rings), 192x128.
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q113_k203_gqa4_causal'
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d192x128_bf16_q300_k600_gqa4_causal_deterministic'
+  # and the wide backward without a band: key tiles starting at their own query tiles, wrapping.
+  small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q300_k600_gqa4_spiky'
   sanitize "" "" "memcheck racecheck synccheck" "$small"
   # The forward cases again on 2 persistent CTAs (many tiles each): the hand-over of Q's buffer
   # and V's ring from tile to tile.
