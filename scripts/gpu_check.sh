@@ -163,7 +163,7 @@ run_tests() {
     FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
     FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*:*Refuses*'
   # The backward's tests without a band with every kernel's key tiles starting at their own query
-  # tiles (QueryOrder; by default only the wide kernel's do).
+  # tiles (QueryOrder; by default only d256's do).
   want tests_bwd_rotate && sharded tests_bwd_rotate "bwd rotated" FA4_SM90_BWD_ROTATE=on \
     -- --gtest_filter='*Sm90Backward*-*causal*:*window*:*deterministic*:*Refus*:*CanImplement*'
 }

@@ -43,6 +43,9 @@ struct BwdConfig {
   static constexpr int kBlockN = 64 * kMmaWarpgroups;  // keys per CTA
   static_assert(kBlockN == bwd_block_n(kHeadDim_));
   static constexpr int kStages = 2;  // Q and dO rings
+  // Without a band, key tiles walk the query tiles from the first (QueryOrder: rotated, no
+  // faster here, bench/NOTES.md twenty-ninth session).
+  static constexpr bool kRotateQueries = false;
   // dV issued right after the exponentials (to run during dS) rather than after dS: it keeps P
   // (kBlockM/4 registers) alive beside Sᵀ and dPᵀ, which 128-row tiles cannot afford.
   static constexpr bool kDvBeforeDs =
@@ -142,6 +145,11 @@ struct BwdWideConfig {
   // Q and dO rings: two stages need 64 KB more than the 227 KB at head dim 256 (dQ's fp32
   // staging alone is 64 KB there), so d256 loads each query tile after the last one is done.
   static constexpr int kStages = kHeadDimQK_ + kHeadDimV_ <= 384 ? 2 : 1;
+  // Without a band, each key tile starts at its own query tile (QueryOrder) where that measured
+  // faster: d256, whose 64 CTAs per head at 4k would otherwise add 64 KB of dQ each into the same
+  // tile at once, behind one-stage rings (+2.6-3.0 %); not d192 / 192x128 (two stages, 48 KB:
+  // -0.5 ... -1.1 %). bench/NOTES.md, twenty-ninth session.
+  static constexpr bool kRotateQueries = kStages == 1;
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kProducerRegisters = 24;
