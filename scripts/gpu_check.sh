@@ -162,10 +162,10 @@ run_tests() {
   want tests_split_all && sharded tests_split_all "fwd 3 splits, ordered, packed, 3 CTAs" FA4_SM90_SPLITS=3 \
     FA4_SM90_TILE_ORDER=longest FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
     FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*-*_gqa1:*_gqa1_*:*Refuses*'
-  # The backward's tests without a band with every kernel's key tiles starting at their own query
-  # tiles (QueryOrder; by default only d256's do).
-  want tests_bwd_rotate && sharded tests_bwd_rotate "bwd rotated" FA4_SM90_BWD_ROTATE=on \
-    -- --gtest_filter='*Sm90Backward*-*causal*:*window*:*deterministic*:*Refus*:*CanImplement*'
+  # d256's backward tests without a band with its key tiles walking the query tiles from the first
+  # (by default each starts at its own: QueryOrder).
+  want tests_bwd_plain && sharded tests_bwd_plain "bwd d256 plain walk" FA4_SM90_BWD_ROTATE=off \
+    -- --gtest_filter='*Sm90Backward*d256*-*causal*:*Causal*:*window*:*deterministic*:*Deterministic*'
 }
 
 # `sanitize NAME LABEL "TOOLS" FILTER [VAR=value ...]`: the GPU tests of FILTER under each

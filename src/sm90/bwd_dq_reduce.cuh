@@ -144,10 +144,9 @@ struct BwdDqReduce {
   // [t & 1] once it has issued step t's Q and dO (t after the first); the reduce-add of step t
   // waits for step t + 1's, so that the TMA unit takes the loads the next tile waits on before this
   // tile's 2 × 32 KB reduction.
-  template <class Counter, class Turn>
-  CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows,
-                                QueryOrder order, Counter const& counter, Turn const& turn,
-                                uint64_t* loads_issued) {
+  template <class Order, class Counter, class Turn>
+  CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows, Order order,
+                                Counter const& counter, Turn const& turn, uint64_t* loads_issued) {
     const int begin = order.tiles.begin, end = order.tiles.end;
     const bool issuer = cute::elect_one_sync();
     Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);

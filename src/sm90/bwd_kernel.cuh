@@ -50,7 +50,7 @@ struct BwdParams {
   float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
   GroupedOrder order;      // CTA → (key tile, head, batch entry); key tiles of the longest sequence
   int heads_q;
-  bool rotate_queries;  // each key tile starts at its own query tile (QueryOrder); no band
+  bool rotate_queries;  // where Config::kRotateQueries: key tiles start at their own query tiles
 };
 
 // kDeterministic: the deterministic mode (bwd_turns.cuh) is its own instance, so that the default
@@ -105,7 +105,7 @@ struct BwdKernel {
     Sequence seq;
     Mask mask;
     QueryTiles queries;
-    QueryOrder order;  // of `queries`
+    QueryOrder<Config::kRotateQueries && !kDeterministic> order;  // of `queries`
   };
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
     const GroupedOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
@@ -126,9 +126,8 @@ struct BwdKernel {
     // A key tile past seqused_k sees no query: it only writes dK = dV = 0.
     w.queries = w.n_block * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(w.n_block)
                                                           : QueryTiles{};
-    // Deterministic mode keeps the order of its turns.
-    w.order = QueryOrder::make(w.queries, w.n_block, p.order.blocks,
-                               !kDeterministic && p.rotate_queries);
+    // Only configs with kRotateQueries rotate; deterministic mode keeps the order of its turns.
+    w.order = decltype(w.order)::make(w.queries, w.n_block, p.order.blocks, p.rotate_queries);
     return true;
   }
 
@@ -256,7 +255,7 @@ struct BwdKernel {
 
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
-    const QueryOrder order = w.order;
+    const auto order = w.order;
 
     // The tile loop, compiled once with softcap and once without (run_by_softcap): with softcap,
     // P must be rounded before Sᵀ becomes dS's factor.
@@ -327,9 +326,9 @@ struct BwdKernel {
         }
         if constexpr (!kEarlyP) convert_fragment(tSrS, tKVrP);
         convert_fragment(tSrDp, tKVrDs);
-        // dS of both warpgroups into shared memory for dQ. Its two stages alternate: a warpgroup
-        // writing stage m+1 may still be ahead of the other's dQ reading stage m, never further,
-        // since each waits for its own dQ before the next step's barrier.
+        // dS of both warpgroups into shared memory for dQ. Its two stages alternate by step: a
+        // warpgroup writing step + 1's may still be ahead of the other's dQ reading this step's,
+        // never further, since each waits for its own dQ before the next step's barrier.
         // stmatrix.trans: the (query, key) tile from the (key, query) registers.
         store_ds(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, 0),
                  (step & 1) * kDsStageElements);

@@ -50,12 +50,12 @@ inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size
 }
 
 // Key tiles start at their own query tiles (QueryOrder, bwd_mask.cuh) where every key tile sees
-// every query tile (no band), the order of the adds is free (not in deterministic mode) and the
-// config measured faster that way (kRotateQueries: d256). FA4_SM90_BWD_ROTATE=on|off forces it
-// either way (read once), for measurements and tests.
-inline bool rotate_queries(const BandMask& band, bool deterministic, bool config_rotates) {
+// every query tile (no band) and the order of the adds is free (not in deterministic mode), in
+// the configs measured faster that way (kRotateQueries, compiled in: d256).
+// FA4_SM90_BWD_ROTATE=off keeps the plain walk there too (read once), for measurements.
+inline bool rotate_queries(const BandMask& band, bool deterministic) {
   static const int forced = env_switch("FA4_SM90_BWD_ROTATE", "on", "off");
-  return (forced < 0 ? config_rotates : forced == 1) && !band.banded() && !deterministic;
+  return forced != 0 && !band.banded() && !deterministic;
 }
 
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
@@ -193,7 +193,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
         GroupedOrder{n_blocks, rows, group},
         int(p.heads_q),
-        rotate_queries(band, p.deterministic, Config::kRotateQueries)};
+        rotate_queries(band, p.deterministic)};
     auto* kernel = p.deterministic ? &bwd_kernel<BwdKernel<Config, true>> : &bwd_kernel<Kernel>;
     static_assert(Kernel::kSmemBytes == BwdKernel<Config, true>::kSmemBytes);
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -97,8 +97,9 @@ struct BwdLoad {
   // before dPᵀ).
   // `batch`: the sequence's index (also in varlen mode). smem_lse / smem_dpsum: kBlockM floats
   // per stage.
+  template <class Order>
   CUTE_DEVICE static void run(Params const& p, int head, int n_block, int batch,
-                              Sequence const& seq, QueryOrder order, Element* smem_q,
+                              Sequence const& seq, Order order, Element* smem_q,
                               Element* smem_do, Element* smem_k, Element* smem_v,
                               float* smem_lse, float* smem_dpsum, uint64_t& kv_full,
                               Pipeline& pipeline_q, Pipeline& pipeline_do,
@@ -153,7 +154,7 @@ struct BwdLoad {
                                smem_dpsum + write_do.index() * Config::kBlockM,
                                Config::kBytesRowStat);
       ++write_do;
-      // The dQ writer's reduction of tile m − 1 may go now (bwd_dq_reduce.cuh).
+      // The dQ writer's reduction of step − 1's tile may go now (bwd_dq_reduce.cuh).
       if (loads_issued != nullptr && step > order.tiles.begin)
         cutlass::arch::ClusterBarrier::arrive(&loads_issued[step & 1]);
     }

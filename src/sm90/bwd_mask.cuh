@@ -27,19 +27,30 @@ using QueryTiles = TileRange;
 // a (head, batch entry)'s key tiles, which start together, would add their dQ into the same tile
 // at the same time; each starting at its own tile spreads those adds over the accumulator. The
 // steps, not the tiles, keep the rings' and stages' parities (a wrap would repeat one).
+// kRotates false: the plain walk, tile = step, compiled as such (a runtime shift of 0 cost the
+// d128 kernel 44 bytes of spills).
+template <bool kRotates>
 struct QueryOrder {
   QueryTiles tiles;
-  int shift = 0;  // in [0, count)
+  int shift = 0;  // in [0, count); 0 without kRotates
 
   // Key tile n_block of `blocks` (n_block < blocks) starts n_block / blocks of the way along the
   // tiles; without `rotate`, at the first.
   CUTE_HOST_DEVICE static QueryOrder make(QueryTiles tiles, int n_block, int blocks, bool rotate) {
-    const int count = tiles.count();
-    return {tiles, rotate && count > 1 ? int(int64_t(n_block) * count / blocks) : 0};
+    if constexpr (kRotates) {
+      const int count = tiles.count();
+      return {tiles, rotate && count > 1 ? int(int64_t(n_block) * count / blocks) : 0};
+    } else {
+      return {tiles, 0};
+    }
   }
   CUTE_HOST_DEVICE int tile(int step) const {
-    const int t = step + shift;
-    return t < tiles.end ? t : t - tiles.count();
+    if constexpr (kRotates) {
+      const int t = step + shift;
+      return t < tiles.end ? t : t - tiles.count();
+    } else {
+      return step;
+    }
   }
 };
 

@@ -84,7 +84,7 @@ struct BwdMmaWide {
     using ScoreFrag = decltype(partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{}));
     const TileMask<Config::kBlockN> mask{w.mask.band};
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
-    const QueryOrder order = w.order;
+    const auto order = w.order;
 
     auto tiles = [&](auto softcap_tag) {
       constexpr bool kSoftcap = decltype(softcap_tag)::value;
@@ -139,10 +139,10 @@ struct BwdMmaWide {
         }
         Tensor tDs = make_tensor<Element>(ScoreFrag{}.layout());
         convert_fragment(tSrDp, tDs);
-        // dS alternates between two stages, as in the narrow kernel: a warpgroup writing stage
-        // m+1 may be ahead of the other's dQ reading stage m, never further. So does P where both
-        // warpgroups read every key's P; with one stage, this warpgroup's last dVᵀ, its only
-        // reader, finished last step.
+        // dS alternates between two stages by step, as in the narrow kernel: a warpgroup writing
+        // step + 1's may be ahead of the other's dQ reading this step's, never further. So does P
+        // where both warpgroups read every key's P; with one stage, this warpgroup's last dVᵀ, its
+        // only reader, finished last step.
         const int p_stage = Config::kStagesP == 2 ? (step & 1) : 0;
         store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tP,
                                                                             sP(_, _, p_stage));

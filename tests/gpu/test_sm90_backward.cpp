@@ -290,7 +290,7 @@ std::vector<Case> backward_cases() {
     append(is_full_kernel(k) ? full_fixed_cases(k) : other_fixed_cases(k));
     // Without a band d256's key tiles start at their own query tiles (QueryOrder): 5 query
     // tiles, the last partial, so that the walks wrap and the steps' parities cross the wrap
-    // (FA4_SM90_BWD_ROTATE=on runs it through the other kernels too).
+    // (gpu_check.sh also runs it with FA4_SM90_BWD_ROTATE=off).
     cases.push_back(fixed_case(k, {"q300_k600", 1, 300, 600}, Mask::kNone, kGqa4, true, false));
     append(varlen_cases(k));
     append(packed_cases(k));
