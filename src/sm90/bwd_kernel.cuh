@@ -104,8 +104,8 @@ struct BwdKernel {
     int stored_k;  // the sequence's key rows in the tensor: dK and dV are written for all of them
     Sequence seq;
     Mask mask;
-    QueryTiles queries;
-    QueryOrder<Config::kRotateQueries && !kDeterministic> order;  // of `queries`
+    // The query tiles that see the key tile (empty: none), in the order it visits them.
+    QueryOrder<Config::kRotateQueries && !kDeterministic> order;
   };
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
     const GroupedOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
@@ -124,10 +124,10 @@ struct BwdKernel {
     if (w.n_block * Config::kBlockN >= w.stored_k) return false;
     w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right)};
     // A key tile past seqused_k sees no query: it only writes dK = dV = 0.
-    w.queries = w.n_block * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(w.n_block)
-                                                          : QueryTiles{};
+    const QueryTiles queries =
+        w.n_block * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(w.n_block) : QueryTiles{};
     // Only configs with kRotateQueries rotate; deterministic mode keeps the order of its turns.
-    w.order = decltype(w.order)::make(w.queries, w.n_block, p.order.blocks, p.rotate_queries);
+    w.order = decltype(w.order)::make(queries, w.n_block, p.order.blocks, p.rotate_queries);
     return true;
   }
 
@@ -161,7 +161,7 @@ struct BwdKernel {
     // Launched dependent on the prepare kernel (bwd_launch.cuh): every thread waits for it before
     // it reads what that kernel writes (the stats, dQ's cleared accumulator) or ends, so that this
     // grid's end implies that one's; the load thread once it has issued K and V (BwdLoad::run).
-    const bool loads = leader && has_work && !w.queries.empty();
+    const bool loads = leader && has_work && !w.order.tiles.empty();
     if (!loads) {
       cutlass::arch::wait_on_dependent_grids();
       // With counts (BwdDqReduce::Params::done), the dQ finish kernel may start once every CTA
@@ -173,7 +173,7 @@ struct BwdKernel {
     }
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-      if (!has_work || w.queries.empty()) {
+      if (!has_work || w.order.tiles.empty()) {
         // No reduce-adds; the count has waited for the prepare kernel's clearing (above).
         if (warp == 1) BwdDqReduce<Config>::landed(p.dq, dq_done_slot(p));
         return;
@@ -266,7 +266,7 @@ struct BwdKernel {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
       PipelineState read;  // the Q and dO rings advance together
       CUTE_NO_UNROLL
-      for (int step = w.queries.begin; step < w.queries.end; ++step) {
+      for (int step = w.order.tiles.begin; step < w.order.tiles.end; ++step) {
         const int m = order.tile(step);
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -358,7 +358,7 @@ struct BwdKernel {
         ++read;
       }
     };
-    if (!w.queries.empty()) run_by_softcap(p.softcap.enabled(), tiles);
+    if (!w.order.tiles.empty()) run_by_softcap(p.softcap.enabled(), tiles);
     store_dkv(p, thr_kv, dK, dV, smem);
   }
 

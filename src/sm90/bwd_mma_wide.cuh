@@ -91,7 +91,7 @@ struct BwdMmaWide {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
       PipelineState read;  // the Q and dO rings advance together
       CUTE_NO_UNROLL
-      for (int step = w.queries.begin; step < w.queries.end; ++step) {
+      for (int step = w.order.tiles.begin; step < w.order.tiles.end; ++step) {
         const int m = order.tile(step);
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockM, BlockN>{});
@@ -180,7 +180,7 @@ struct BwdMmaWide {
         ++read;
       }
     };
-    if (!w.queries.empty()) run_by_softcap(p.softcap.enabled(), tiles);
+    if (!w.order.tiles.empty()) run_by_softcap(p.softcap.enabled(), tiles);
     Kernel::store_dkv(p, thr_kv, dKt, dVt, smem);
   }
 };
