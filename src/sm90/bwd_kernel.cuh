@@ -242,6 +242,15 @@ struct BwdKernel {
                                               smem.q.data(), smem.dout.data());
   }
 
+  // An MMA thread done with `state`'s stage of a Q / dO ring. PipelineTmaAsync, built here for a
+  // cluster of one CTA, sends each release to the cluster's first CTA; on key-tile pairs, whose
+  // rings are still each CTA's own, every thread arrives on its own CTA's barrier instead.
+  CUTE_DEVICE static void release(typename Pipeline::SharedStorage& ring, Pipeline& pipeline,
+                                  PipelineState const& state) {
+    if constexpr (Pair::kEnabled) ring.empty_barrier_[state.index()].arrive();
+    else pipeline.consumer_release(state);
+  }
+
  private:
   CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, Work const& w,
                               Pipeline& pipeline_q, Pipeline& pipeline_do) {

@@ -197,8 +197,8 @@ struct BwdMmaWide {
         // dVᵀ and dKᵀ are done: Q's and dO's stage is free (with one stage, as at d256, the next
         // tile's loads start here, while dQ runs).
         warpgroup_wait<1>();
-        pipeline_do.consumer_release(read);
-        pipeline_q.consumer_release(read);
+        Kernel::release(smem.pipeline_do, pipeline_do, read);
+        Kernel::release(smem.pipeline_q, pipeline_q, read);
         warpgroup_wait<0>();
         if constexpr (Pair::kEnabled) {
           if (thread % 128 == 0) Pair::release(smem.pair, step);
