@@ -115,10 +115,7 @@ struct BwdKernel {
   // CTA `cta`'s (key tile, head, batch entry): on pairs, the grid's order is one of key-tile pairs,
   // and the two CTAs of a cluster (adjacent in the grid) take the pair's two key tiles.
   CUTE_DEVICE static GroupedOrder::Unit unit(Params const& p, int cta) {
-    constexpr int kCtas = Config::kClusterCtas;
-    GroupedOrder::Unit u = p.order.unit(cta / kCtas, p.heads_q);
-    u.block = u.block * kCtas + cta % kCtas;
-    return u;
+    return p.order.cluster_unit(cta, p.heads_q, Config::kClusterCtas);
   }
 
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
@@ -142,15 +139,9 @@ struct BwdKernel {
       return n * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(n) : QueryTiles{};
     };
     QueryTiles queries = queries_of(w.n_block);
-    if constexpr (Pair::kEnabled) {
-      // Both CTAs of a pair walk the query tiles either key tile sees (a band's ranges move
-      // monotonically with the key tile, so their hull; tiles outside a CTA's own range are
-      // masked whole), in the same order.
-      const QueryTiles other = queries_of(w.n_block ^ 1);
-      if (queries.empty()) queries = other;
-      else if (!other.empty())
-        queries = {cute::min(queries.begin, other.begin), cute::max(queries.end, other.end)};
-    }
+    // Both CTAs of a pair walk the query tiles either key tile sees, in the same order; tiles
+    // outside a CTA's own range are masked whole.
+    if constexpr (Pair::kEnabled) queries = query_tile_hull(queries, queries_of(w.n_block ^ 1));
     // Only configs with kRotateQueries rotate; deterministic mode keeps the order of its turns.
     // A pair starts where its first key tile would.
     w.order = decltype(w.order)::make(queries, w.n_block / Config::kClusterCtas, p.order.blocks,
