@@ -166,6 +166,10 @@ run_tests() {
   # (by default each starts at its own: QueryOrder).
   want tests_bwd_plain && sharded tests_bwd_plain "bwd d256 plain walk" FA4_SM90_BWD_ROTATE=off \
     -- --gtest_filter='*Sm90Backward*d256*-*causal*:*Causal*:*window*:*deterministic*:*Deterministic*'
+  # d256's backward tests on single key tiles (by default fixed-length problems with an even
+  # number of key tiles run on key-tile pairs: bwd_pair.cuh).
+  want tests_bwd_single && sharded tests_bwd_single "bwd d256 single key tiles" FA4_SM90_BWD_PAIRS=off \
+    -- --gtest_filter='*Sm90Backward*d256*-*deterministic*:*Deterministic*:*varlen*:*_used*'
 }
 
 # `sanitize NAME LABEL "TOOLS" FILTER [VAR=value ...]`: the GPU tests of FILTER under each
@@ -196,6 +200,9 @@ run_sanitize() {
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d192x128_bf16_q300_k600_gqa4_causal_deterministic'
   # and the wide backward without a band: key tiles starting at their own query tiles, wrapping.
   small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q300_k600_gqa4_spiky'
+  # and d256's key-tile pairs (the cases above run on them too): pairs whose key tiles see no
+  # query, one or both.
+  small+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q1_k256_gqa4_window*'
   sanitize "" "" "memcheck racecheck synccheck" "$small"
   # The forward cases again on 2 persistent CTAs (many tiles each): the hand-over of Q's buffer
   # and V's ring from tile to tile.

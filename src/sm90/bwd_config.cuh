@@ -43,6 +43,8 @@ struct BwdConfig {
   static constexpr int kBlockN = 64 * kMmaWarpgroups;  // keys per CTA
   static_assert(kBlockN == bwd_block_n(kHeadDim_));
   static constexpr int kStages = 2;  // Q and dO rings
+  static constexpr int kClusterCtas = 1;  // no key-tile pairs (bwd_pair.cuh)
+  static constexpr int kDqDim = kHeadDim;  // dQ's columns this CTA computes
   // Without a band, key tiles walk the query tiles from the first (QueryOrder: rotated, no
   // faster here, bench/NOTES.md twenty-ninth session).
   static constexpr bool kRotateQueries = false;
@@ -93,6 +95,9 @@ struct BwdConfig {
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlockN>{}, Step<_2, _1>{})));
   using SmemLayoutV = decltype(tile_to_shape(SmemAtom<kHeadDim>{}, Shape<BlockN, HeadDim>{}));
+  // dQ's K columns: all of K (no pairs).
+  using DqDim = HeadDim;
+  using SmemLayoutKDq = SmemLayoutK;
   using SmemLayoutDo = SmemLayoutQ;
   // dS, (query, key) per stage: the A operand of dQ, written transposed from the dSᵀ registers.
   using SmemLayoutDs = decltype(tile_to_shape(SmemAtom<kBlockN>{}, Shape<BlockM, BlockN, _2>{}));
@@ -104,6 +109,7 @@ struct BwdConfig {
   // One query tile's LSE·log2e (with Q) or D (with dO), in the same stage.
   static constexpr int kBytesRowStat = kBlockM * int(sizeof(float));
   static constexpr int kBytesKV = 2 * kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kBytesPartnerK = 0;
 
   static_assert(kHeadDim % 32 == 0,
                 "dQ splits the head dim into halves of whole 16-element (32-byte) swizzle atoms");
@@ -125,7 +131,12 @@ struct BwdConfig {
 // The split by head dim (kDkvByDim) gives dVᵀ / dKᵀ wgmmas of N = 64 rather than 32: per FLOP a
 // third less shared memory read for their operands (the kernel is bound by shared memory there:
 // bench/NOTES.md), at the cost of a second P stage (both warpgroups read every key's P).
-template <int kHeadDimQK_, int kHeadDimV_, class Element_>
+//
+// kClusterCtas_ 2: the CTAs of two adjacent key tiles form a cluster, and each computes dQ for
+// half the head dim (kDqDim) over both key tiles, from its own dS and its partner's (bwd_pair.cuh):
+// one reduce-add of half the size per CTA and query tile. The partner's K columns and dS take the
+// shared memory that the halved dQ staging frees.
+template <int kHeadDimQK_, int kHeadDimV_, class Element_, int kClusterCtas_ = 1>
 struct BwdWideConfig {
   using Element = Element_;
   using Accum = float;
@@ -150,6 +161,12 @@ struct BwdWideConfig {
   // tile at once, behind one-stage rings (+2.6-3.0 %); not d192 / 192x128 (two stages, 48 KB:
   // -0.5 ... -1.1 %). bench/NOTES.md, twenty-ninth session.
   static constexpr bool kRotateQueries = kStages == 1;
+  // Key-tile pairs where dQ's staging (64 KB at d256) is what fills the shared memory; the
+  // launcher picks them per problem (bwd_launch.cuh).
+  static constexpr bool kPairable = kStages == 1;
+  static constexpr int kClusterCtas = kClusterCtas_;
+  static_assert(kClusterCtas == 1 || (kClusterCtas == 2 && kPairable));
+  static constexpr int kDqDim = kHeadDim / kClusterCtas;
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kProducerRegisters = 24;
@@ -174,7 +191,7 @@ struct BwdWideConfig {
                            GMMA::Major::MN, GMMA::Major::MN>(),
       std::conditional_t<kDkvByDim, MTiling, NTiling>{}));
   using TiledMmaQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, Accum, Shape<BlockM, Int<kHeadDim / kMmaWarpgroups>, BlockN>,
+      GMMA::ss_op_selector<Element, Element, Accum, Shape<BlockM, Int<kDqDim / kMmaWarpgroups>, BlockN>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       NTiling{}));
 
@@ -190,9 +207,19 @@ struct BwdWideConfig {
   using SmemLayoutDot = decltype(composition(
       SmemLayoutDo{}, make_ordered_layout(Shape<HeadDimV, BlockM, Stages>{}, Step<_2, _1, _3>{})));
   using SmemLayoutK =
-      decltype(tile_to_shape(SmemAtom<kHeadDim / kMmaWarpgroups>{}, Shape<BlockN, HeadDim>{}));
+      decltype(tile_to_shape(SmemAtom<kDqDim / kMmaWarpgroups>{}, Shape<BlockN, HeadDim>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlockN>{}, Step<_2, _1>{})));
+  // The K columns of this CTA's dQ (on a pair: its half of its own K, and the partner's copy),
+  // transposed for dQ. Atoms tile K column by column, so half c of K is its c-th contiguous
+  // block, laid out like this.
+  using DqDim = Int<kDqDim>;
+  using SmemLayoutKDq =
+      decltype(tile_to_shape(SmemAtom<kDqDim / kMmaWarpgroups>{}, Shape<BlockN, DqDim>{}));
+  using SmemLayoutKDqt = decltype(composition(
+      SmemLayoutKDq{}, make_ordered_layout(Shape<DqDim, BlockN>{}, Step<_2, _1>{})));
+  static_assert(SmemLayoutK{}(0, kDqDim % kHeadDim) == cosize_v<SmemLayoutKDq> % cosize_v<SmemLayoutK>,
+                "half c of K starts c blocks of SmemLayoutKDq in");
   using SmemLayoutV = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockN, HeadDimV>{}));
   // P (kStagesP) and dS (two stages, as in BwdConfig), (query, key); read transposed from the
   // first key of a warpgroup's dVᵀ / dKᵀ, so the swizzle atom spans kDkvKeys keys at most.
@@ -210,10 +237,13 @@ struct BwdWideConfig {
   static constexpr int kBytesDo = kBlockM * kHeadDimV * int(sizeof(Element));
   static constexpr int kBytesRowStat = kBlockM * int(sizeof(float));
   static constexpr int kBytesKV = kBlockN * (kHeadDim + kHeadDimV) * int(sizeof(Element));
+  // On a pair, the partner's K columns of this CTA's dQ, loaded with K and V.
+  static constexpr int kBytesPartnerK =
+      kClusterCtas == 1 ? 0 : kBlockN * kDqDim * int(sizeof(Element));
 
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0,
                 "dKᵀ and dVᵀ are 64-row wgmma atoms along the head dim");
-  static_assert(kHeadDim / kMmaWarpgroups % 16 == 0, "dQ's halves: whole 64-byte float atoms");
+  static_assert(kDqDim / kMmaWarpgroups % 16 == 0, "dQ's halves: whole 64-byte float atoms");
   static_assert(kKeysPerWarpgroup % 16 == 0, "a warpgroup's keys: whole k16 / 32-byte atoms");
   static_assert(!kDkvByDim || (kHeadDim % (64 * kMmaWarpgroups) == 0 &&
                                kHeadDimV % (64 * kMmaWarpgroups) == 0),
@@ -226,5 +256,17 @@ template <int kHeadDimQK, int kHeadDimV, class Element>
 using BwdConfigFor =
     std::conditional_t<(kHeadDimQK <= 128), BwdConfig<kHeadDimQK, Element>,
                        BwdWideConfig<kHeadDimQK, kHeadDimV, Element>>;
+
+// Its key-tile-pair configuration where it has one (kPairable), else itself.
+template <class Config, bool = Config::kWide>
+struct BwdPairedConfig {
+  using type = Config;
+};
+template <class Config>
+struct BwdPairedConfig<Config, true> {
+  using type = std::conditional_t<
+      Config::kPairable,
+      BwdWideConfig<Config::kHeadDim, Config::kHeadDimV, typename Config::Element, 2>, Config>;
+};
 
 }  // namespace fa4::sm90

@@ -24,12 +24,14 @@ using namespace cute;
 template <class Config>
 struct BwdDqReduce {
   using BlockM = typename Config::BlockM;
-  using HalfDim = Int<Config::kHeadDim / Config::kMmaWarpgroups>;
+  // A warpgroup's share of the CTA's dQ columns (Config::kDqDim: all of the head dim, or half on a
+  // key-tile pair, bwd_pair.cuh), "half" for short.
+  using HalfDim = Int<Config::kDqDim / Config::kMmaWarpgroups>;
   // Both halves in one tile: atoms tile it column by column, so with atoms that divide a half
   // (128 bytes = 32 floats wide, or 64 bytes for d96's 48-float halves) warpgroup w's columns are
   // the w-th contiguous half of the buffer, laid out as SmemLayoutHalf.
   using Atom = SmemAtom<float, HalfDim::value>;
-  using SmemLayout = decltype(tile_to_shape(Atom{}, Shape<BlockM, typename Config::HeadDim>{}));
+  using SmemLayout = decltype(tile_to_shape(Atom{}, Shape<BlockM, Int<Config::kDqDim>>{}));
   using SmemLayoutHalf = decltype(tile_to_shape(Atom{}, Shape<BlockM, HalfDim>{}));
   static_assert(HalfDim::value * sizeof(float) % 64 == 0,
                 "each half is a whole number of 64- or 128-byte swizzle atoms");
@@ -137,16 +139,19 @@ struct BwdDqReduce {
 
   // The writer warp (one warp of the producer warpgroup): for each query tile m, in `order`,
   // and each warpgroup's half, waits for the half, issues its reduce-add and frees the half once
-  // the TMA unit has read it. Deterministic mode (`counter(m, wg)` not null): before its reduction
-  // the writer waits for the counter to read turn(m), and moves it on once the reduction has
-  // landed in global memory; the MMA warpgroups never wait on a turn themselves.
+  // the TMA unit has read it. `first_half`: the CTA's first column block of HalfDim in the
+  // accumulator (0, or on a key-tile pair its rank · kMmaWarpgroups). Deterministic mode
+  // (`counter(m, wg)` not null): before its reduction the writer waits for the counter to read
+  // turn(m), and moves it on once the reduction has landed in global memory; the MMA warpgroups
+  // never wait on a turn themselves.
   // `loads_issued` (one-stage Q / dO rings, else null): two mbarriers, the load thread arriving on
   // [t & 1] once it has issued step t's Q and dO (t after the first); the reduce-add of step t
   // waits for step t + 1's, so that the TMA unit takes the loads the next tile waits on before this
   // tile's 2 × 32 KB reduction.
   template <class Order, class Counter, class Turn>
   CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows, Order order,
-                                Counter const& counter, Turn const& turn, uint64_t* loads_issued) {
+                                Counter const& counter, Turn const& turn, uint64_t* loads_issued,
+                                int first_half) {
     const int begin = order.tiles.begin, end = order.tiles.end;
     const bool issuer = cute::elect_one_sync();
     Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
@@ -173,7 +178,7 @@ struct BwdDqReduce {
                                        SmemLayoutHalf{});
           auto [tDgDq, tDsDq] = tma_partition(p.tma, _0{}, Layout<_1>{},
                                               group_modes<0, 2>(sDqHalf),
-                                              group_modes<0, 2>(gDq(_, _, m, wg)));
+                                              group_modes<0, 2>(gDq(_, _, m, first_half + wg)));
           int32_t* const turns = counter(m, wg);
           if (turns != nullptr) {
             Turns::wait_one(turns, turn(m));

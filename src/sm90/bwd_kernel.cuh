@@ -25,6 +25,7 @@
 #include "sm90/bwd_load.cuh"
 #include "sm90/bwd_mask.cuh"
 #include "sm90/bwd_mma_wide.cuh"
+#include "sm90/bwd_pair.cuh"
 #include "sm90/bwd_scores.cuh"
 #include "sm90/bwd_store.cuh"
 #include "sm90/fragment.cuh"
@@ -48,7 +49,8 @@ struct BwdParams {
   BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
   SoftcapScores softcap;
   float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
-  GroupedOrder order;      // CTA → (key tile, head, batch entry); key tiles of the longest sequence
+  GroupedOrder order;      // CTA → (key tile, head, batch entry); key tiles (on pairs: pairs of
+                           // them, BwdKernel::unit) of the longest sequence
   int heads_q;
   bool rotate_queries;  // where Config::kRotateQueries: key tiles start at their own query tiles
 };
@@ -67,7 +69,9 @@ struct BwdKernel {
   using Pipeline = typename Load::Pipeline;
   using PipelineState = typename Load::PipelineState;
   using Mask = KeyTileMask<Config::kBlockN, Config::kBlockM>;
+  using Pair = BwdPair<Config>;  // key-tile pairs (Config::kClusterCtas 2)
   static constexpr int kThreads = Config::kThreads;
+  static_assert(!(Pair::kEnabled && kDeterministic), "deterministic mode orders single key tiles");
 
   using Params = BwdParams<Config>;
 
@@ -88,6 +92,7 @@ struct BwdKernel {
     typename Pipeline::SharedStorage pipeline_do;
     alignas(8) uint64_t kv_full;
     alignas(8) uint64_t loads_issued[2];  // one-stage rings: BwdDqReduce::write
+    typename Pair::SharedStorage pair;    // last: empty without pairs
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(cosize_v<typename Config::SmemLayoutQ> >=
@@ -104,11 +109,18 @@ struct BwdKernel {
     int stored_k;  // the sequence's key rows in the tensor: dK and dV are written for all of them
     Sequence seq;
     Mask mask;
-    // The query tiles that see the key tile (empty: none), in the order it visits them.
+    // The query tiles that see the key tile (on a key-tile pair: either of its two key tiles;
+    // empty: none), in the order it visits them.
     QueryOrder<Config::kRotateQueries && !kDeterministic> order;
   };
+  // CTA `cta`'s (key tile, head, batch entry): on pairs, the grid's order is one of key-tile pairs,
+  // and the two CTAs of a cluster (adjacent in the grid) take the pair's two key tiles.
+  CUTE_DEVICE static GroupedOrder::Unit unit(Params const& p, int cta) {
+    return p.order.cluster_unit(cta, p.heads_q, Config::kClusterCtas);
+  }
+
   CUTE_DEVICE static bool find_work(Params const& p, SequenceParams const& sequences, Work& w) {
-    const GroupedOrder::Unit unit = p.order.unit(int(blockIdx.x), p.heads_q);
+    const GroupedOrder::Unit unit = BwdKernel::unit(p, int(blockIdx.x));
     w.n_block = unit.block;
     // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
     // mma): with a causal band a key tile's first query tile is then one its predecessors in the
@@ -124,10 +136,17 @@ struct BwdKernel {
     if (w.n_block * Config::kBlockN >= w.stored_k) return false;
     w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right)};
     // A key tile past seqused_k sees no query: it only writes dK = dV = 0.
-    const QueryTiles queries =
-        w.n_block * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(w.n_block) : QueryTiles{};
+    auto queries_of = [&](int n) {
+      return n * Config::kBlockN < w.seq.len_k ? w.mask.query_tiles(n) : QueryTiles{};
+    };
+    QueryTiles queries = queries_of(w.n_block);
+    // Both CTAs of a pair walk the query tiles either key tile sees, in the same order; tiles
+    // outside a CTA's own range are masked whole.
+    if constexpr (Pair::kEnabled) queries = query_tile_hull(queries, queries_of(w.n_block ^ 1));
     // Only configs with kRotateQueries rotate; deterministic mode keeps the order of its turns.
-    w.order = decltype(w.order)::make(queries, w.n_block, p.order.blocks, p.rotate_queries);
+    // A pair starts where its first key tile would.
+    w.order = decltype(w.order)::make(queries, w.n_block / Config::kClusterCtas, p.order.blocks,
+                                      p.rotate_queries);
     return true;
   }
 
@@ -143,6 +162,7 @@ struct BwdKernel {
       cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
       cutlass::arch::ClusterBarrier::init(&smem.loads_issued[0], 1);
       cutlass::arch::ClusterBarrier::init(&smem.loads_issued[1], 1);
+      if constexpr (Pair::kEnabled) Pair::init(smem.pair);
     }
     typename Pipeline::Params pipe;
     pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
@@ -154,7 +174,10 @@ struct BwdKernel {
     pipe.transaction_bytes = Config::kBytesDo + Config::kBytesRowStat;  // dO and D
     Pipeline pipeline_do(smem.pipeline_do, pipe, Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
-    __syncthreads();
+    if constexpr (Pair::kEnabled)
+      Pair::sync();
+    else
+      __syncthreads();
 
     Work w;
     const bool has_work = find_work(p, p.sequences, w);
@@ -180,7 +203,7 @@ struct BwdKernel {
       }
       if (leader) {
         Load::run(p.load, w.head, w.n_block, w.batch, w.seq, w.order, smem.q.data(),
-                  smem.dout.data(), smem.k.data(), smem.v.data(), smem.lse.data(),
+                  smem.dout.data(), smem.k.data(), smem.v.data(), partner_k(smem), smem.lse.data(),
                   smem.dpsum.data(), smem.kv_full, pipeline_q, pipeline_do, loads_issued(smem));
       } else if (warp == 1) {
         write_dq(p, smem, w);
@@ -209,6 +232,15 @@ struct BwdKernel {
     Store::template store_dkv<kDeterministic>(p.store, done.batch, done.head, done.n_block,
                                               done.seq, done.stored_k, thr_kv, dK, dV,
                                               smem.q.data(), smem.dout.data());
+  }
+
+  // An MMA thread done with `state`'s stage of a Q / dO ring. PipelineTmaAsync, built here for a
+  // cluster of one CTA, sends each release to the cluster's first CTA; on key-tile pairs, whose
+  // rings are still each CTA's own, every thread arrives on its own CTA's barrier instead.
+  CUTE_DEVICE static void release(typename Pipeline::SharedStorage& ring, Pipeline& pipeline,
+                                  PipelineState const& state) {
+    if constexpr (Pair::kEnabled) ring.empty_barrier_[state.index()].arrive();
+    else pipeline.consumer_release(state);
   }
 
  private:
@@ -371,8 +403,11 @@ struct BwdKernel {
       else return nullptr;
     };
     auto turn = [&](int m) { return w.mask.last_tile(m) - w.n_block; };
+    // On a pair, this CTA's half of the head dim: its rank's.
+    const int first_half =
+        Pair::kEnabled ? int(cute::block_rank_in_cluster()) * Config::kMmaWarpgroups : 0;
     BwdDqReduce<Config>::write(p.dq, smem.dq.data(), w.head, rows, w.order, counter, turn,
-                               loads_issued(smem));
+                               loads_issued(smem), first_half);
     BwdDqReduce<Config>::landed(p.dq, dq_done_slot(p));
   }
 
@@ -382,8 +417,13 @@ struct BwdKernel {
   CUTE_DEVICE static int64_t dq_done_slot(Params const& p) {
     int cta = int(blockIdx.x);
     asm volatile("" : "+r"(cta));
-    const GroupedOrder::Unit unit = p.order.unit(cta, p.heads_q);
-    return int64_t(unit.batch) * p.heads_q + unit.head;
+    const GroupedOrder::Unit u = unit(p, cta);
+    return int64_t(u.batch) * p.heads_q + u.head;
+  }
+
+  CUTE_DEVICE static Element* partner_k(SharedStorage& smem) {
+    if constexpr (Pair::kEnabled) return smem.pair.k.data();
+    else return nullptr;
   }
 
   // With one-stage Q / dO rings, the next tile's loads are on the critical path: the dQ writer

@@ -58,14 +58,27 @@ inline bool rotate_queries(const BandMask& band, bool deterministic) {
   return forced != 0 && !band.banded() && !deterministic;
 }
 
+// Key-tile pairs (bwd_pair.cuh) where the config has them and both key tiles of every pair exist
+// in every sequence: fixed-length batches without seqused_k (every sequence has all its key
+// tiles), an even number of key tiles, and not in deterministic mode (whose turns
+// order single key tiles). FA4_SM90_BWD_PAIRS=off keeps single key tiles (read once), for
+// measurements and tests.
+template <class Config>
+bool use_key_tile_pairs(const Problem& p, int n_blocks) {
+  static const int forced = env_switch("FA4_SM90_BWD_PAIRS", "on", "off");
+  return Config::kClusterCtas == 2 && forced != 0 && !p.deterministic && !p.is_varlen() &&
+         p.seqused_k == nullptr && n_blocks % 2 == 0;
+}
+
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
                     void* stream) {
   constexpr int kHeadDim = kHeadDimQK;  // in messages
   using Element = typename CutlassElement<kDType>::type;
   using Config = BwdConfigFor<kHeadDimQK, kHeadDimV, Element>;
-  using Kernel = BwdKernel<Config, false>;  // and <Config, true> in deterministic mode
-  using Store = BwdStore<Config>;
+  using PairedConfig = typename BwdPairedConfig<Config>::type;
+  static_assert(BwdDqReduce<PairedConfig>::kAccumAtom == BwdDqReduce<Config>::kAccumAtom,
+                "one column order of dQ's accumulator for both");
 
   // Rows inside some sequence: a varlen tensor may have rows but every sequence be empty.
   const int64_t q_total =
@@ -156,7 +169,11 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   BackwardTensors tt = t;
   if (q_total == 0) tt.q = tt.dout = t.k;
   // Also without query rows: every key tile then writes dK = dV = 0.
-  if (k_total > 0) {
+  // `config`: a tag of Config or PairedConfig.
+  auto launch_main = [&](auto config) -> Status {
+    using C = typename decltype(config)::type;
+    using Kernel = BwdKernel<C, false>;  // and <C, true> in deterministic mode
+    using Store = BwdStore<C>;
     const SoftcapScores softcap = SoftcapScores::make(Softcap{p.softcap}, p.scale());
     auto output = [&](const TensorView& v) {
       return typename Store::Output{static_cast<Element*>(v.data),
@@ -173,39 +190,50 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                        p.scale(),
                                        dq_turns,
                                        dkv_turns,
-                                       int32_t((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM),
+                                       int32_t((p.seqlen_q + C::kBlockM - 1) / C::kBlockM),
                                        n_blocks,
                                        int32_t(p.heads_q)};
     const int rows = int(p.heads_q * p.batch);
+    // The grid's order is one of key-tile pairs on pairs (BwdKernel::unit).
+    const int order_blocks = n_blocks / C::kClusterCtas;
     int group = 1;
-    err = backward_group(p, n_blocks, rows, sizeof(Element), group);
+    err = backward_group(p, order_blocks, rows, sizeof(Element), group);
     if (err != cudaSuccess) return launch_error("device query", kHeadDim, err);
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
         // Without query rows the reduction never runs, but its descriptor needs some address.
-        q_total > 0 ? BwdDqReduce<Config>::make_params(p, dq_accum, q_total, dq_counts)
-                    : BwdDqReduce<Config>::make_params(p, static_cast<float*>(t.k.data), 1,
-                                                       nullptr),
+        q_total > 0 ? BwdDqReduce<C>::make_params(p, dq_accum, q_total, dq_counts)
+                    : BwdDqReduce<C>::make_params(p, static_cast<float*>(t.k.data), 1, nullptr),
         sequences,
         band,
         softcap,
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
-        GroupedOrder{n_blocks, rows, group},
+        GroupedOrder{order_blocks, rows, group},
         int(p.heads_q),
         rotate_queries(band, p.deterministic)};
-    auto* kernel = p.deterministic ? &bwd_kernel<BwdKernel<Config, true>> : &bwd_kernel<Kernel>;
-    static_assert(Kernel::kSmemBytes == BwdKernel<Config, true>::kSmemBytes);
+    auto* kernel = &bwd_kernel<Kernel>;
+    if constexpr (C::kClusterCtas == 1) {
+      static_assert(Kernel::kSmemBytes == BwdKernel<C, true>::kSmemBytes);
+      if (p.deterministic) kernel = &bwd_kernel<BwdKernel<C, true>>;
+    }
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Kernel::kSmemBytes);
     if (err == cudaSuccess)
       // Dependent on the prepare kernel where there is one: the CTAs start as its last ones exit
       // (not earlier: a main CTA takes the whole register file) and load K and V before they
-      // wait for its stats.
-      err = launch_kernel_ex(kernel, dim3(unsigned(int64_t(n_blocks) * p.heads_q * p.batch)),
-                             dim3(Kernel::kThreads), size_t(Kernel::kSmemBytes), stream,
-                             q_total > 0, params);
+      // wait for its stats. On pairs, clusters of the pair's two CTAs.
+      err = launch_kernel_with(kernel, dim3(unsigned(int64_t(n_blocks) * p.heads_q * p.batch)),
+                               dim3(Kernel::kThreads), size_t(Kernel::kSmemBytes), stream,
+                               LaunchOptions{q_total > 0, unsigned(C::kClusterCtas)}, params);
     if (err != cudaSuccess) return launch_error("kernel", kHeadDim, err);
+    return Status::success();
+  };
+  if (k_total > 0) {
+    const Status launched = use_key_tile_pairs<PairedConfig>(p, n_blocks)
+                                ? launch_main(TypeTag<PairedConfig>{})
+                                : launch_main(TypeTag<Config>{});
+    if (!launched.ok()) return launched;
   }
 
   // dQ: scaled and rounded (rows that see no key get 0: their accumulator stayed cleared).

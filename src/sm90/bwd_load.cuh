@@ -7,6 +7,9 @@
 // probabilities and dS are 0 with no check in the consumers.
 #pragma once
 
+#include <type_traits>
+
+#include <cute/arch/cluster_sm90.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/grid_dependency_control.h>
@@ -43,12 +46,19 @@ struct BwdLoad {
   using TmaDo = Tma<decltype(take<0, 2>(SmemLayoutDo{})), Shape<BlockM, HeadDimV>>;
   using TmaK = Tma<SmemLayoutK, Shape<BlockN, HeadDim>>;
   using TmaV = Tma<SmemLayoutV, Shape<BlockN, HeadDimV>>;
+  // On a key-tile pair (bwd_pair.cuh): the partner's K columns of this CTA's dQ half.
+  static constexpr bool kPair = Config::kClusterCtas == 2;
+  using DqBox = Shape<BlockN, typename Config::DqDim>;
+  struct NoTma {};
+  using TmaKDq =
+      std::conditional_t<kPair, Tma<typename Config::SmemLayoutKDq, DqBox>, NoTma>;
 
   struct Params {
     TmaQ tma_q;
     TmaDo tma_do;
     TmaK tma_k;
     TmaV tma_v;
+    TmaKDq tma_k_dq;
     GmemShape shape_q, shape_do, shape_k, shape_v;
     int head_group;     // query heads per kv head (GQA)
     const float* lse_log2;  // workspace, [heads_q][stat rows] (bwd_workspace.hpp)
@@ -68,12 +78,17 @@ struct BwdLoad {
                              p.head_dim_qk, p.heads_kv);
     const auto v = gmem_view(static_cast<Element const*>(t.v.data), t.v, key_rows(p), p.head_dim_v,
                              p.heads_kv);
+    TmaKDq tma_k_dq{};
+    if constexpr (kPair)
+      tma_k_dq = make_tma_copy(SM90_TMA_LOAD{}, gmem(k), typename Config::SmemLayoutKDq{}, DqBox{},
+                               _1{});
     return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), take<0, 2>(SmemLayoutQ{}),
                           Shape<BlockM, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, gmem(dout), take<0, 2>(SmemLayoutDo{}),
                           Shape<BlockM, HeadDimV>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutK{}, Shape<BlockN, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutV{}, Shape<BlockN, HeadDimV>{}, _1{}),
+            tma_k_dq,
             q.layout.shape(),
             dout.layout.shape(),
             k.layout.shape(),
@@ -90,19 +105,20 @@ struct BwdLoad {
     prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    if constexpr (kPair) prefetch_tma_descriptor(p.tma_k_dq.get_tma_descriptor());
   }
 
 
   // Runs on a single thread. Query tiles in `order`, Q before dO (Sᵀ, which needs Q, is issued
   // before dPᵀ).
   // `batch`: the sequence's index (also in varlen mode). smem_lse / smem_dpsum: kBlockM floats
-  // per stage.
+  // per stage. smem_partner_k: on a pair, where the partner's K columns go (else unused).
   template <class Order>
   CUTE_DEVICE static void run(Params const& p, int head, int n_block, int batch,
                               Sequence const& seq, Order order, Element* smem_q,
                               Element* smem_do, Element* smem_k, Element* smem_v,
-                              float* smem_lse, float* smem_dpsum, uint64_t& kv_full,
-                              Pipeline& pipeline_q, Pipeline& pipeline_do,
+                              Element* smem_partner_k, float* smem_lse, float* smem_dpsum,
+                              uint64_t& kv_full, Pipeline& pipeline_q, Pipeline& pipeline_do,
                               uint64_t* loads_issued) {
     const int kv_head = head / p.head_group;
     const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
@@ -116,9 +132,19 @@ struct BwdLoad {
                                       group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                       group_modes<0, 2>(gV));
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&kv_full, Config::kBytesKV);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+        &kv_full, Config::kBytesKV + Config::kBytesPartnerK);
     copy(p.tma_k.with(kv_full), tKgK(_, n_block), tKsK);
     copy(p.tma_v.with(kv_full), tVgV(_, n_block), tVsV);
+    if constexpr (kPair) {
+      // The partner's key tile (n_block ^ 1), columns of this CTA's half (its rank).
+      Tensor gKDq = sequence_tiles_2d(p.tma_k_dq, p.shape_k, kv_head, k_rows, DqBox{});
+      Tensor sKDq = make_tensor(make_smem_ptr(smem_partner_k), typename Config::SmemLayoutKDq{});
+      auto [tKgKDq, tKsKDq] = tma_partition(p.tma_k_dq, _0{}, Layout<_1>{},
+                                            group_modes<0, 2>(sKDq), group_modes<0, 2>(gKDq));
+      copy(p.tma_k_dq.with(kv_full), tKgKDq(_, n_block ^ 1, int(cute::block_rank_in_cluster())),
+           tKsKDq);
+    }
     // LSE·log2e and D come from the prepare kernel, which this kernel may overlap (a dependent
     // launch: bwd_kernel.cuh); K and V are the caller's.
     cutlass::arch::wait_on_dependent_grids();

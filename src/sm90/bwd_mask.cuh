@@ -54,6 +54,16 @@ struct QueryOrder {
   }
 };
 
+// The query tiles that either of two key tiles sees (key-tile pairs walk them together,
+// bwd_pair.cuh). A band's ranges move monotonically with the key tile: under a causal band
+// adjacent key tiles' ranges overlap or touch; a narrow window can leave a gap between them. The
+// hull's tiles in such a gap are masked whole, as are those outside a key tile's own range.
+CUTE_HOST_DEVICE QueryTiles query_tile_hull(QueryTiles a, QueryTiles b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  return {a.begin < b.begin ? a.begin : b.begin, a.end > b.end ? a.end : b.end};
+}
+
 template <int kBlockN, int kBlockM>
 struct KeyTileMask {
   BandMask band;  // this sequence's lengths

@@ -9,7 +9,8 @@
 //   P, dS → shared memory, then a barrier of both warpgroups (dQ reads every key's dS)
 //   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS           wgmma
 //   dQ = dS K                            half the head dim per warpgroup, staged for the writer
-//                                        warp (bwd_dq_reduce.cuh)
+//                                        warp (bwd_dq_reduce.cuh); on a key-tile pair, a quarter,
+//                                        over both key tiles (bwd_pair.cuh)
 // The rest of the kernel (loads, dQ writer, dK / dV store, deterministic mode) is BwdKernel's.
 #pragma once
 
@@ -20,6 +21,7 @@
 
 #include "sm90/bwd_dq_reduce.cuh"
 #include "sm90/bwd_mask.cuh"
+#include "sm90/bwd_pair.cuh"
 #include "sm90/bwd_scores.cuh"
 #include "sm90/fragment.cuh"
 #include "sm90/mask.cuh"
@@ -47,6 +49,7 @@ struct BwdMmaWide {
   using HeadDimV = typename Config::HeadDimV;
   using Pipeline = typename Kernel::Pipeline;
   using PipelineState = typename Kernel::PipelineState;
+  using Pair = BwdPair<Config>;
 
   CUTE_DEVICE static void run(typename Kernel::Params const& p,
                               typename Kernel::SharedStorage& smem,
@@ -66,7 +69,7 @@ struct BwdMmaWide {
     using LayoutDo = typename Config::SmemLayoutDo;
     using LayoutDot = typename Config::SmemLayoutDot;
     using LayoutK = typename Config::SmemLayoutK;
-    using LayoutKt = typename Config::SmemLayoutKt;
+    using LayoutKDqt = typename Config::SmemLayoutKDqt;
     using LayoutV = typename Config::SmemLayoutV;
     using LayoutPt = typename Config::SmemLayoutPt;
     using LayoutDs = typename Config::SmemLayoutDs;
@@ -85,6 +88,11 @@ struct BwdMmaWide {
     const TileMask<Config::kBlockN> mask{w.mask.band};
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
     const auto order = w.order;
+    // dQ's K columns in this CTA's K: all of them, or on a pair its rank's half.
+    const int k_dq_offset =
+        Pair::kEnabled ? int(cute::block_rank_in_cluster()) * cosize_v<typename Config::SmemLayoutKDq>
+                       : 0;
+    const int first = w.order.tiles.begin;
 
     auto tiles = [&](auto softcap_tag) {
       constexpr bool kSoftcap = decltype(softcap_tag)::value;
@@ -146,10 +154,17 @@ struct BwdMmaWide {
         const int p_stage = Config::kStagesP == 2 ? (step & 1) : 0;
         store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tP,
                                                                             sP(_, _, p_stage));
+        // On a pair, the stage's last copy to the partner has been read (and the partner is done
+        // with it) before it is overwritten.
+        if constexpr (Pair::kEnabled) Pair::wait_free(smem.pair, step, first);
         store_accumulator<SM90_U32x4_STSM_N, typename Config::TiledMmaSdP>(thread, tDs,
                                                                             sDs(_, _, step & 1));
         cutlass::arch::fence_view_async_shared();  // generic-proxy stores before wgmma reads
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
+        if constexpr (Pair::kEnabled) {
+          if (thread == 0)
+            Pair::send(smem.pair, smem.ds.data() + (step & 1) * Pair::kDsStageElements, step);
+        }
 
         wgmma_issue<false>(
             mma_kv, wg_kv.partition_fragment_A(opaque_smem_tensor(smem.dout.data(), LayoutDot{}))(
@@ -163,17 +178,31 @@ struct BwdMmaWide {
             wg_kv.partition_fragment_B(opaque_smem_tensor(smem.ds.data(), LayoutDst{}))(
                 _, _, _, step & 1),
             dKt);
-        Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
-        wgmma_issue<true>(
-            mma_q, wg_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
-                       _, _, _, step & 1),
-            wg_q.partition_fragment_B(opaque_smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+        Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, typename Config::DqDim>{});
+        auto own_ds = wg_q.partition_fragment_A(opaque_smem_tensor(smem.ds.data(), LayoutDs{}))(
+            _, _, _, step & 1);
+        auto own_k =
+            wg_q.partition_fragment_B(opaque_smem_tensor(smem.k.data() + k_dq_offset, LayoutKDqt{}));
+        if constexpr (Pair::kEnabled) {
+          // Both key tiles' shares in one batch (K = 2 × 64 keys), once the partner's dS is here.
+          Pair::wait_full(smem.pair, step, first);
+          wgmma_issue_split_k<true>(
+              mma_q, own_ds, own_k,
+              wg_q.partition_fragment_A(opaque_smem_tensor(smem.pair.ds.data(), LayoutDs{}))(
+                  _, _, _, step & 1),
+              wg_q.partition_fragment_B(opaque_smem_tensor(smem.pair.k.data(), LayoutKDqt{})), dQ);
+        } else {
+          wgmma_issue<true>(mma_q, own_ds, own_k, dQ);
+        }
         // dVᵀ and dKᵀ are done: Q's and dO's stage is free (with one stage, as at d256, the next
         // tile's loads start here, while dQ runs).
         warpgroup_wait<1>();
-        pipeline_do.consumer_release(read);
-        pipeline_q.consumer_release(read);
+        Kernel::release(smem.pipeline_do, pipeline_do, read);
+        Kernel::release(smem.pipeline_q, pipeline_q, read);
         warpgroup_wait<0>();
+        if constexpr (Pair::kEnabled) {
+          if (thread % 128 == 0) Pair::release(smem.pair, step);
+        }
         // After the release above, not before: BwdDqReduce::write's loads_issued barriers rely on
         // the load thread being at most one tile past the writer (bwd_dq_reduce.cuh).
         BwdDqReduce<Config>::stage(smem.dq.data(), mma_q, dQ, thread);
@@ -182,6 +211,9 @@ struct BwdMmaWide {
     };
     if (!w.order.tiles.empty()) run_by_softcap(p.softcap.enabled(), tiles);
     Kernel::store_dkv(p, thr_kv, dKt, dVt, smem);
+    if constexpr (Pair::kEnabled) {
+      if (!w.order.tiles.empty()) Pair::drain(smem.pair, first, w.order.tiles.end);
+    }
   }
 };
 

@@ -43,6 +43,15 @@ struct GroupedOrder {
     return Unit{index / size, row % heads, row / heads};
   }
 
+  // CTA `cta` of a grid of clusters of `ctas` CTAs that share a unit (the backward's key-tile
+  // pairs: the order numbers pairs of key tiles): its cluster's unit, the CTAs taking its
+  // consecutive tiles (block · ctas + the CTA's rank, the cluster being consecutive CTAs).
+  FA4_HD Unit cluster_unit(int cta, int heads, int ctas) const {
+    Unit u = unit(cta / ctas, heads);
+    u.block = u.block * ctas + cta % ctas;
+    return u;
+  }
+
   // The pairs per group: enough for a group's work per SM to outlast its longest tile (`blocks`
   // steps; a group of g pairs is g · blocks² / 2 steps over sm_count SMs, so
   // g ≥ 2 · sm_count / blocks), and no more than keep the rows they share within half the L2

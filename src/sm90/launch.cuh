@@ -16,21 +16,47 @@ inline cudaError_t current_device_attribute(cudaDeviceAttr attr, int& value) {
   return err;
 }
 
-// `dependent`: see launch_kernel_dependent.
+// A type carried as a value, for generic lambdas that launch one of several kernel types.
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// dependent: see launch_kernel_dependent. cluster: CTAs per cluster along x (1: no clusters).
+struct LaunchOptions {
+  bool dependent = false;
+  unsigned cluster = 1;
+};
+
 template <class... KernelArgs, class... Args>
-cudaError_t launch_kernel_ex(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                             size_t smem_bytes, void* stream, bool dependent, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_kernel_with(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                               size_t smem_bytes, void* stream, LaunchOptions options,
+                               Args&&... args) {
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (options.dependent) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (options.cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {options.cluster, 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = static_cast<cudaStream_t>(stream);
-  config.attrs = dependent ? &attribute : nullptr;
-  config.numAttrs = dependent ? 1 : 0;
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <class... KernelArgs, class... Args>
+cudaError_t launch_kernel_ex(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                             size_t smem_bytes, void* stream, bool dependent, Args&&... args) {
+  return launch_kernel_with(kernel, grid, block, smem_bytes, stream, LaunchOptions{dependent, 1},
+                            std::forward<Args>(args)...);
 }
 
 template <class... KernelArgs, class... Args>

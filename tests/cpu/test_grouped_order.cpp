@@ -39,6 +39,36 @@ TEST(Sm90GroupedOrder, EveryUnitOnceInAnyGroupSize) {
   }
 }
 
+// Clusters of two CTAs (the backward's key-tile pairs): the order numbers pairs of key tiles, a
+// cluster's CTAs (consecutive in the grid) take its two key tiles, the CTA's rank picking which;
+// every (key tile, head, batch entry) once.
+TEST(Sm90GroupedOrder, ClustersTakeAdjacentKeyTilesOfOneUnit) {
+  constexpr int kCtas = 2;
+  for (int heads_q : {1, 3, 8}) {
+    for (int batch : {1, 2, 5}) {
+      for (int pairs : {1, 4, 33}) {
+        const int rows = heads_q * batch;
+        for (int group = 1; group <= rows; ++group) {
+          const GroupedOrder order{pairs, rows, group};
+          std::set<std::tuple<int, int, int>> seen;
+          for (int cta = 0; cta < pairs * kCtas * rows; ++cta) {
+            const auto u = order.cluster_unit(cta, heads_q, kCtas);
+            ASSERT_GE(u.block, 0);
+            ASSERT_LT(u.block, pairs * kCtas);
+            EXPECT_EQ(u.block % kCtas, cta % kCtas);
+            const auto cluster = order.unit(cta / kCtas, heads_q);
+            EXPECT_EQ(u.block / kCtas, cluster.block);
+            EXPECT_EQ(u.head, cluster.head);
+            EXPECT_EQ(u.batch, cluster.batch);
+            ASSERT_TRUE(seen.emplace(u.block, u.head, u.batch).second) << "cta " << cta;
+          }
+          EXPECT_EQ(int(seen.size()), pairs * kCtas * rows);
+        }
+      }
+    }
+  }
+}
+
 TEST(Sm90GroupedOrder, GroupOneIsThePlainOrder) {
   const int heads_q = 6, batch = 3, n_blocks = 11;
   const GroupedOrder order{n_blocks, heads_q * batch, 1};

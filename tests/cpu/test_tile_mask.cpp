@@ -160,4 +160,43 @@ TEST(Sm90QueryOrder, EachTileOnceFromItsStart) {
   }
 }
 
+// Key-tile pairs walk the hull of their two ranges (bwd_pair.cuh): every tile either key tile
+// sees, nothing before the first or after the last, and one side's range when the other is empty.
+TEST(Sm90QueryTileHull, BothRangesAndNothingBeyond) {
+  using fa4::sm90::QueryTiles;
+  const QueryTiles ranges[] = {{}, {0, 0}, {3, 3}, {0, 1}, {0, 5}, {2, 7}, {4, 9}, {7, 8}, {9, 12}};
+  for (const QueryTiles& a : ranges) {
+    for (const QueryTiles& b : ranges) {
+      const QueryTiles h = fa4::sm90::query_tile_hull(a, b);
+      if (a.empty() && b.empty()) {
+        EXPECT_TRUE(h.empty());
+        continue;
+      }
+      for (const QueryTiles& r : {a, b})
+        for (int m = r.begin; m < r.end; ++m) EXPECT_TRUE(h.contains(m)) << m;
+      const int lo = a.empty() ? b.begin : b.empty() ? a.begin : std::min(a.begin, b.begin);
+      const int hi = a.empty() ? b.end : b.empty() ? a.end : std::max(a.end, b.end);
+      EXPECT_EQ(h.begin, lo);
+      EXPECT_EQ(h.end, hi);
+    }
+  }
+}
+
+// Adjacent key tiles' ranges under a causal band overlap or touch, so that the hull adds no
+// tile neither sees (checked against the mask's own ranges at 64-key, 64-query tiles).
+TEST(Sm90QueryTileHull, AdjacentKeyTilesLeaveNoGapUnderCausal) {
+  using Mask = fa4::sm90::KeyTileMask<64, 64>;
+  for (int64_t sq : {1, 63, 64, 300, 1000}) {
+    for (int64_t sk : {2, 128, 256, 600, 1024}) {
+      const Mask mask{fa4::BandMask::make(sq, sk, true, -1, -1)};
+      const int blocks = int((sk + 63) / 64);
+      for (int n = 0; n + 1 < blocks; n += 2) {
+        const auto a = mask.query_tiles(n), b = mask.query_tiles(n + 1);
+        if (a.empty() || b.empty()) continue;
+        EXPECT_LE(b.begin, a.end) << sq << " " << sk << " " << n;
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -281,6 +281,19 @@ std::vector<Case> deterministic_cases(const Kernel& k) {
   return cases;
 }
 
+// d256's key-tile pairs (bwd_pair.cuh: fixed lengths, an even number of 64-key tiles; gpu_check.sh
+// runs the d256 tests with them off too): a pair whose key tiles both see no query, and one whose
+// first sees none (a window at the end of the keys); and walks long enough for both dS stages to
+// turn over many times, with and without a band.
+std::vector<Case> pair_cases(const Kernel& k) {
+  std::vector<Case> cases;
+  if (k.dim_qk != 256) return cases;
+  cases.push_back(fixed_case(k, {"q1_k256", 2, 1, 256}, Mask::kWindow, kGqa4, true, false));
+  cases.push_back(fixed_case(k, {"q1000_k1024", 1, 1000, 1024}, Mask::kCausal, kGqa4, true, false));
+  cases.push_back(fixed_case(k, {"q1000_k1024", 1, 1000, 1024}, Mask::kNone, kGqa4, false, true));
+  return cases;
+}
+
 std::vector<Case> backward_cases() {
   std::vector<Case> cases;
   auto append = [&](const std::vector<Case>& more) {
@@ -296,6 +309,7 @@ std::vector<Case> backward_cases() {
     append(packed_cases(k));
     append(seqused_cases(k));
     append(deterministic_cases(k));
+    append(pair_cases(k));
   }
   return cases;
 }
