@@ -196,8 +196,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
     const int rows = int(p.heads_q * p.batch);
     // The grid's order is one of key-tile pairs on pairs (BwdKernel::unit).
     const int order_blocks = n_blocks / C::kClusterCtas;
+    // The group model counts CTAs per (head, batch entry) row: all its key tiles, paired or not.
     int group = 1;
-    err = backward_group(p, order_blocks, rows, sizeof(Element), group);
+    err = backward_group(p, n_blocks, rows, sizeof(Element), group);
     if (err != cudaSuccess) return launch_error("device query", kHeadDim, err);
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
