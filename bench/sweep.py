@@ -56,6 +56,8 @@ POWER = None
 TOKENS = 16384
 HIDDEN = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+# DESIGN.md §5's GQA rows; --gqa-seqlens measures other lengths too.
+GQA_SEQLENS = (2048, 16384)
 DEFAULT_LIB_NAME = "fa4cpp"
 # tests/common/test_util.cpp's spiky inputs: (fraction of (batch, seq, head) rows, gain).
 SPIKY_Q = (0.05, 4.0)
@@ -64,11 +66,12 @@ SPIKY_K = (0.03, 8.0)
 STATUS_NOT_SUPPORTED = 2
 
 
-def shapes(hdims, seqlens):
-    """(batch, seqlen, heads_q, heads_kv, head_dim): 16k tokens, hidden 2048, plus GQA 64/8 d128."""
+def shapes(hdims, seqlens, gqa_seqlens=GQA_SEQLENS):
+    """(batch, seqlen, heads_q, heads_kv, head_dim): 16k tokens, hidden 2048, plus GQA 64/8 d128
+    (b=1) at the gqa_seqlens that are also in seqlens."""
     out = [(TOKENS // s, s, HIDDEN // d, HIDDEN // d, d) for d in hdims for s in seqlens]
     if 128 in hdims:
-        out += [(1, s, 64, 8, 128) for s in (2048, 16384) if s in seqlens]
+        out += [(1, s, 64, 8, 128) for s in gqa_seqlens if s in seqlens]
     return out
 
 
@@ -308,7 +311,7 @@ def make_inputs(kind, b, s, hq, hkv, d, dtype):
 
 def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     """One (shape, causal) row: per build a checked run (NaN-poisoned output, compared with cuDNN;
-    rescale counts when built in), then `rounds` rounds of timing, builds in rotated order."""
+    rescale counts when built in), then `rounds` rounds of timing (time_rounds)."""
     row = {"libs": {}}
     cudnn = sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
     ref = cudnn()
@@ -334,21 +337,24 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
 
 
 def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
-    """`rounds` rounds of cuDNN, the builds (in a rotated order each round), torch FA2 (None:
-    refused already) and the OTHERS that ran; medians into the row."""
+    """`rounds` rounds of cuDNN and the builds (in an order rotated each round), then the OTHERS
+    that ran and torch FA2 (None: refused already); medians into the row. cuDNN takes its turn in
+    the rotation: at power-bound shapes whatever runs first after FA2's lighter load starts on a
+    cooler chip and at a higher clock, and cuDNN was always first."""
     other_runs = other_runs or {}
     times = {"cudnn": [], "fa2": []}
     times.update({name: [] for name in runs})
     other_times = {name: [] for name in other_runs}
     windows = {name: [] for name in times}  # --power: each timing's clock and power
     names = list(runs)
+    timed = dict(runs, cudnn=cudnn)
+    order = ["cudnn"] + names
     for r in range(rounds):
-        times["cudnn"].append(median_ms(cudnn, windows["cudnn"]))
+        shift = r % len(order)
+        for name in order[shift:] + order[:shift]:
+            times[name].append(median_ms(timed[name], windows[name]))
         for name, run in other_runs.items():
             other_times[name].append(median_ms(run))
-        shift = r % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
-            times[name].append(median_ms(runs[name], windows[name]))
         if fa2 is not None and "fa2_refused" not in row:
             try:
                 times["fa2"].append(median_ms(fa2))
@@ -450,6 +456,8 @@ def main():
                          "(fwdbwd: 3.5x)")
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlens", default=",".join(map(str, SEQLENS)))
+    ap.add_argument("--gqa-seqlens", default=",".join(map(str, GQA_SEQLENS)),
+                    help="lengths of the GQA 64/8 d128 rows (only those also in --seqlens)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--inputs", default="normal", choices=("normal", "spiky"))
     ap.add_argument("--causal", default="both", choices=("both", "no", "yes"))
@@ -481,6 +489,7 @@ def main():
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     hdims = [int(x) for x in args.hdims.split(",")]
     seqlens = [int(x) for x in args.seqlens.split(",")]
+    gqa_seqlens = [int(x) for x in args.gqa_seqlens.split(",") if x]
     causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     torch.manual_seed(0)
     others, others_missing = find_others()
@@ -494,7 +503,7 @@ def main():
     global POWER
     POWER = power_log.PowerLog() if args.power else None
     try:
-        for b, s, hq, hkv, d in shapes(hdims, seqlens):
+        for b, s, hq, hkv, d in shapes(hdims, seqlens, gqa_seqlens):
             q, k, v = make_inputs(args.inputs, b, s, hq, hkv, d, dtype)
             out = torch.empty_like(q)
             lse = torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
@@ -617,7 +626,8 @@ def run_facts(r):
 
 def timing_note(rounds):
     return ("triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
-            + ("; median of %d rounds, builds in rotated order" % rounds if rounds > 1 else ""))
+            + ("; median of %d rounds, cuDNN and the builds in rotated order" % rounds
+               if rounds > 1 else ""))
 
 
 def write_result(result, out, name, to_markdown, quiet=False):

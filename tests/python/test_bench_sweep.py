@@ -190,3 +190,32 @@ def test_rescale_table_names_heads_and_builds_that_never_rescaled(sweep):
     assert lines[-2] == "| 64 | 16 | 8/2 | yes | thr8 | 200 | 25.00 % | 0.00 % | none |"
     assert lines[-1] == "| 64 | 16 | 8/2 | yes | thr0 | 200 | 25.00 % | 100.00 % | 0.2× |"
     assert sweep.rescale_markdown({"rows": [dict(row, libs={"a": {}})]}, ["a"]) == []
+
+
+def test_cudnn_takes_turns_with_the_builds(sweep, monkeypatch):
+    # Each column's timings must come from its own callable, and each of cuDNN and the builds
+    # must go first in some round: a fixed order hands whoever runs first a cooler chip.
+    order = []
+    monkeypatch.setattr(sweep, "median_ms", lambda fn, windows=None: fn())
+
+    def timed(name, ms):
+        return lambda: (order.append(name), ms)[1]
+    row = {"libs": {"a": {}, "b": {}}}
+    sweep.time_rounds(row, 4, timed("cudnn", 3.0), timed("fa2", 5.0),
+                      {"a": timed("a", 1.0), "b": timed("b", 2.0)})
+    rounds = [order[i:i + 4] for i in range(0, 16, 4)]
+    assert [r[:3] for r in rounds] == [["cudnn", "a", "b"], ["a", "b", "cudnn"],
+                                       ["b", "cudnn", "a"], ["cudnn", "a", "b"]]
+    assert all(r[3] == "fa2" for r in rounds)
+    assert (row["cudnn_ms"], row["fa2_ms"]) == (3.0, 5.0)
+    assert [row["libs"][n]["ms"] for n in "ab"] == [1.0, 2.0]
+    assert row["libs"]["a"]["ms_rounds"] == [1.0] * 4
+
+
+def test_gqa_rows_at_the_lengths_asked_for(sweep):
+    gqa = [s for b, s, hq, hkv, d in sweep.shapes([64, 128], [1024, 4096, 16384]) if hq != hkv]
+    assert gqa == [16384]  # the defaults, 2k and 16k, where the sweep has them
+    rows = sweep.shapes([128], [4096, 8192], [2048, 4096, 8192])
+    assert [(b, s, hq, hkv, d) for b, s, hq, hkv, d in rows if hq != hkv] == \
+        [(1, 4096, 64, 8, 128), (1, 8192, 64, 8, 128)]
+    assert sweep.shapes([64], [4096], [4096]) == [(4, 4096, 32, 32, 64)]
