@@ -208,8 +208,6 @@ struct BwdWideConfig {
       SmemLayoutDo{}, make_ordered_layout(Shape<HeadDimV, BlockM, Stages>{}, Step<_2, _1, _3>{})));
   using SmemLayoutK =
       decltype(tile_to_shape(SmemAtom<kDqDim / kMmaWarpgroups>{}, Shape<BlockN, HeadDim>{}));
-  using SmemLayoutKt = decltype(composition(
-      SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlockN>{}, Step<_2, _1>{})));
   // The K columns of this CTA's dQ (on a pair: its half of its own K, and the partner's copy),
   // transposed for dQ. Atoms tile K column by column, so half c of K is its c-th contiguous
   // block, laid out like this.
