@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of compile-time variants of the sm90 kernels, timed side by side in ONE process beside cuDNN
 # (bench/sweep.py with one --lib per variant). Runs on the device: each variant is the current tree
-# built with extra CUDA defines (e.g. the FA4_SM90_* tuning macros of src/sm90/fwd_config.cuh).
+# built with extra CUDA defines (e.g. the FA4_SM90_* tuning macros of src/sm90/fwd/fwd_config.cuh).
 #
 #   bench/ab_variants.sh OUT_DIR KERNELS "name[@SOURCE_DIR]=DEFINES" ... [-- sweep.py arguments]
 #   (no sweep arguments: build, and test, only)

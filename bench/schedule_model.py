@@ -2,16 +2,16 @@
 """A list-scheduling model of the sm90 forward's tile schedules under a causal mask.
 
 Each query tile costs the key tiles it visits plus a fixed share (--overhead, in key tiles) and
-the short query tile comes first (src/sm90/tile_rows.hpp). For each causal row of the benchmark
+the short query tile comes first (src/sm90/fwd/tile_rows.hpp). For each causal row of the benchmark
 (DESIGN.md §5: 16k tokens, hidden 2048, and GQA 64/8 at d128) it prints the busiest CTA's load
 over the mean for:
-  zigzag   persistent CTAs walking the static zig-zag (src/sm90/tile_scheduler.cuh);
+  zigzag   persistent CTAs walking the static zig-zag (src/sm90/fwd/tile_scheduler.cuh);
   greedy   each tile to whichever CTA is free first, tiles numbered head by head: one CTA per
            tile as the hardware hands them out, or a dynamic schedule in that order;
   grouped  the same, tiles numbered in groups of a few heads, query tile by query tile
-           (src/sm90/grouped_order.hpp), the group as GroupedOrder::dividing_group_for picks it;
+           (src/sm90/common/grouped_order.hpp), the group as GroupedOrder::dividing_group_for picks it;
   zz-group the zig-zag on the best of the largest four such groups that fit
-           (src/sm90/causal_schedule.hpp tries these where the plain zig-zag does not balance).
+           (src/sm90/host/causal_schedule.hpp tries these where the plain zig-zag does not balance).
 bench/NOTES.md (sixteenth session) compares these with measurements. No GPU, no dependencies.
 """
 import argparse
@@ -21,7 +21,7 @@ import math
 SMS = 132
 L2_BYTES = 50 * 2**20
 TOKENS, HIDDEN = 16384, 2048
-# (block_m, block_n) per head dim: src/sm90/fwd_config.cuh.
+# (block_m, block_n) per head dim: src/sm90/fwd/fwd_config.cuh.
 TILES = {64: (192, 128), 128: (128, 128), 256: (128, 64)}
 
 

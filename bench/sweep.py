@@ -23,7 +23,7 @@ energy a kernel spends (bench/NOTES.md, eighteenth session).
 
 --inputs spiky draws the inputs of the tests' spiky cases (a few query and key rows scaled up: large
 logits, late maxima). Builds configured with -DFA4_SM90_RESCALE_STATS=ON also report their O
-rescale counts (src/sm90/rescale_stats.hpp) for one forward run per row; their times include the
+rescale counts (src/sm90/common/rescale_stats.hpp) for one forward run per row; their times include the
 counting's cost, so time the same variant built without it.
 """
 import argparse

@@ -5,7 +5,7 @@ where cuDNN refuses one it runs on the batch padded to its longest sequence, and
 so. TFLOP/s count the (query, key) pairs each sequence's mask leaves visible (4·hq·d per pair).
 Writes <out>/<name>.json and .md.
 
-The batches are the ones where the order of the tiles matters (src/sm90/tile_order.cuh): lengths
+The batches are the ones where the order of the tiles matters (src/sm90/fwd/tile_order.cuh): lengths
 drawn at random, a long sequence last or first among short ones, many short sequences. With
 --lib-env (bench/sweep.py) one library, copied under two paths, measures both orders in the
 same run:

@@ -2,6 +2,7 @@
 set(FA4_SOURCES
   src/api/attention.cpp
   src/api/validate.cpp
+  src/common/status.cpp
   src/api/c_api.cpp
   src/dispatch/dispatch.cpp
   src/dispatch/pointer_memory.cpp
@@ -9,7 +10,7 @@ set(FA4_SOURCES
   src/cpu/forward.cpp
   src/cpu/backward.cpp
   src/cpu/parallel.cpp
-  src/sm90/sm90_backend.cpp
+  src/sm90/host/backend.cpp
 )
 
 add_library(fa4_objects OBJECT ${FA4_SOURCES})

@@ -2,8 +2,8 @@
 #
 # FA4_SM90_FWD_TABLE lists every forward instance that exists, as head_dim:dtype, or
 # head_dim_qk x head_dim_v:dtype where the two differ. Each selected
-# entry becomes one .cu file (src/sm90/fwd_instance.cu.in) and one line of sm90_fwd_kernels.inc,
-# the kernel table that src/sm90/sm90_backend.cpp dispatches on. FA4_SM90_KERNELS selects a subset
+# entry becomes one .cu file (src/sm90/host/fwd_instance.cu.in) and one line of sm90_fwd_kernels.inc,
+# the kernel table that src/sm90/host/backend.cpp dispatches on. FA4_SM90_KERNELS selects a subset
 # (CI on two cores builds just "128:bf16"); problems without a built kernel get kNotSupported.
 set(FA4_SM90_FWD_TABLE
   64:bf16 64:fp16
@@ -14,7 +14,7 @@ set(FA4_SM90_FWD_TABLE
   256:bf16 256:fp16
 )
 # The backward instances that exist: every selected FA4_SM90_KERNELS entry that is also here gets
-# its backward built too (src/sm90/bwd_instance.cu.in, sm90_bwd_kernels.inc).
+# its backward built too (src/sm90/host/bwd_instance.cu.in, sm90_bwd_kernels.inc).
 set(FA4_SM90_BWD_TABLE
   64:bf16 64:fp16
   96:bf16 96:fp16
@@ -70,7 +70,7 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
   list(GET _dims -1 FA4_HDIM_V)
   set(FA4_DTYPE_ENUM ${_fa4_sm90_dtype_enum_${_dtype}})
   set(_cu ${_fa4_sm90_gen}/sm90/fwd_hdim${_hdim}_${_dtype}.cu)
-  configure_file(${PROJECT_SOURCE_DIR}/src/sm90/fwd_instance.cu.in ${_cu} @ONLY)
+  configure_file(${PROJECT_SOURCE_DIR}/src/sm90/host/fwd_instance.cu.in ${_cu} @ONLY)
   set_source_files_properties(${_cu} PROPERTIES
                               COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
   list(APPEND FA4_SM90_SOURCES ${_cu})
@@ -78,7 +78,7 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
          "FA4_SM90_FWD_KERNEL(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
   if(entry IN_LIST FA4_SM90_BWD_TABLE)
     set(_cu ${_fa4_sm90_gen}/sm90/bwd_hdim${_hdim}_${_dtype}.cu)
-    configure_file(${PROJECT_SOURCE_DIR}/src/sm90/bwd_instance.cu.in ${_cu} @ONLY)
+    configure_file(${PROJECT_SOURCE_DIR}/src/sm90/host/bwd_instance.cu.in ${_cu} @ONLY)
     list(APPEND FA4_SM90_SOURCES ${_cu})
     list(APPEND FA4_SM90_BWD_KERNELS ${entry})
     string(APPEND _fa4_sm90_bwd_table_lines
@@ -94,7 +94,7 @@ file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_bwd_kernels.inc
 target_include_directories(fa4_objects PRIVATE ${_fa4_sm90_gen})
 if(FA4_SM90_SOURCES)
   # The forward's varlen tile order and split-KV combine (one kernel each for every instance).
-  foreach(_cu ${PROJECT_SOURCE_DIR}/src/sm90/tile_order.cu ${PROJECT_SOURCE_DIR}/src/sm90/split_combine.cu)
+  foreach(_cu ${PROJECT_SOURCE_DIR}/src/sm90/fwd/tile_order.cu ${PROJECT_SOURCE_DIR}/src/sm90/fwd/split_combine.cu)
     set_source_files_properties(${_cu} PROPERTIES COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
     list(APPEND FA4_SM90_SOURCES ${_cu})
   endforeach()
@@ -107,7 +107,7 @@ endif()
 # an exact online softmax would do, rescales done. Off: the kernels carry no counting code and
 # fa4_debug_sm90_rescale_counts reports kNotSupported. On: three atomics per warp and query tile.
 option(FA4_SM90_RESCALE_STATS "Count O rescales in the sm90 forward kernels (debug builds)" OFF)
-target_sources(fa4_objects PRIVATE ${PROJECT_SOURCE_DIR}/src/sm90/rescale_stats.cpp)
+target_sources(fa4_objects PRIVATE ${PROJECT_SOURCE_DIR}/src/sm90/common/rescale_stats.cpp)
 if(FA4_SM90_RESCALE_STATS)
   target_compile_definitions(fa4_objects PRIVATE FA4_SM90_RESCALE_STATS=1)
 endif()

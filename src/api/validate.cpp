@@ -3,19 +3,11 @@
 #include <algorithm>
 #include <utility>
 #include <cmath>
-#include <cstdarg>
-#include <cstdio>
 #include <iterator>
 
 namespace fa4::detail {
 
 namespace {
-
-Status vmake(StatusCode code, const char* fmt, va_list args) {
-  char buf[512];
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  return Status{code, buf};
-}
 
 // One dimension of a strided view.
 struct Dim {
@@ -126,30 +118,6 @@ Status check_lse(const Extent& e, bool output) {
 }
 
 }  // namespace
-
-Status make_status(StatusCode code, const char* fmt, ...) {
-  va_list args;
-  va_start(args, fmt);
-  Status s = vmake(code, fmt, args);
-  va_end(args);
-  return s;
-}
-
-Status invalid(const char* fmt, ...) {
-  va_list args;
-  va_start(args, fmt);
-  Status s = vmake(StatusCode::kInvalidArgument, fmt, args);
-  va_end(args);
-  return s;
-}
-
-Status not_supported(const char* fmt, ...) {
-  va_list args;
-  va_start(args, fmt);
-  Status s = vmake(StatusCode::kNotSupported, fmt, args);
-  va_end(args);
-  return s;
-}
 
 Status validate_problem(const Problem& p) {
   if (p.batch < 0) return invalid("batch is %lld; it must be >= 0", (long long)p.batch);

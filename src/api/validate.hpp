@@ -2,6 +2,7 @@
 // kInvalidArgument with a message naming the offending field; nothing is written on failure.
 #pragma once
 
+#include "common/status.hpp"
 #include "fa4/attention.hpp"
 
 namespace fa4::detail {
@@ -15,9 +16,5 @@ Status validate_sequence_arrays(const Problem& problem);
 // Pointers, strides, overlap of outputs, offset overflow.
 Status validate_forward_tensors(const Problem& problem, const ForwardTensors& t);
 Status validate_backward_tensors(const Problem& problem, const BackwardTensors& t);
-
-Status invalid(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-Status not_supported(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-Status make_status(StatusCode code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
 }  // namespace fa4::detail

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "api/validate.hpp"
+#include "common/status.hpp"
 #include "dispatch/backend.hpp"
 
 namespace fa4::detail {

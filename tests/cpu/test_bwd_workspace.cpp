@@ -1,4 +1,4 @@
-// The sm90 backward's stat-row layout (src/sm90/bwd_workspace.hpp), host side: the main kernel reads
+// The sm90 backward's stat-row layout (src/sm90/bwd/bwd_workspace.hpp), host side: the main kernel reads
 // a query tile's LSE and D with no bounds check, so every tile it reads must lie in its sequence's
 // rows or in that sequence's pad, and no pad may reach into the next sequence's rows. And the dQ
 // accumulator's column order: a permutation within each swizzle atom under which the staging's
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "sm90/bwd_workspace.hpp"
+#include "sm90/bwd/bwd_workspace.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The forward's schedule under a causal diagonal (src/sm90/causal_schedule.hpp): the zig-zag's
+// The forward's schedule under a causal diagonal (src/sm90/host/causal_schedule.hpp): the zig-zag's
 // walk covers every tile once, the model's loads, and its choices on the benchmark's causal rows
 // (DESIGN.md §5: 16k tokens, hidden 2048; 132 SMs, 50 MB of L2), where the launcher had only the
 // plain zig-zag's balance to go by.
@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "sm90/causal_schedule.hpp"
-#include "sm90/grouped_order.hpp"
+#include "sm90/host/causal_schedule.hpp"
+#include "sm90/common/grouped_order.hpp"
 
 namespace {
 

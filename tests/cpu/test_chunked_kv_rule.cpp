@@ -1,11 +1,11 @@
-// When the forward takes the chunked kernel of a head dim (src/sm90/chunked_kv_rule.hpp): only
+// When the forward takes the chunked kernel of a head dim (src/sm90/host/chunked_kv_rule.hpp): only
 // without a causal or window band and from min_keys keys per sequence, the mean over a varlen
 // batch; FA4_SM90_CHUNKED_KV's value decides alone when set.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
-#include "sm90/chunked_kv_rule.hpp"
+#include "sm90/host/chunked_kv_rule.hpp"
 
 namespace {
 

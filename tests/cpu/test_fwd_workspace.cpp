@@ -1,4 +1,4 @@
-// The sm90 forward's workspace rules (src/sm90/tile_order.hpp, src/sm90/split_kv.hpp), host side:
+// The sm90 forward's workspace rules (src/sm90/host/tile_order.hpp, src/sm90/host/split_kv.hpp), host side:
 // the workspace is sized from the problem's sizes alone, so these bounds must hold for every
 // content of the sequence arrays, every pack-GQA choice and every query tile height the kernels
 // use; and the launcher's split choice must stay within what the workspace holds.
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "fa4/attention.hpp"
-#include "sm90/split_kv.hpp"
-#include "sm90/tile_order.hpp"
+#include "sm90/host/split_kv.hpp"
+#include "sm90/host/tile_order.hpp"
 
 namespace {
 

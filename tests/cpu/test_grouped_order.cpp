@@ -1,4 +1,4 @@
-// The grouped tile order (src/sm90/grouped_order.hpp) of the sm90 backward's grid and the forward's
+// The grouped tile order (src/sm90/common/grouped_order.hpp) of the sm90 backward's grid and the forward's
 // grid of one CTA per tile: every (tile, head, batch entry) exactly once for any group size, the plain
 // order at group 1, tiles in order within a group, the short group first, and the group size rule.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <set>
 #include <tuple>
 
-#include "sm90/grouped_order.hpp"
+#include "sm90/common/grouped_order.hpp"
 
 namespace {
 

@@ -1,11 +1,11 @@
-// GroupedUnits (src/sm90/grouped_units.hpp): the forward's tile numbering with its divisors
+// GroupedUnits (src/sm90/common/grouped_units.hpp): the forward's tile numbering with its divisors
 // prepared on the host gives GroupedOrder::unit's (head, batch entry, tile) for every tile, group
 // size and shape tried, including counts near 2^31 / blocks where a multiply-high could round.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
-#include "sm90/grouped_units.hpp"
+#include "sm90/common/grouped_units.hpp"
 
 namespace {
 
@@ -36,7 +36,7 @@ TEST(Sm90GroupedUnits, SameUnitsAsGroupedOrder) {
 }
 
 TEST(Sm90GroupedUnits, LargeTileCounts) {
-  // 2^30 tiles at most (sm90_backend.cpp): the last tiles of such grids.
+  // 2^30 tiles at most (backend.cpp): the last tiles of such grids.
   for (int blocks : {1, 128, 1000}) {
     for (int heads : {1, 32, 96}) {
       const int rows = int((int64_t(1) << 30) / blocks / heads) * heads;

@@ -1,17 +1,17 @@
-// TileMask::visible_tiles (src/sm90/mask.cuh): the forward skips the mask on the key tiles of that
+// TileMask::visible_tiles (src/sm90/common/tile_mask.cuh): the forward skips the mask on the key tiles of that
 // range, so it must hold exactly the tiles whose every key every row of the span sees. Checked
 // against the band row by row (BandMask::key_range) for every key tile, over causal and windowed
 // bands, query and key lengths on either side of each other and of the tile size, and the spans
 // the kernel makes (TileRows, pack-GQA) as well as arbitrary ones, rows past the end included.
-// And the backward's QueryOrder (src/sm90/bwd_mask.cuh): each key tile's walk over its query tiles.
+// And the backward's QueryOrder (src/sm90/bwd/bwd_mask.cuh): each key tile's walk over its query tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include "sm90/bwd_mask.cuh"
-#include "sm90/mask.cuh"
+#include "sm90/bwd/bwd_mask.cuh"
+#include "sm90/common/tile_mask.cuh"
 
 namespace {
 

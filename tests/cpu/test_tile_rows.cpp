@@ -1,4 +1,4 @@
-// The forward's query rows per tile (src/sm90/tile_rows.hpp): every row of a sequence stored by
+// The forward's query rows per tile (src/sm90/fwd/tile_rows.hpp): every row of a sequence stored by
 // exactly one tile, boxes that never start above row 0, the plain tiling without the short tile
 // first, and what the short tile first saves under a causal diagonal.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "sm90/tile_rows.hpp"
+#include "sm90/fwd/tile_rows.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The premise of AccumulatorStore (src/sm90/wgmma.cuh), which the narrow backward kernel relies on
+// The premise of AccumulatorStore (src/sm90/common/wgmma.cuh), which the narrow backward kernel relies on
 // without a check of its own: every thread's stmatrix stores lie at thread 0's offsets from its
 // first, for the shared-memory tile it stores dS into. Layout algebra only: it runs on the host,
 // with or without a GPU. (The wide kernel's P and dS tiles break the premise: it stores them with
@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "sm90/bwd_config.cuh"
-#include "sm90/wgmma.cuh"
+#include "sm90/bwd/bwd_config.cuh"
+#include "sm90/common/wgmma.cuh"
 
 namespace fa4::sm90 {
 namespace {

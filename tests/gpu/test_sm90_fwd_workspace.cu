@@ -1,5 +1,5 @@
 // What the forward keeps in the caller's workspace, read back after a forward call.
-// The longest-first order of a varlen batch's tiles (src/sm90/tile_order.cuh): every tile of
+// The longest-first order of a varlen batch's tiles (src/sm90/fwd/tile_order.cuh): every tile of
 // every sequence exactly once and nothing else, sequences by the keys they use (most first),
 // within one its heads in turn and each head's query tiles heaviest first under the causal mask;
 // the unused entries marked; every output row written. Split-KV's partials (split_kv.cuh): the
@@ -21,10 +21,10 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/test_util.hpp"
-#include "sm90/fwd_config.cuh"
-#include "sm90/query_rows.cuh"
-#include "sm90/split_kv.hpp"
-#include "sm90/tile_order.hpp"
+#include "sm90/fwd/fwd_config.cuh"
+#include "sm90/fwd/query_rows.cuh"
+#include "sm90/host/split_kv.hpp"
+#include "sm90/host/tile_order.hpp"
 #include "sm90_test_support.hpp"
 
 namespace fa4::test {

@@ -21,7 +21,7 @@ def sm():
 def test_short_first_tile(sm):
     costs = sm.key_tiles(4096, 192, 128)
     assert len(costs) == 22 and costs[0] == 1 and costs[-1] == 32
-    assert sum(costs) == 363  # src/sm90/tile_rows.hpp, tests/cpu/test_tile_rows.cpp
+    assert sum(costs) == 363  # src/sm90/fwd/tile_rows.hpp, tests/cpu/test_tile_rows.cpp
 
 
 def test_numbering(sm):
@@ -56,7 +56,7 @@ def test_balanced_loads_read_one(sm):
 
 
 def test_zigzag_on_groups_as_the_causal_schedule(sm):
-    # src/sm90/causal_schedule.hpp and tests/cpu/test_causal_schedule.cpp: d64 causal 512 and 2k
+    # src/sm90/host/causal_schedule.hpp and tests/cpu/test_causal_schedule.cpp: d64 causal 512 and 2k
     # run the zig-zag in groups of 128 and 16 pairs.
     busiest, group = sm.model(64, 512, 1024, 1)["zz_group"]
     assert group == 128 and round(busiest, 3) == 1.045

@@ -1,0 +1,53 @@
+// What the backward's two tile loops (bwd_kernel.cuh on Sᵀ, bwd_mma_wide.cuh on S) do alike with a
+// score tile: the query rows' statistics from shared memory, the probabilities from the forward's
+// LSE, dS's factors, and the loop compiled once per softcap setting.
+#pragma once
+
+#include <cmath>
+
+#include <cute/config.hpp>
+#include <cute/numeric/integral_constant.hpp>
+
+#include "sm90/common/softmax.cuh"
+
+namespace fa4::sm90 {
+
+// The LSE·log2e or D values of a ring stage's query tile. The offset is made opaque so that the
+// loads, issued after the wait that makes the stage valid, are not hoisted above it.
+template <int kBlockM>
+CUTE_DEVICE const float* stage_stats(const float* stats, int stage) {
+  int offset = stage * kBlockM;
+  asm volatile("" : "+r"(offset));
+  return stats + offset;
+}
+
+// The stats of columns c and c + 1 (c even: the wgmma accumulator gives each thread its columns
+// in such pairs), with one 8-byte load. No bounds check: a tile past its sequence's end reads the
+// workspace's pad (bwd_workspace.hpp).
+CUTE_DEVICE float2 stat_pair(const float* stats, int c) {
+  return *reinterpret_cast<const float2*>(stats + c);
+}
+
+// P of raw score t (softcap: its tanh) from the row's LSE·log2e.
+CUTE_DEVICE float bwd_probability(float t, float score_scale_log2, float lse_log2) {
+  return exp2_approx(fmaf(t, score_scale_log2, -lse_log2));
+}
+
+// P's factor in dS = factor · (dP − D): P, or with softcap P · (1 − t²), d tanh / d(its argument)
+// (a masked t = −inf has P = 0).
+template <bool kSoftcap>
+CUTE_DEVICE float ds_factor(float prob, float t) {
+  return kSoftcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
+}
+
+// tiles(std::true_type) or tiles(std::false_type): the tile loop compiled once with softcap and
+// once without, so that each path holds only its own registers.
+template <class Tiles>
+CUTE_DEVICE void run_by_softcap(bool softcap, Tiles&& tiles) {
+  if (softcap)
+    tiles(cute::true_type{});
+  else
+    tiles(cute::false_type{});
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,679 @@
+// The sm_90a forward kernel: a CTA computes O and LSE of query tiles (128 rows, 192 at d64), each
+// of one head of one sequence (fixed-length or varlen; sequence.cuh), one after the other
+// (tile_scheduler.cuh).
+//
+//   warpgroup 0 (producer, 24 or 32 registers): one thread finds each tile and publishes it for
+//   the consumers (tile_queue.cuh), then loads, by TMA, the tile's first K
+//   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
+//   tiles (the first V, where O is staged in V's ring, once the previous tile's O has been
+//   stored; at d64 / d96 / d128 O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
+//   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q.
+//   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
+//   each, taking turns at the tensor cores. Per key tile j, going down:
+//     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
+//     S = softcap(S), mask(S)       only on tiles the band or seqlen_k cuts
+//     m, P = online softmax(S)      exp2, scale·log2e folded into one FFMA
+//     O *= exp2(m_old − m_new)      once O += P Vⱼ₊₁ has landed
+//   then O /= rowsum, LSE = m + log(rowsum), O and LSE stored.
+// The chunked variant (Config::kChunked, fwd_config.cuh: d256 with 128-key tiles) has one ring of
+// half-head-dim K and V chunks instead of the two rings, and a different turn: P·V of tile j + 1,
+// then, once it is done, QKᵀ of tile j (consume_chunked); its O is stored from registers.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/grid_dependency_control.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/mask.hpp"
+#include "sm90/fwd/fwd_epilogue.cuh"
+#include "sm90/common/fragment.cuh"
+#include "sm90/fwd/fwd_load.cuh"
+#include "sm90/common/tile_mask.cuh"
+#include "sm90/fwd/query_rows.cuh"
+#include "sm90/common/sequence.cuh"
+#include "sm90/common/softcap.cuh"
+#include "sm90/common/softmax.cuh"
+#include "sm90/fwd/tile_queue.cuh"
+#include "sm90/fwd/tile_rows.hpp"
+#include "sm90/fwd/tile_scheduler.cuh"
+#include "sm90/fwd/warpgroup_turns.cuh"
+#include "sm90/common/wgmma.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct FwdKernel {
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using BlockN = typename Config::BlockN;
+  using HeadDimV = typename Config::HeadDimV;
+  using Load = FwdLoad<Config>;
+  using Epilogue = FwdEpilogue<Config>;
+  using Pipeline = typename Load::Pipeline;
+  using PipelineState = typename Load::PipelineState;
+  using Mask = TileMask<Config::kBlockN>;
+  static constexpr int kThreads = Config::kThreads;
+  using Turns = WarpgroupTurns<Config::kConsumerWarpgroups>;
+
+  struct Params {
+    typename Load::Params load;
+    typename Epilogue::Params epilogue;
+    TileScheduler::Params scheduler;  // tiles of query heads, or of kv heads when packed
+    SequenceParams sequences;
+    QueryRows rows;  // pack-GQA or not (query_rows.cuh)
+    SplitPartials split;  // split-KV's partial results (split_kv.cuh), or none
+    BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
+    SoftcapScores softcap;
+    float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
+  };
+
+  using ChunkPipeline = typename Load::ChunkPipeline;
+  using ChunkPipelineState = typename Load::ChunkPipelineState;
+  struct Rings {  // K and V rings of whole tiles; O is staged in V's (without Config::kOBuffer)
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+  };
+  // The rings with O's own buffer (Config::kOBuffer).
+  struct RingsAndO : Rings {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutOBuffer>, 1024> o;
+  };
+  struct ChunkRing {  // Config::kChunked
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutChunk>, 1024> c;
+    typename ChunkPipeline::SharedStorage pipeline;
+  };
+  // What a CTA does for one tile of the grid.
+  struct Work {
+    TileCoord tile;
+    TileRows rows;  // of its sequence (tile_rows.hpp)
+    int split;  // of the tile's keys (split_kv.cuh); 0 when not split
+    Sequence seq;
+    Mask mask;
+    KeyTiles keys;
+
+    CUTE_DEVICE bool valid() const { return seq.valid; }  // Work{} ends the TileQueue
+  };
+  using Tiles = TileQueue<Work>;
+  static constexpr bool kOBuffer = Config::kOBuffer;
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
+    std::conditional_t<Config::kChunked, ChunkRing, std::conditional_t<kOBuffer, RingsAndO, Rings>>
+        kv;
+    typename Tiles::SharedStorage tiles;
+    alignas(8) uint64_t q_full;   // Q of the current tile has landed
+    alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
+    alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
+
+  // The tile of grid entry `entry`; false when it is past its sequence's end (the grid covers the
+  // longest one) or the sequence's entries are invalid.
+  CUTE_DEVICE static bool find_work(Params const& p, int entry, Work& w) {
+    const int tile_index = TileScheduler::tile_at(p.scheduler, entry);
+    if (tile_index < 0) return false;
+    w.tile = TileScheduler::coord(p.scheduler, tile_index);
+    w.split = TileScheduler::split_at(p.scheduler, entry);
+    w.seq = load_sequence(p.sequences, w.tile.batch);
+    if (!w.seq.valid) return false;
+    // Under a causal diagonal the short tile goes first (tile_rows.hpp).
+    w.rows = TileRows::of(w.tile.m_block, Config::kBlockM, p.rows.count(w.seq.len_q),
+                          p.scheduler.heavy_last_rows);
+    if (w.rows.empty()) return false;
+    w.mask = Mask{BandMask::make(w.seq.len_q, w.seq.len_k, false, p.band.left, p.band.right),
+                  p.rows};
+    w.keys = w.mask.key_tiles(w.mask.span(w.rows));
+    if (p.scheduler.splits > 1) w.keys = split_share(w.keys, w.split, p.scheduler.splits);
+    return true;
+  }
+
+  // Whether this tile's O is staged for a TMA store: tiles with keys, when not split.
+  CUTE_DEVICE static bool stages_o(Params const& p, Work const& w) {
+    return !p.split.enabled() && !w.keys.empty();
+  }
+  // Whether it is staged in V's ring, which the next tile's V then waits for (o_free).
+  CUTE_DEVICE static bool stages_o_in_v(Params const& p, Work const& w) {
+    return !kOBuffer && stages_o(p, w);
+  }
+
+  // The online softmax of this kernel's settings, for kRows rows per thread.
+  template <int kRows>
+  using Softmax = OnlineSoftmax<kRows, Config::kExp2PolyNum, Config::kExp2PolyDen,
+                                Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
+                                Config::kRescaleVote>;
+
+  // Softcap, then the mask, in the kernel's score units (see SoftcapScores); `coords` and
+  // `row_keys` are this thread's (Mask::row_keys), `visible` the tile's (Mask::visible_tiles).
+  template <class Scores, class Coords, class RowKeys>
+  CUTE_DEVICE static void prepare_scores(Params const& p, Work const& w, Scores& scores,
+                                         Coords const& coords, RowKeys const& row_keys,
+                                         KeyTiles visible, int n_block) {
+    if (p.softcap.enabled()) p.softcap.apply(scores);
+    if (!visible.contains(n_block)) {
+      auto rc = rowcol_view(scores);
+      w.mask.apply(rc, coords, row_keys, n_block);
+    }
+  }
+
+  // prepare_scores for one consumer thread's tile, its row keys and the tile's unmasked key tiles
+  // made once.
+  template <class Coords>
+  CUTE_DEVICE static auto score_preparation(Params const& p, Work const& w, Coords const& coords) {
+    return [&p, &w, &coords, row_keys = w.mask.row_keys(coords, w.rows.first),
+            visible = w.mask.visible_tiles(w.mask.span(w.rows))](auto& scores, int n_block) {
+      prepare_scores(p, w, scores, coords, row_keys, visible, n_block);
+    };
+  }
+
+  // Q is loaded even for a tile that sees no key, so that the Q barriers' phases advance once per
+  // tile. Once this warpgroup's QKᵀ of the last key tile (keys.begin) has completed, the producer
+  // may load the next tile's Q: that load then overlaps the last P·V and the epilogue.
+  CUTE_DEVICE static void release_q(SharedStorage& smem, int thread) {
+    if (thread % 128 == 0) cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
+  }
+  // A tile that sees no key: Q is waited for and released at once. No wgmma ties this
+  // warpgroup's warps to their waits for Q here: they meet before Q is released, or a lagging warp
+  // could wait on q_full after its phase had come round again.
+  CUTE_DEVICE static void skip_keyless(SharedStorage& smem, int thread) {
+    cutlass::arch::NamedBarrier::sync(128, uint32_t(ConsumerBarrier::kWarpgroup0) + thread / 128);
+    release_q(smem, thread);
+  }
+
+  // The key tiles this consumer warpgroup's own rows see, within the tile's: those of its 64-row
+  // slice of the rows the tile stores (Config::kOwnKeyTiles; else the tile's). A slice past them
+  // (past the sequence's end, or the next tile's rows in a short first tile: tile_rows.hpp) sees
+  // none, and on a causal diagonal the upper slices see fewer key tiles than the tile; the rest the
+  // warpgroup only passes on (pass_key_tiles), so that the tensor cores and the MUFU run the other
+  // warpgroups' work meanwhile.
+  CUTE_DEVICE static KeyTiles own_key_tiles(Work const& w) {
+    if constexpr (!Config::kOwnKeyTiles) {
+      return w.keys;
+    } else {
+      // Warp-uniform: from thread / 128 the branches on the result are not known to be uniform,
+      // and d64's kernel then spills 84-100 bytes (measured).
+      const int warpgroup = cutlass::canonical_warp_group_idx() - 1;
+      TileRows slice{w.rows.first + 64 * warpgroup, 0};
+      slice.end = cute::min(w.rows.end, slice.first + 64);
+      if (slice.empty() || w.keys.empty()) return {};
+      const KeyTiles own = w.mask.key_tiles(w.mask.span(slice));
+      // Within the tile's key tiles, which a split narrows to its share.
+      return {cute::max(own.begin, w.keys.begin), cute::min(own.end, w.keys.end)};
+    }
+  }
+
+  // `count` key tiles this warpgroup's rows do not see, from the ring's next: each consumer
+  // warpgroup releases every stage, and all take the same turns, so their K and V are waited for
+  // and released and their turns passed on. One turn per key tile, as the GEMMs take them.
+  CUTE_DEVICE static void pass_key_tiles(int count, Turns const& turns, Pipeline& pipeline_k,
+                                         Pipeline& pipeline_v, PipelineState& read_k,
+                                         PipelineState& read_v) {
+    CUTE_NO_UNROLL
+    for (int i = 0; i < count; ++i) {
+      pipeline_k.consumer_wait(read_k);
+      turns.wait();
+      turns.pass();
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+      pipeline_v.consumer_wait(read_v);
+      pipeline_v.consumer_release(read_v);
+      ++read_v;
+    }
+  }
+
+  CUTE_DEVICE void operator()(Params const& p, char* smem_raw) const {
+    auto& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    const int warpgroup = cutlass::canonical_warp_group_idx();
+    const bool leader = warp == 0 && cute::elect_one_sync();
+
+    if (leader) {
+      Load::prefetch_descriptors(p.load);
+      Epilogue::prefetch_descriptors(p.epilogue);
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full, 1);
+      cutlass::arch::ClusterBarrier::init(&smem.q_empty, Config::kConsumerWarpgroups);
+      cutlass::arch::ClusterBarrier::init(&smem.o_free, 1);
+    }
+    if constexpr (Config::kChunked)
+      run_chunked(p, smem, warp, warpgroup, leader);
+    else
+      run_rings(p, smem, warp, warpgroup, leader);
+  }
+
+ private:
+  template <class PipelineT>
+  CUTE_DEVICE static typename PipelineT::Params pipeline_params(int warpgroup, bool leader,
+                                                                 int bytes) {
+    typename PipelineT::Params pipe;
+    pipe.role = warpgroup == 0 ? PipelineT::ThreadCategory::Producer
+                               : PipelineT::ThreadCategory::Consumer;
+    pipe.is_leader = leader;
+    pipe.num_consumers = 128 * Config::kConsumerWarpgroups;
+    pipe.transaction_bytes = bytes;
+    return pipe;
+  }
+
+  // Launched after the tile order (launch_kernel_dependent), the prologue overlapped it; no
+  // global memory is read before this wait. Otherwise the wait returns at once.
+  CUTE_DEVICE static void end_prologue() {
+    cutlass::arch::fence_barrier_init();
+    __syncthreads();
+    cutlass::arch::wait_on_dependent_grids();
+  }
+
+  // f(work, q_tile) for each tile this CTA runs, in order; q_tile counts them (Q's barriers'
+  // phases). The load thread and pack-GQA's Q warp walk the same tiles and skip the same ones;
+  // the consumers take them from the load thread (for_each_published_tile).
+  template <class F>
+  CUTE_DEVICE static void for_each_tile(Params const& p, F&& f) {
+    int q_tile = 0;
+    for (int t = TileScheduler::first(); TileScheduler::valid(p.scheduler, t);
+         t = TileScheduler::next(t)) {
+      Work w;
+      if (find_work(p, t, w)) f(w, q_tile++);
+    }
+  }
+
+  // The load thread's for_each_tile: each tile is published for the consumers (TileQueue) before
+  // f loads it, and the end after the last.
+  template <class F>
+  CUTE_DEVICE static void publish_each_tile(Params const& p, Tiles& tiles, F&& f) {
+    typename Tiles::State write = Tiles::producer_start();
+    for_each_tile(p, [&](Work const& w, int q_tile) {
+      tiles.publish(w, write);
+      f(w, q_tile);
+    });
+    tiles.publish_end(write);
+  }
+  // The consumers' for_each_tile: the tiles as the load thread published them.
+  template <class F>
+  CUTE_DEVICE static void for_each_published_tile(Tiles& tiles, F&& f) {
+    typename Tiles::State read;
+    for (int q_tile = 0;; ++q_tile) {
+      const Work w = tiles.take(read);
+      if (!w.valid()) return;
+      f(w, q_tile);
+    }
+  }
+
+  // The producer's second warp with pack-GQA: packed Q tiles are gathered row by row.
+  CUTE_DEVICE static void gather_packed_q(Params const& p, SharedStorage& smem) {
+    for_each_tile(p, [&](Work const& w, int q_tile) {
+      Load::load_packed_q(p.load, p.rows, w.tile, w.rows.first, w.seq, q_tile, smem.q.data(),
+                          smem.q_full, smem.q_empty);
+    });
+  }
+
+  CUTE_DEVICE static void run_chunked(Params const& p, SharedStorage& smem, int warp,
+                                      int warpgroup, bool leader) {
+    ChunkPipeline pipeline(smem.kv.pipeline,
+                           pipeline_params<ChunkPipeline>(warpgroup, leader, Config::kBytesChunk),
+                           Shape<_1, _1, _1>{});
+    Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
+    end_prologue();
+    if (warpgroup == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+      if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
+      if (!leader) return;
+      ChunkPipelineState write = cutlass::make_producer_start_state<ChunkPipeline>();
+      publish_each_tile(p, tiles, [&](Work const& w, int q_tile) {
+        Load::run_chunked(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile,
+                          smem.q.data(), smem.kv.c.data(), smem.q_full, smem.q_empty, pipeline,
+                          write);
+      });
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+      const int thread = int(threadIdx.x) - 128;
+      const Turns turns(thread / 128);
+      turns.start();
+      ChunkPipelineState read;
+      for_each_published_tile(tiles, [&](Work const& w, int q_tile) {
+        consume_chunked(p, smem, w, q_tile & 1, turns, pipeline, read);
+      });
+      turns.finish();
+    }
+  }
+
+  CUTE_DEVICE static void run_rings(Params const& p, SharedStorage& smem, int warp,
+                                    int warpgroup, bool leader) {
+    Pipeline pipeline_k(smem.kv.pipeline_k,
+                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesK),
+                        Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(smem.kv.pipeline_v,
+                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesV),
+                        Shape<_1, _1, _1>{});
+    Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
+    end_prologue();
+
+    // The K / V ring states and the Q barriers' phases carry over from tile to tile.
+    if (warpgroup == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+      if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
+      if (!leader) return;
+      PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
+      PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
+      int o_staged = 0;
+      publish_each_tile(p, tiles, [&](Work const& w, int q_tile) {
+        const int staged_before = o_staged;
+        if (stages_o_in_v(p, w)) ++o_staged;
+        Load::run(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile, staged_before,
+                  smem.q.data(), smem.kv.k.data(), smem.kv.v.data(), smem.q_full, smem.q_empty,
+                  smem.o_free, pipeline_k, pipeline_v, write_k, write_v);
+      });
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+      const int thread = int(threadIdx.x) - 128;  // among the consumer threads
+      const Turns turns(thread / 128);
+      turns.start();
+      PipelineState read_k, read_v;
+      for_each_published_tile(tiles, [&](Work const& w, int q_tile) {
+        consume(p, smem, w, q_tile & 1, turns, pipeline_k, pipeline_v, read_k, read_v);
+      });
+      turns.finish();
+      // The last store must have read O's buffer before the CTA's shared memory goes.
+      if constexpr (kOBuffer) Epilogue::finish_stores(thread);
+    }
+  }
+
+  CUTE_DEVICE static void consume(Params const& p, SharedStorage& smem, Work const& w,
+                                  int q_phase, Turns const& turns, Pipeline& pipeline_k,
+                                  Pipeline& pipeline_v, PipelineState& read_k,
+                                  PipelineState& read_v) {
+    const TileCoord tile = w.tile;
+    const KeyTiles keys = w.keys;
+    const int thread = int(threadIdx.x) - 128;  // among the consumer threads
+    typename Config::TiledMmaQK mma_qk;
+    typename Config::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread);
+    auto thr_pv = mma_pv.get_thread_slice(thread);
+    auto wg_qk = warpgroup_operand_slice(mma_qk, 1);
+    auto wg_pv = warpgroup_operand_slice(mma_pv, 1);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.kv.k.data()), typename Config::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.kv.v.data()), typename Config::SmemLayoutVt{});
+    Tensor tSrQ = wg_qk.partition_fragment_A(sQ);
+    Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
+    Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
+
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockM, HeadDimV>{});
+    clear(tOrO);
+    // Tile coordinates of this thread's score and output values, for the mask and the LSE rows.
+    const auto score_coords =
+        rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
+    const auto out_coords =
+        rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
+
+    Softmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
+                                                            p.score_scale * kLog2e);
+    typename decltype(softmax)::RowVector rescale;
+    using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
+    Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+
+    const auto prepare_scores = score_preparation(p, w, score_coords);
+    auto release_q = [&] { FwdKernel::release_q(smem, thread); };
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
+    const KeyTiles own = own_key_tiles(w);
+    auto pass_key_tiles = [&](int count) {
+      FwdKernel::pass_key_tiles(count, turns, pipeline_k, pipeline_v, read_k, read_v);
+    };
+    if (own.empty()) {
+      skip_keyless(smem, thread);
+      if (!keys.empty()) {  // the tile's turns: one per key tile, one for the last P·V
+        pass_key_tiles(keys.count());
+        turns.wait();
+        turns.pass();
+      }
+    } else {
+      // Key tiles go from the last to the first: those above this warpgroup's own come first.
+      pass_key_tiles(keys.end - own.end);
+      int n_block = own.end - 1;
+      {
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+        pipeline_k.consumer_wait(read_k);
+        turns.wait();
+        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        turns.pass();
+        warpgroup_wait<0>();
+        pipeline_k.consumer_release(read_k);
+        ++read_k;
+        if (n_block == own.begin) release_q();
+        prepare_scores(tSrS, n_block);
+        auto scores = rowcol_view(tSrS);
+        softmax.update_max(scores, rescale);  // O is still empty: nothing to rescale
+        softmax.exponentiate(scores);
+        convert_fragment(tSrS, tOrP);
+      }
+
+      CUTE_NO_UNROLL
+      for (; n_block > own.begin; --n_block) {
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+        pipeline_k.consumer_wait(read_k);
+        turns.wait();
+        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        pipeline_v.consumer_wait(read_v);
+        wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        turns.pass();
+
+        warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
+        pipeline_k.consumer_release(read_k);
+        ++read_k;
+        if (n_block - 1 == own.begin) release_q();
+        prepare_scores(tSrS, n_block - 1);
+        auto scores = rowcol_view(tSrS);
+        const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
+        softmax.exponentiate(scores);
+
+        warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
+        pipeline_v.consumer_release(read_v);
+        ++read_v;
+        if (rescale_o) {
+          auto o = rowcol_view(tOrO);
+          scale_rows(o, rescale);
+        }
+        convert_fragment(tSrS, tOrP);
+      }
+
+      pipeline_v.consumer_wait(read_v);
+      turns.wait();
+      wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      turns.pass();
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(read_v);
+      ++read_v;  // the ring carries over to the next tile
+      pass_key_tiles(own.begin - keys.begin);  // below this warpgroup's own (a window's left side)
+    }
+
+    typename decltype(softmax)::RowVector o_scale, lse;
+    softmax.finish(o_scale, lse);
+    auto o = rowcol_view(tOrO);
+    scale_rows(o, o_scale);
+    if (p.split.enabled()) {
+      Epilogue::store_partial(p.split, p.rows, tile, w.rows, w.split, w.seq, out_coords, tOrO,
+                              lse, thread);
+      return;
+    }
+    Epilogue::store_lse(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords, lse, thread);
+    if (!stages_o(p, w))
+      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.rows, w.seq, thread);
+    else if constexpr (kOBuffer)
+      Epilogue::store_own_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO,
+                            smem.kv.o.data(), thread);
+    else
+      Epilogue::store_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO, smem.kv.v.data(),
+                        smem.o_free, thread);
+  }
+  // consume for Config::kChunked. S (64 registers at 128 keys), P (32) and O (128) do not fit in
+  // registers together, so a warpgroup's QKᵀ cannot run beside its own P·V: in one turn it issues
+  // P·V of the tile before, waits for it, then issues QKᵀ, and the tensor pipe runs its two GEMMs
+  // back to back while the other warpgroup's softmax runs. QKᵀ spans both K chunks of a tile (one
+  // batch, one accumulator), P·V both V chunks (O's two column halves).
+  CUTE_DEVICE static void consume_chunked(Params const& p, SharedStorage& smem, Work const& w,
+                                          int q_phase, Turns const& turns,
+                                          ChunkPipeline& pipeline, ChunkPipelineState& read) {
+    using ChunkCols = typename Config::ChunkCols;
+    const TileCoord tile = w.tile;
+    const KeyTiles keys = w.keys;
+    const int thread = int(threadIdx.x) - 128;
+    typename Config::TiledMmaQK mma_qk;
+    typename Config::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread);
+    auto thr_pv = mma_pv.get_thread_slice(thread);
+    auto wg_qk = warpgroup_operand_slice(mma_qk, 1);
+    auto wg_pv = warpgroup_operand_slice(mma_pv, 1);
+
+    Tensor sQ = flat_divide(
+        make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{}),
+        Shape<BlockM, ChunkCols>{});  // (M, cols, 1, half)
+    Tensor sC = make_tensor(make_smem_ptr(smem.kv.c.data()), typename Config::SmemLayoutChunk{});
+    Tensor sCt = make_tensor(make_smem_ptr(smem.kv.c.data()), typename Config::SmemLayoutChunkT{});
+    Tensor tSrQ0 = wg_qk.partition_fragment_A(sQ(_, _, _0{}, _0{}));
+    Tensor tSrQ1 = wg_qk.partition_fragment_A(sQ(_, _, _0{}, _1{}));
+    Tensor tSrK = wg_qk.partition_fragment_B(sC);   // (MMA, N, K, chunk)
+    Tensor tOrV = wg_pv.partition_fragment_B(sCt);  // (MMA, D/2, N, chunk)
+
+    Tensor tOrO0 = partition_fragment_C(mma_pv, Shape<BlockM, ChunkCols>{});
+    Tensor tOrO1 = partition_fragment_C(mma_pv, Shape<BlockM, ChunkCols>{});
+    clear(tOrO0);
+    clear(tOrO1);
+    const auto score_coords =
+        rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
+    Tensor cO = flat_divide(make_identity_tensor(Shape<BlockM, HeadDimV>{}),
+                            Shape<BlockM, ChunkCols>{});
+    const auto out_coords0 = rowcol_view(thr_pv.partition_C(cO(_, _, _0{}, _0{})));
+    const auto out_coords1 = rowcol_view(thr_pv.partition_C(cO(_, _, _0{}, _1{})));
+
+    Softmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
+                                                            p.score_scale * kLog2e);
+    typename decltype(softmax)::RowVector rescale;
+    using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
+    Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+
+    const auto prepare_scores = score_preparation(p, w, score_coords);
+    auto release_q = [&] { FwdKernel::release_q(smem, thread); };
+    // Two chunks of the ring from `at` on (K's or V's halves): waited for, released.
+    auto wait_pair = [&](ChunkPipelineState at) {
+      pipeline.consumer_wait(at);
+      ++at;
+      pipeline.consumer_wait(at);
+    };
+    auto release_pair = [&](ChunkPipelineState at) {
+      pipeline.consumer_release(at);
+      ++at;
+      pipeline.consumer_release(at);
+    };
+    auto advance = [](ChunkPipelineState at, int chunks) {
+      for (int i = 0; i < chunks; ++i) ++at;
+      return at;
+    };
+    auto issue_qk = [&](auto& scores, ChunkPipelineState at) {
+      ChunkPipelineState high = at;
+      ++high;
+      wgmma_issue_split_k<true>(mma_qk, tSrQ0, tSrK(_, _, _, at.index()), tSrQ1,
+                                tSrK(_, _, _, high.index()), scores);
+    };
+    // O's two column halves, one batch each (two accumulators): the first V chunk can be
+    // released while the second half runs.
+    auto issue_pv = [&](ChunkPipelineState at) {
+      ChunkPipelineState high = at;
+      ++high;
+      wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, at.index()), tOrO0);
+      wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, high.index()), tOrO1);
+    };
+
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
+    if (keys.empty()) {
+      skip_keyless(smem, thread);
+    } else {
+      // The ring holds K of the last key tile, then per key tile n (last to first) V of n and K of
+      // n − 1 (FwdLoad::run_chunked). One turn issues P·V of n and, once it is done (S, P and O do
+      // not fit in registers together), QKᵀ of n − 1: the tensor pipe runs a warpgroup's two GEMMs
+      // back to back, under which the other warpgroup's softmax runs.
+      int n_block = keys.end - 1;
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+      auto softmax_step = [&](int n, bool first) {
+        warpgroup_wait<0>();
+        release_pair(read);
+        read = advance(read, 2);
+        if (n == keys.begin) release_q();
+        prepare_scores(tSrS, n);
+        auto scores = rowcol_view(tSrS);
+        const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
+        if (!first && rescale_o) {  // the first tile's O is still empty
+          auto o0 = rowcol_view(tOrO0);
+          auto o1 = rowcol_view(tOrO1);
+          scale_rows(o0, rescale);
+          scale_rows(o1, rescale);
+        }
+        softmax.exponentiate(scores);
+        convert_fragment(tSrS, tOrP);
+      };
+      wait_pair(read);
+      turns.wait();
+      issue_qk(tSrS, read);
+      turns.pass();
+      softmax_step(n_block, true);
+      CUTE_NO_UNROLL
+      for (; n_block > keys.begin; --n_block) {
+        const ChunkPipelineState k_at = advance(read, 2);
+        wait_pair(read);
+        turns.wait();
+        issue_pv(read);
+        // Between P·V and QKᵀ the tensor pipe idles: only the wait for P·V's end stays there.
+        wait_pair(k_at);
+        warpgroup_wait<1>();
+        pipeline.consumer_release(read);  // V's low half has been read
+        warpgroup_wait<0>();  // P may be overwritten: S is next
+        issue_qk(tSrS, k_at);
+        turns.pass();
+        pipeline.consumer_release(advance(read, 1));
+        read = k_at;
+        softmax_step(n_block - 1, false);
+      }
+      wait_pair(read);
+      turns.wait();
+      issue_pv(read);
+      turns.pass();
+      warpgroup_wait<0>();
+      release_pair(read);
+      read = advance(read, 2);
+    }
+
+    typename decltype(softmax)::RowVector o_scale, lse;
+    softmax.finish(o_scale, lse);
+    {
+      auto o0 = rowcol_view(tOrO0);
+      auto o1 = rowcol_view(tOrO1);
+      scale_rows(o0, o_scale);
+      scale_rows(o1, o_scale);
+    }
+    if (p.split.enabled()) {
+      Epilogue::store_partial(p.split, p.rows, tile, w.rows, w.split, w.seq, out_coords0, tOrO0,
+                              lse, thread);
+      Epilogue::store_partial(p.split, p.rows, tile, w.rows, w.split, w.seq, out_coords1, tOrO1,
+                              lse, thread);
+      return;
+    }
+    Epilogue::store_lse(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords0, lse, thread);
+    if (keys.empty()) {
+      Epilogue::store_zero_o(p.epilogue, p.rows, tile, w.rows, w.seq, thread);
+    } else {
+      Epilogue::store_o_direct(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords0, tOrO0);
+      Epilogue::store_o_direct(p.epilogue, p.rows, tile, w.rows, w.seq, out_coords1, tOrO1);
+    }
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    fwd_kernel(__grid_constant__ const typename Kernel::Params params) {
+  extern __shared__ __align__(1024) char smem[];
+  Kernel{}(params, smem);
+}
+
+}  // namespace fa4::sm90

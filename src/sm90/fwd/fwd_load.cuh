@@ -1,0 +1,264 @@
+// The producer side of the forward kernel: one thread issues TMA loads of each query tile and
+// of its key / value tiles into two multi-stage shared-memory rings, each guarded by CUTLASS's
+// PipelineTmaAsync (a full mbarrier completed by the TMA's byte count, an empty mbarrier completed by
+// the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh). With
+// pack-GQA a tile's Q rows come from several heads, which one box cannot address: a warp gathers
+// them with 16-byte cp.async copies instead.
+#pragma once
+
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "sm90/common/gmem_layout.cuh"
+#include "sm90/common/tile_mask.cuh"
+#include "sm90/fwd/query_rows.cuh"
+#include "sm90/common/sequence.cuh"
+#include "sm90/fwd/tile_scheduler.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+template <class Config>
+struct FwdLoad {
+  using Element = typename Config::Element;
+  using BlockM = typename Config::BlockM;
+  using BlockN = typename Config::BlockN;
+  using HeadDimQK = typename Config::HeadDimQK;
+  using HeadDimV = typename Config::HeadDimV;
+  using SmemLayoutQ = typename Config::SmemLayoutQ;
+  using SmemLayoutK = typename Config::SmemLayoutK;
+  using SmemLayoutV = typename Config::SmemLayoutV;
+
+  using Pipeline = cutlass::PipelineTmaAsync<Config::kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+  // Config::kChunked: one ring of K and V chunks (run_chunked).
+  using ChunkPipeline = cutlass::PipelineTmaAsync<Config::Chunks::value>;
+  using ChunkPipelineState = typename ChunkPipeline::PipelineState;
+  // One TMA box of K or V: a whole key tile, or (chunked) half of its head dim.
+  static constexpr bool kChunked = Config::kChunked;
+  using SmemLayoutChunk = typename Config::SmemLayoutChunk;
+  using SmemLayoutKBox =
+      decltype(take<0, 2>(std::conditional_t<kChunked, SmemLayoutChunk, SmemLayoutK>{}));
+  using SmemLayoutVBox =
+      decltype(take<0, 2>(std::conditional_t<kChunked, SmemLayoutChunk, SmemLayoutV>{}));
+  using KBox = Shape<BlockN, Int<kChunked ? Config::kChunkCols : HeadDimQK::value>>;
+  using VBox = Shape<BlockN, Int<kChunked ? Config::kChunkCols : HeadDimV::value>>;
+
+  template <class SmemLayout, class Box>
+  using Tma = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+      SmemLayout{}, Box{}, _1{}));
+  using TmaQ = Tma<SmemLayoutQ, Shape<BlockM, HeadDimQK>>;
+  using TmaK = Tma<SmemLayoutKBox, KBox>;
+  using TmaV = Tma<SmemLayoutVBox, VBox>;
+
+  struct Params {
+    TmaQ tma_q;
+    TmaK tma_k;
+    TmaV tma_v;
+    GmemShape shape_q;
+    GmemShape shape_k;
+    GmemShape shape_v;
+    int head_group;  // query heads per kv head (GQA)
+    // Q as given, for the packed gather: row i of head h of batch entry b at
+    // q + b·q_batch_stride + h·q_head_stride + i·q_row_stride (varlen: i counts from the start).
+    Element const* q;
+    int64_t q_row_stride, q_head_stride, q_batch_stride;
+  };
+
+  static Params make_params(const Problem& p, const ForwardTensors& t) {
+    // With no key rows at all K and V may be empty views without memory or strides; their
+    // descriptors are never used but must be encodable, so they borrow Q's view.
+    const bool has_keys = (p.is_varlen() ? p.varlen.total_k : p.seqlen_k) > 0;
+    const TensorView& tk = has_keys ? t.k : t.q;
+    const TensorView& tv = has_keys ? t.v : t.q;
+    const auto q = gmem_view(static_cast<Element const*>(t.q.data), t.q, query_rows(p),
+                             p.head_dim_qk, p.heads_q);
+    const auto k = gmem_view(static_cast<Element const*>(tk.data), tk, key_rows(p), p.head_dim_qk,
+                             p.heads_kv);
+    const auto v = gmem_view(static_cast<Element const*>(tv.data), tv, key_rows(p), p.head_dim_v,
+                             p.heads_kv);
+    auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
+    return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), SmemLayoutQ{}, Shape<BlockM, HeadDimQK>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutKBox{}, KBox{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutVBox{}, VBox{}, _1{}),
+            q.layout.shape(),
+            k.layout.shape(),
+            v.layout.shape(),
+            int(p.heads_q / p.heads_kv),
+            static_cast<Element const*>(t.q.data),
+            t.q.seq_stride,
+            t.q.head_stride,
+            p.is_varlen() ? 0 : t.q.batch_stride};
+  }
+
+  CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+  }
+
+
+  // One TMA box into the ring slot `state` names, once the consumers have released it.
+  template <class Tma, class PipelineT, class State, class Src, class Dst>
+  CUTE_DEVICE static void load_stage(Tma const& tma, PipelineT& pipeline, State& state,
+                                     Src const& src, Dst& dst) {
+    pipeline.producer_acquire(state);
+    copy(tma.with(*pipeline.producer_get_barrier(state)), src, dst(_, state.index()));
+    ++state;
+  }
+
+  // The tile's Q box and Q's buffer, TMA-partitioned: the box starts at the tile's row 0
+  // (TileRows::first, ≥ 0), which need not be a multiple of BlockM.
+  CUTE_DEVICE static auto q_tiles(Params const& p, TileCoord tile, int first_row,
+                                  Sequence const& seq, Element* smem_q) {
+    const SeqRows q_rows = seq.q_rows(get<0>(p.shape_q));
+    Tensor gQ = sequence_tiles(p.tma_q, p.shape_q, tile.head,
+                               SeqRows{q_rows.offset + first_row, q_rows.shift, q_rows.batch},
+                               Shape<BlockM, HeadDimQK>{})(_, _, 0);
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
+    return tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                         group_modes<0, 2>(gQ));
+  }
+  // Q into its buffer once the previous tile's last QKᵀ has read it (q_empty); with pack-GQA
+  // load_packed_q's warp gathers it instead.
+  template <class QTiles>
+  CUTE_DEVICE static void load_q(Params const& p, QueryRows const& rows, QTiles& q,
+                                 int q_tile, uint64_t& q_full, uint64_t& q_empty) {
+    if (rows.packed()) return;
+    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&q_full, Config::kBytesQ);
+    copy(p.tma_q.with(q_full), get<0>(q), get<1>(q));
+  }
+
+
+  // Runs on a single thread, once per tile; `q_tile` counts the tiles before this one, `o_staged`
+  // those whose O went through V's ring (tiles with keys, when not split, where O has no buffer
+  // of its own: FwdConfig::kOBuffer). Key tiles go from the last to the first (the order the
+  // consumers take them: with a causal mask the partly masked tiles come first); V trails K by
+  // one tile because the consumers need K of tile j together with V of tile j+1. Q's buffer is
+  // free once the previous tile's last QKᵀ is done, V's ring once the last staged O has been
+  // stored: the first K tile is issued before waiting for the one, the next K tile before waiting
+  // for the other. Every tile after the first waits for Q's buffer (also one without keys); only
+  // a tile that loads V waits for the ring, so the consumers, who need that V, cannot run two
+  // phases of o_free ahead of this wait (tiles without keys, whose Q a second warp may gather,
+  // stage nothing: the epilogue stores their zeros directly).
+  CUTE_DEVICE static void run(Params const& p, QueryRows const& rows, TileCoord tile,
+                              int first_row, Sequence const& seq, KeyTiles keys,
+                              int q_tile, int o_staged, Element* smem_q, Element* smem_k,
+                              Element* smem_v,
+                              uint64_t& q_full, uint64_t& q_empty, uint64_t& o_free,
+                              Pipeline& pipeline_k,
+                              Pipeline& pipeline_v, PipelineState& write_k,
+                              PipelineState& write_v) {
+    const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
+    auto q = q_tiles(p, tile, first_row, seq, smem_q);
+    const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
+    Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDimQK>{});
+    Tensor gV = sequence_tiles(p.tma_v, p.shape_v, kv_head, k_rows, Shape<BlockN, HeadDimV>{});
+    Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});  // (N, D, stage)
+    Tensor sV = make_tensor(make_smem_ptr(smem_v), SmemLayoutV{});
+    auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                      group_modes<0, 2>(gV));
+
+    auto load = [](auto const& tma, Pipeline& pipeline, PipelineState& state, auto const& src,
+                   auto& dst) { load_stage(tma, pipeline, state, src, dst); };
+
+    int n_block = keys.end - 1;
+    if (!keys.empty()) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block), tKsK);
+    load_q(p, rows, q, q_tile, q_full, q_empty);
+    // Without keys n_block < keys.begin: no K tile.
+    if (n_block > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
+    if (keys.empty()) return;
+    if (o_staged > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (o_staged - 1) & 1);
+    CUTE_NO_UNROLL
+    for (; n_block > keys.begin; --n_block) {
+      load(p.tma_v, pipeline_v, write_v, tVgV(_, n_block), tVsV);
+      if (n_block - 1 > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 2), tKsK);
+    }
+    load(p.tma_v, pipeline_v, write_v, tVgV(_, keys.begin), tVsV);
+  }
+
+  // run for Config::kChunked: per key tile (last to first) K's low and high halves of the head dim,
+  // then V's, into the next slots of one ring, the order in which every consumer warpgroup takes
+  // them (FwdKernel::consume_chunked). The tile's first K chunks go before the wait for Q's
+  // buffer, as in run. Nothing waits for O: the chunked epilogue stores from registers.
+  CUTE_DEVICE static void run_chunked(Params const& p, QueryRows const& rows, TileCoord tile,
+                                      int first_row, Sequence const& seq, KeyTiles keys, int q_tile,
+                                      Element* smem_q, Element* smem_c, uint64_t& q_full,
+                                      uint64_t& q_empty, ChunkPipeline& pipeline,
+                                      ChunkPipelineState& write) {
+    const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
+    auto q = q_tiles(p, tile, first_row, seq, smem_q);
+    const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
+    Tensor gK = sequence_tiles_2d(p.tma_k, p.shape_k, kv_head, k_rows, KBox{});  // (.., n, half)
+    Tensor gV = sequence_tiles_2d(p.tma_v, p.shape_v, kv_head, k_rows, VBox{});
+    Tensor sC = make_tensor(make_smem_ptr(smem_c), typename Config::SmemLayoutChunk{});
+    auto [tKgK, tKsC] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                      group_modes<0, 2>(gK));
+    auto [tVgV, tVsC] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                      group_modes<0, 2>(gV));
+    auto load = [&](auto const& tma, auto const& src, auto& dst) {
+      load_stage(tma, pipeline, write, src, dst);
+    };
+    int n_block = keys.end - 1;
+    if (!keys.empty()) {
+      load(p.tma_k, tKgK(_, n_block, 0), tKsC);
+      load(p.tma_k, tKgK(_, n_block, 1), tKsC);
+    }
+    load_q(p, rows, q, q_tile, q_full, q_empty);
+    if (keys.empty()) return;
+    CUTE_NO_UNROLL
+    for (; n_block >= keys.begin; --n_block) {
+      if (n_block < keys.end - 1) {
+        load(p.tma_k, tKgK(_, n_block, 0), tKsC);
+        load(p.tma_k, tKgK(_, n_block, 1), tKsC);
+      }
+      load(p.tma_v, tVgV(_, n_block, 0), tVsC);
+      load(p.tma_v, tVgV(_, n_block, 1), tVsC);
+    }
+  }
+
+  // Pack-GQA: one warp gathers the tile's Q rows (rows.locate) into Q's buffer, 16 bytes per
+  // cp.async, zeros for rows past the sequence; called once per tile like run, whose Q barrier
+  // protocol it follows. cp.async writes through the generic proxy and the wgmmas read through
+  // the async one: the warp waits for its copies and fences before it signals q_full.
+  CUTE_DEVICE static void load_packed_q(Params const& p, QueryRows const& rows, TileCoord tile,
+                                        int first_row, Sequence const& seq, int q_tile,
+                                        Element* smem_q,
+                                        uint64_t& q_full, uint64_t& q_empty) {
+    constexpr int kChunkElems = 16 / int(sizeof(Element));
+    constexpr int kRowChunks = HeadDimQK::value / kChunkElems;
+    const int lane = cutlass::canonical_lane_idx();
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
+    // 32 bits: packed rows stay below 2³⁰ (QueryRows::make), and this warp has few registers.
+    const int count = int(rows.count(seq.len_q));
+    Element const* q = p.q + seq.batch * p.q_batch_stride + int64_t(seq.start_q) * p.q_row_stride;
+    if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
+    CUTE_NO_UNROLL
+    for (int c = lane; c < BlockM::value * kRowChunks; c += 32) {
+      const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
+      const bool exists = first_row + r < count;
+      Element const* src = p.q;  // not read when the row does not exist (zero fill)
+      if (exists) {
+        const QueryRows::Row row = rows.locate(first_row + r, tile.head);
+        src = q + row.position * p.q_row_stride + row.head * p.q_head_stride + col;
+      }
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+          *reinterpret_cast<uint128_t const*>(src),
+          *reinterpret_cast<uint128_t*>(raw_pointer_cast(&sQ(r, col))), exists);
+    }
+    cp_async_fence();
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&q_full);
+  }
+};
+
+}  // namespace fa4::sm90

@@ -1,0 +1,324 @@
+// The Hopper (sm_90a) backend as dispatch sees it: availability, the TMA alignment rules the kernels
+// rely on, and which problems have a kernel (the table cmake/fa4_sm90.cmake generates).
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/status.hpp"
+#include "common/math_constants.hpp"
+#include "dispatch/backend.hpp"
+#include "dispatch/pointer_memory.hpp"
+
+#if defined(FA4_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "sm90/host/bwd_launch.hpp"
+#include "sm90/host/fwd_launch.hpp"
+#endif
+#include "sm90/bwd/bwd_workspace.hpp"
+#include "sm90/host/split_kv.hpp"
+#include "sm90/host/tile_order.hpp"
+
+namespace fa4::detail {
+namespace {
+
+// TMA (cp.async.bulk.tensor) needs 16-byte aligned base addresses and strides, and strides below
+// 2^40 bytes; a stride of 0 is representable only for a mode of extent 1 (the launcher replaces it).
+constexpr int64_t kTmaAlignBytes = 16;
+constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
+
+Status check_tma_view(const char* name, const TensorView& t, const Problem& p, bool keys) {
+  if (t.data == nullptr) return Status::success();  // an empty view; generic checks handled it
+  // A tensor without rows is never read or written: its strides do not matter.
+  const int64_t rows = p.is_varlen() ? (keys ? p.varlen.total_k : p.varlen.total_q)
+                                     : (keys ? p.seqlen_k : p.seqlen_q);
+  if (rows == 0 || p.batch == 0) return Status::success();
+  const int64_t elem = p.dtype == DType::kFP32 ? 4 : 2;
+  if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0)
+    return invalid("%s.data is not %lld-byte aligned, which the sm90 backend needs (TMA loads)",
+                   name, (long long)kTmaAlignBytes);
+  const struct {
+    const char* what;
+    int64_t stride;
+    int64_t extent;
+  } strides[] = {{"batch_stride", p.is_varlen() ? 0 : t.batch_stride, p.is_varlen() ? 1 : p.batch},
+                 {"seq_stride", t.seq_stride,
+                  p.is_varlen() ? (keys ? p.varlen.total_k : p.varlen.total_q)
+                                : (keys ? p.seqlen_k : p.seqlen_q)},
+                 {"head_stride", t.head_stride, keys ? p.heads_kv : p.heads_q}};
+  for (const auto& s : strides) {
+    if ((s.stride * elem) % kTmaAlignBytes != 0)
+      return invalid("%s.%s (%lld elements) is not a multiple of %lld bytes, which the sm90 backend "
+                     "needs (TMA loads)",
+                     name, s.what, (long long)s.stride, (long long)kTmaAlignBytes);
+    if (s.stride == 0 && s.extent > 1)
+      return not_supported("%s.%s is 0 over %lld elements (a broadcast view); the sm90 backend's "
+                           "TMA loads need distinct rows",
+                           name, s.what, (long long)s.extent);
+    if (s.stride >= kTmaMaxStrideBytes / elem)
+      return not_supported("%s.%s (%lld elements) exceeds the 2^40-byte stride limit of TMA", name,
+                           s.what, (long long)s.stride);
+  }
+  // The kernel addresses rows from a base R rows before the data (sm90/common/gmem_layout.cuh), R the
+  // longest sequence: it must not wrap below address 0. (Strides are below 2^40 bytes here.)
+  const int64_t rows_before = keys ? p.seqlen_k : p.seqlen_q;
+  if (t.seq_stride > 0 &&
+      reinterpret_cast<uintptr_t>(t.data) / uintptr_t(t.seq_stride * elem) < uintptr_t(rows_before))
+    return not_supported("%s.data lies below %lld rows of %lld bytes from address 0, which the sm90 "
+                         "kernel's row addressing needs",
+                         name, (long long)rows_before, (long long)(t.seq_stride * elem));
+  return Status::success();
+}
+
+Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTensors* b) {
+  const struct {
+    const char* name;
+    const TensorView* view;
+    bool keys;  // rows are keys (seqlen_k, heads_kv)
+  } views[] = {{"q", f ? &f->q : &b->q, false},        {"k", f ? &f->k : &b->k, true},
+               {"v", f ? &f->v : &b->v, true},         {"out", f ? &f->out : &b->out, false},
+               {"dout", b ? &b->dout : nullptr, false}, {"dq", b ? &b->dq : nullptr, false},
+               {"dk", b ? &b->dk : nullptr, true},     {"dv", b ? &b->dv : nullptr, true}};
+  for (const auto& v : views) {
+    if (v.view == nullptr) continue;
+    Status s = check_tma_view(v.name, *v.view, p, v.keys);
+    if (!s.ok()) return s;
+  }
+  return Status::success();
+}
+
+// One kernel of this build's table (cmake/fa4_sm90.cmake), then an end marker with run = null.
+template <class Fn>
+struct Kernel {
+  int64_t head_dim_qk;
+  int64_t head_dim_v;
+  DType dtype;
+  Fn run;
+};
+
+using ForwardKernel =
+    Kernel<Status (*)(const Problem&, const ForwardTensors&, Workspace, void*)>;
+using BackwardKernel =
+    Kernel<Status (*)(const Problem&, const BackwardTensors&, Workspace, void*)>;
+
+constexpr ForwardKernel kForwardKernels[] = {
+#if defined(FA4_WITH_CUDA)
+#define FA4_SM90_FWD_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>},
+#include "sm90/sm90_fwd_kernels.inc"
+#undef FA4_SM90_FWD_KERNEL
+#endif
+    {0, 0, DType::kBF16, nullptr}};
+
+// The FA4_SM90_KERNELS entries that are in the backward table.
+constexpr BackwardKernel kBackwardKernels[] = {
+#if defined(FA4_WITH_CUDA)
+#define FA4_SM90_BWD_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_backward<qk, v, DType::dtype>},
+#include "sm90/sm90_bwd_kernels.inc"
+#undef FA4_SM90_BWD_KERNEL
+#endif
+    {0, 0, DType::kBF16, nullptr}};
+
+template <class Fn, size_t kCount>
+const Kernel<Fn>* find_kernel(const Kernel<Fn> (&table)[kCount], const Problem& p) {
+  for (const Kernel<Fn>& k : table)
+    if (k.run != nullptr && k.head_dim_qk == p.head_dim_qk && k.head_dim_v == p.head_dim_v &&
+        k.dtype == p.dtype)
+      return &k;
+  return nullptr;
+}
+
+// kNotSupported naming the problem's head dims and dtype and what this build has.
+template <class Fn, size_t kCount>
+Status no_kernel(const char* pass, const Kernel<Fn> (&table)[kCount], const Problem& p) {
+  std::string built;
+  for (const Kernel<Fn>& k : table) {
+    if (k.run == nullptr) continue;
+    if (!built.empty()) built += ", ";
+    built += std::to_string(k.head_dim_qk);
+    if (k.head_dim_v != k.head_dim_qk) built += "x" + std::to_string(k.head_dim_v);
+    built += k.dtype == DType::kBF16 ? ":bf16" : ":fp16";
+  }
+  return not_supported("the sm90 backend has no %s kernel for head dims %lld / %lld (qk / v) "
+                       "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
+                       pass, (long long)p.head_dim_qk, (long long)p.head_dim_v,
+                       p.dtype == DType::kBF16 ? "bf16" : "fp16",
+                       built.empty() ? "none" : built.c_str());
+}
+
+// Indices inside the kernel are 32-bit (rows, heads, tiles); TMA extents are too.
+constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
+constexpr int64_t kMaxTiles = int64_t(1) << 30;
+// The smallest FwdConfig::kBlockM of the forward instances (128; d64 takes 192; src/sm90/
+// fwd_config.cuh, not includable here): the tile count below is then an upper bound.
+constexpr int64_t kQueryTileRows = 128;
+// The y / z extent of a CUDA grid (the backward's row kernels).
+constexpr int64_t kMaxGridYZ = 65535;
+
+// The backward's own limits, after the checks both passes share.
+Status can_implement_backward(const Problem& p) {
+  if (find_kernel(kBackwardKernels, p) == nullptr) return no_kernel("backward", kBackwardKernels, p);
+  // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key
+  // tile (bwd_block_n keys: 64 above head dim 128) x query head x batch entry.
+  const int64_t key_tile = sm90::bwd_block_n(int(p.head_dim_qk));
+  const int64_t n_tiles = (p.seqlen_k + key_tile - 1) / key_tile;
+  if (p.seqlen_q >= kMaxExtent || p.seqlen_k >= kMaxExtent || p.varlen.total_q >= kMaxExtent ||
+      p.varlen.total_k >= kMaxExtent || p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ ||
+      n_tiles * p.heads_q > kMaxExtent / (p.batch > 0 ? p.batch : 1))
+    return not_supported("the sm90 backward takes fewer than 2^31 - 1 rows, at most %lld heads "
+                         "and batch entries, and fewer than 2^31 - 1 CTAs (key tiles x heads x "
+                         "batch)",
+                         (long long)kMaxGridYZ);
+  return Status::success();
+}
+
+Status can_implement(const Problem& p, Pass pass) {
+  if (p.dtype == DType::kFP32)
+    return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
+  // The kernel keeps the running max of raw scores and scales afterwards: right only when the
+  // scale is positive (with softcap the factor applied after the max is the cap itself).
+  if (p.softcap == 0.0f && p.scale() < 0.0f)
+    return not_supported("the sm90 kernels need softmax_scale > 0 without softcap (got %g)",
+                         double(p.softmax_scale));
+  if (p.softcap > 0.0f &&
+      (!std::isfinite(p.scale() / p.softcap) || !std::isfinite(p.softcap * kLog2e)))
+    return not_supported("softcap %g is outside the range the sm90 kernels can scale by "
+                         "(scale / softcap and softcap·log2(e) must be finite)",
+                         double(p.softcap));
+#if !defined(FA4_WITH_CUDA)
+  return make_status(StatusCode::kBackendUnavailable,
+                     "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
+#endif
+  if (pass == Pass::kBackward) return can_implement_backward(p);
+  if (find_kernel(kForwardKernels, p) == nullptr) return no_kernel("forward", kForwardKernels, p);
+  // Every extent below is one TMA dimension or one 32-bit index; the views' shift mode spans one
+  // row more than the tensor has (gmem_layout.cuh).
+  // Tiles are counted in 32 bits, one grid stride past the last included (tile_scheduler.cuh).
+  const int64_t m_tiles = (p.seqlen_q + kQueryTileRows - 1) / kQueryTileRows;
+  if (p.seqlen_q >= kMaxExtent || p.seqlen_k >= kMaxExtent || p.varlen.total_q >= kMaxExtent ||
+      p.varlen.total_k >= kMaxExtent || p.batch > kMaxExtent || p.heads_q > kMaxExtent ||
+      m_tiles * p.heads_q > kMaxTiles / (p.batch > 0 ? p.batch : 1))
+    return not_supported("the sm90 forward kernel takes fewer than 2^31 - 1 rows, heads and batch "
+                         "entries, and at most 2^30 query tiles (128 rows x heads x batch)");
+  return Status::success();
+}
+
+size_t workspace_size(const Problem& p, Pass pass) {
+  // Forward: the varlen tile order, then split-KV's partials (sm90/host/fwd_launch.cuh).
+  return pass == Pass::kBackward
+             ? sm90::BwdWorkspace::layout(p).bytes
+             : sm90::tile_order_workspace_bytes(p) + sm90::split_workspace_bytes(p);
+}
+
+Status available() {
+#if defined(FA4_WITH_CUDA)
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky-free error so the caller's next CUDA call is unaffected
+    return make_status(StatusCode::kBackendUnavailable, "no CUDA device is present");
+  }
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != 9 || minor != 0)
+    return make_status(StatusCode::kBackendUnavailable,
+                       "the sm90 backend needs a Hopper GPU (compute capability 9.0); device %d "
+                       "is %d.%d",
+                       device, major, minor);
+  return Status::success();
+#else
+  return make_status(StatusCode::kBackendUnavailable,
+                     "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
+#endif
+}
+
+struct NamedPointer {
+  const char* name;
+  const void* data;
+};
+
+// The kernels read and write through TMA descriptors and plain loads: host memory would fault on
+// the device.
+template <size_t kCount>
+Status check_device_memory(const NamedPointer (&views)[kCount]) {
+  int current = 0;
+#if defined(FA4_WITH_CUDA)
+  cudaGetDevice(&current);
+#endif
+  for (const auto& v : views) {
+    if (v.data == nullptr) continue;
+    int device = current;
+    const Memory memory = memory_of(v.data, &device);
+    if (memory == Memory::kHost)
+      return invalid("%s is not device memory, which the sm90 backend needs", v.name);
+    // Another device's memory would fault the context (a sticky error) rather than fail.
+    if (memory == Memory::kDevice && device != current)
+      return invalid("%s is memory of device %d, but device %d is current (the kernel runs "
+                     "on the current device)",
+                     v.name, device, current);
+  }
+  return Status::success();
+}
+
+Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace,
+                   void* stream) {
+  Status s = can_implement(p, Pass::kForward);
+  // The workspace holds the varlen tile order and split-KV's partials, where the problem may use
+  // them; otherwise it is not used.
+  const void* used = workspace_size(p, Pass::kForward) > 0 ? workspace.data : nullptr;
+  // The kernel reads the sequence arrays too: a host array would fault the context.
+  const NamedPointer views[] = {{"q.data", t.q.data},
+                                {"k.data", t.k.data},
+                                {"v.data", t.v.data},
+                                {"out.data", t.out.data},
+                                {"lse.data", p.return_lse ? t.lse.data : nullptr},
+                                {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
+                                {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
+                                {"seqused_k", p.seqused_k},
+                                {"workspace.data", used}};
+  if (s.ok()) s = check_device_memory(views);
+  if (s.ok() && reinterpret_cast<uintptr_t>(used) % 256 != 0)
+    s = invalid("workspace.data is not 256-byte aligned");
+  if (!s.ok()) return s;
+  return find_kernel(kForwardKernels, p)->run(p, t, workspace, stream);
+}
+
+Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
+                    void* stream) {
+  Status s = can_implement(p, Pass::kBackward);
+  const NamedPointer views[] = {{"q.data", t.q.data},
+                                {"k.data", t.k.data},
+                                {"v.data", t.v.data},
+                                {"out.data", t.out.data},
+                                {"dout.data", t.dout.data},
+                                {"lse.data", t.lse.data},
+                                {"dq.data", t.dq.data},
+                                {"dk.data", t.dk.data},
+                                {"dv.data", t.dv.data},
+                                {"workspace.data", workspace.data},
+                                {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
+                                {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k}};
+  if (s.ok()) s = check_device_memory(views);
+  // The kernels add float pairs into it with 8-byte atomics.
+  if (s.ok() && reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0)
+    s = invalid("workspace.data is not 256-byte aligned");
+  // The dQ accumulator's TMA view starts seqlen_q rows before the workspace (gmem_layout.cuh).
+  if (s.ok() && workspace.data != nullptr &&
+      reinterpret_cast<uintptr_t>(workspace.data) / uintptr_t(p.head_dim_qk * sizeof(float)) <
+          uintptr_t(p.seqlen_q))
+    s = not_supported("workspace.data lies below %lld rows of %lld bytes from address 0, which "
+                      "the sm90 backward's row addressing needs",
+                      (long long)p.seqlen_q, (long long)(p.head_dim_qk * sizeof(float)));
+  if (!s.ok()) return s;
+  return find_kernel(kBackwardKernels, p)->run(p, t, workspace, stream);
+}
+
+}  // namespace
+
+const BackendOps& sm90_backend() {
+  static const BackendOps ops{"sm90",        can_implement, check_tensors, workspace_size,
+                              available,     run_forward,   run_backward};
+  return ops;
+}
+
+}  // namespace fa4::detail

@@ -1,0 +1,276 @@
+// Problem → the backward's kernels on the caller's stream, in order: (GQA: clear the dK / dV
+// accumulators) → prepare (D, LSE·log2e, clear dQ's accumulator) → the main kernel → dQ (→ dK,
+// dV) rounded into the outputs. Nothing allocates or waits, so the sequence can be captured in a
+// graph; the workspace (bwd_workspace.hpp) is the caller's.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/status.hpp"
+#include "sm90/common/element.cuh"
+#include "sm90/bwd/bwd_config.cuh"
+#include "sm90/bwd/bwd_kernel.cuh"
+#include "sm90/bwd/bwd_rows.cuh"
+#include "sm90/bwd/bwd_workspace.hpp"
+#include "sm90/host/env_switch.hpp"
+#include "sm90/host/launch.cuh"
+
+namespace fa4::sm90 {
+
+inline Status launch_error(const char* what, int head_dim, cudaError_t err) {
+  return detail::make_status(StatusCode::kDeviceError,
+                             "sm90 backward %s (head dim %d) failed to launch: %s", what, head_dim,
+                             cudaGetErrorString(err));
+}
+
+// The main kernel's CTA groups (grouped_order.hpp): several (head, batch entry) pairs' key tiles
+// together where a causal mask makes the CTAs' work uneven; else, with varlen batches (whose
+// sequences' work differs anyway) and in deterministic mode (which orders its key tiles by its
+// turns), one pair after another. FA4_SM90_BWD_GROUP=n forces n pairs (1: the plain order; read
+// once), for tests and measurements.
+inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size_t element_bytes,
+                                  int& group) {
+  static const int forced = env_int("FA4_SM90_BWD_GROUP");
+  group = 1;
+  if (forced > 0) {
+    group = forced < rows ? forced : rows;
+    return cudaSuccess;
+  }
+  if (!p.causal || p.is_varlen() || p.deterministic) return cudaSuccess;
+  int sm_count = 0, l2_bytes = 0;
+  cudaError_t err = current_device_attribute(cudaDevAttrMultiProcessorCount, sm_count);
+  if (err == cudaSuccess) err = current_device_attribute(cudaDevAttrL2CacheSize, l2_bytes);
+  if (err != cudaSuccess) return err;
+  const int64_t bytes_per_row =
+      int64_t(p.head_dim_qk + p.head_dim_v) * int64_t(element_bytes) + 4 * p.head_dim_qk + 8;
+  group = GroupedOrder::group_for(rows, n_blocks, p.seqlen_q, bytes_per_row, sm_count, l2_bytes);
+  return cudaSuccess;
+}
+
+// Key tiles start at their own query tiles (QueryOrder, bwd_mask.cuh) where every key tile sees
+// every query tile (no band) and the order of the adds is free (not in deterministic mode), in
+// the configs measured faster that way (kRotateQueries, compiled in: d256).
+// FA4_SM90_BWD_ROTATE=off keeps the plain walk there too (read once), for measurements.
+inline bool rotate_queries(const BandMask& band, bool deterministic) {
+  static const int forced = env_switch("FA4_SM90_BWD_ROTATE", "on", "off");
+  return forced != 0 && !band.banded() && !deterministic;
+}
+
+// Key-tile pairs (bwd_pair.cuh) where the config has them and both key tiles of every pair exist
+// in every sequence: fixed-length batches without seqused_k (every sequence has all its key
+// tiles), an even number of key tiles, and not in deterministic mode (whose turns
+// order single key tiles). FA4_SM90_BWD_PAIRS=off keeps single key tiles (read once), for
+// measurements and tests.
+template <class Config>
+bool use_key_tile_pairs(const Problem& p, int n_blocks) {
+  static const int forced = env_switch("FA4_SM90_BWD_PAIRS", "on", "off");
+  return Config::kClusterCtas == 2 && forced != 0 && !p.deterministic && !p.is_varlen() &&
+         p.seqused_k == nullptr && n_blocks % 2 == 0;
+}
+
+template <int kHeadDimQK, int kHeadDimV, DType kDType>
+Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
+                    void* stream) {
+  constexpr int kHeadDim = kHeadDimQK;  // in messages
+  using Element = typename CutlassElement<kDType>::type;
+  using Config = BwdConfigFor<kHeadDimQK, kHeadDimV, Element>;
+  using PairedConfig = typename BwdPairedConfig<Config>::type;
+  static_assert(BwdDqReduce<PairedConfig>::kAccumAtom == BwdDqReduce<Config>::kAccumAtom,
+                "one column order of dQ's accumulator for both");
+
+  // Rows inside some sequence: a varlen tensor may have rows but every sequence be empty.
+  const int64_t q_total =
+      p.seqlen_q == 0 ? 0 : p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q;
+  const int64_t k_total =
+      p.seqlen_k == 0 ? 0 : p.is_varlen() ? p.varlen.total_k : p.batch * p.seqlen_k;
+  if (p.batch == 0 || (q_total == 0 && k_total == 0)) return Status::success();
+
+  const BwdWorkspace ws = BwdWorkspace::layout(p);
+  auto* base = static_cast<char*>(workspace.data);
+  float* dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  float* lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
+  float* dpsum = reinterpret_cast<float*>(base + ws.dpsum);
+  auto* dq_done = reinterpret_cast<int32_t*>(base + ws.dq_done);
+  float* dk_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
+  float* dv_accum = ws.gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
+  auto* dq_turns = p.deterministic ? reinterpret_cast<int32_t*>(base + ws.dq_turns) : nullptr;
+  auto* dkv_turns =
+      p.deterministic && ws.gqa ? reinterpret_cast<int32_t*>(base + ws.dkv_turns) : nullptr;
+
+  const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
+                                 int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
+                                 int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
+  const int32_t q_per_batch = p.is_varlen() ? 0 : int32_t(p.seqlen_q);
+  const int32_t k_per_batch = p.is_varlen() ? 0 : int32_t(p.seqlen_k);
+  auto row_tensor = [&](const TensorView& v) {
+    return RowTensor<Element>{static_cast<Element*>(v.data), p.is_varlen() ? 0 : v.batch_stride,
+                              v.seq_stride, v.head_stride};
+  };
+  auto const_rows = [&](const TensorView& v) {
+    return RowTensor<const Element>{static_cast<const Element*>(v.data),
+                                    p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
+                                    v.head_stride};
+  };
+  // The row-wise kernels' lanes per row: dQ / dK rows, dV rows, and the prepare kernel's (O and
+  // dO rows, dQ's accumulator rows).
+  constexpr int kLanesQK = row_lanes(kHeadDimQK), kLanesV = row_lanes(kHeadDimV);
+  constexpr int kLanesPrepare = kLanesQK > kLanesV ? kLanesQK : kLanesV;
+  const dim3 row_block(32 * kRowWarps);
+  auto row_grid = [&](int rows_per_block, int64_t rows, int64_t heads) {
+    return dim3(unsigned((rows + rows_per_block - 1) / rows_per_block), unsigned(heads),
+                unsigned(p.batch));
+  };
+
+  cudaError_t err = cudaSuccess;
+  // What the main kernel adds into starts cleared: the GQA accumulators and the deterministic
+  // mode's counters, which end the workspace (dQ's accumulator is cleared row by row below).
+  const size_t clear_from = ws.gqa ? ws.dk_accum : p.deterministic ? ws.dq_turns : ws.bytes;
+  if (k_total > 0 && clear_from < ws.bytes)
+    err = cudaMemsetAsync(base + clear_from, 0, ws.bytes - clear_from,
+                          static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return launch_error("clearing the accumulators", kHeadDim, err);
+
+  if (q_total > 0) {
+    const PrepareParams prepare{sequences,
+                                t.lse.data,
+                                p.is_varlen() ? 0 : t.lse.batch_stride,
+                                t.lse.head_stride,
+                                t.lse.seq_stride,
+                                lse_log2,
+                                dpsum,
+                                dq_accum,
+                                dq_done,
+                                q_total,
+                                ws.stat_rows,
+                                q_per_batch,
+                                int(p.head_dim_qk),
+                                int(p.head_dim_v)};
+    // Rows up to the longest sequence's pad end (bwd_workspace.hpp).
+    err = launch_kernel(&bwd_prepare_kernel<Element, kLanesPrepare>,
+                        row_grid(kRowsPerBlock<kLanesPrepare>, bwd_padded_stat_rows(p.seqlen_q),
+                                 p.heads_q),
+                        row_block, 0, stream, prepare, const_rows(t.out), const_rows(t.dout));
+    if (err != cudaSuccess) return launch_error("prepare kernel", kHeadDim, err);
+  }
+
+  const int n_blocks = int((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN);
+  const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
+                                       p.window.right);
+  // dQ's rows converted as the CTAs of their (batch entry, head) finish (dq_done: bwd_rows.cuh)
+  // where no causal or window band cuts the key tiles: each CTA then waits for its reduce-adds to
+  // land, which its dK / dV epilogue hides only where CTAs are long; causal ones lost up to 3 %
+  // (bench/NOTES.md, twentieth session).
+  int32_t* const dq_counts =
+      q_total > 0 && k_total > 0 && !band.banded() ? dq_done : nullptr;
+  // With no query rows Q and dO may be views without memory or strides; their descriptors are
+  // never used but must be encodable, so they borrow K's view.
+  BackwardTensors tt = t;
+  if (q_total == 0) tt.q = tt.dout = t.k;
+  // Also without query rows: every key tile then writes dK = dV = 0.
+  // `config`: a tag of Config or PairedConfig.
+  auto launch_main = [&](auto config) -> Status {
+    using C = typename decltype(config)::type;
+    using Kernel = BwdKernel<C, false>;  // and <C, true> in deterministic mode
+    using Store = BwdStore<C>;
+    const SoftcapScores softcap = SoftcapScores::make(Softcap{p.softcap}, p.scale());
+    auto output = [&](const TensorView& v) {
+      return typename Store::Output{static_cast<Element*>(v.data),
+                                    p.is_varlen() ? 0 : v.batch_stride, v.seq_stride,
+                                    v.head_stride};
+    };
+    const typename Store::Params store{output(t.dk),
+                                       output(t.dv),
+                                       dk_accum,
+                                       dv_accum,
+                                       k_total,
+                                       k_per_batch,
+                                       int(p.heads_q / p.heads_kv),
+                                       p.scale(),
+                                       dq_turns,
+                                       dkv_turns,
+                                       int32_t((p.seqlen_q + C::kBlockM - 1) / C::kBlockM),
+                                       n_blocks,
+                                       int32_t(p.heads_q)};
+    const int rows = int(p.heads_q * p.batch);
+    // The grid's order is one of key-tile pairs on pairs (BwdKernel::unit).
+    const int order_blocks = n_blocks / C::kClusterCtas;
+    // The group model counts CTAs per (head, batch entry) row: all its key tiles, paired or not.
+    int group = 1;
+    err = backward_group(p, n_blocks, rows, sizeof(Element), group);
+    if (err != cudaSuccess) return launch_error("device query", kHeadDim, err);
+    const typename Kernel::Params params{
+        Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
+        store,
+        // Without query rows the reduction never runs, but its descriptor needs some address.
+        q_total > 0 ? BwdDqReduce<C>::make_params(p, dq_accum, q_total, dq_counts)
+                    : BwdDqReduce<C>::make_params(p, static_cast<float*>(t.k.data), 1, nullptr),
+        sequences,
+        band,
+        softcap,
+        (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
+        GroupedOrder{order_blocks, rows, group},
+        int(p.heads_q),
+        rotate_queries(band, p.deterministic)};
+    auto* kernel = &bwd_kernel<Kernel>;
+    if constexpr (C::kClusterCtas == 1) {
+      static_assert(Kernel::kSmemBytes == BwdKernel<C, true>::kSmemBytes);
+      if (p.deterministic) kernel = &bwd_kernel<BwdKernel<C, true>>;
+    }
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Kernel::kSmemBytes);
+    if (err == cudaSuccess)
+      // Dependent on the prepare kernel where there is one: the CTAs start as its last ones exit
+      // (not earlier: a main CTA takes the whole register file) and load K and V before they
+      // wait for its stats. On pairs, clusters of the pair's two CTAs.
+      err = launch_kernel_with(kernel, dim3(unsigned(int64_t(n_blocks) * p.heads_q * p.batch)),
+                               dim3(Kernel::kThreads), size_t(Kernel::kSmemBytes), stream,
+                               LaunchOptions{q_total > 0, unsigned(C::kClusterCtas)}, params);
+    if (err != cudaSuccess) return launch_error("kernel", kHeadDim, err);
+    return Status::success();
+  };
+  if (k_total > 0) {
+    const Status launched = use_key_tile_pairs<PairedConfig>(p, n_blocks)
+                                ? launch_main(TypeTag<PairedConfig>{})
+                                : launch_main(TypeTag<Config>{});
+    if (!launched.ok()) return launched;
+  }
+
+  // dQ: scaled and rounded (rows that see no key get 0: their accumulator stayed cleared).
+  if (q_total > 0) {
+    // With counts its rows wait for the CTAs of their (batch entry, head): n_blocks each.
+    const FinishParams finish{sequences,
+                              dq_accum,
+                              q_total,
+                              q_per_batch,
+                              int(p.head_dim_qk),
+                              p.scale(),
+                              BwdDqReduce<Config>::kAccumAtom,
+                              dq_counts,
+                              n_blocks};
+    // Dependent on the main kernel where there is one: launched as that kernel ends, or, with
+    // counts, as its last CTAs start.
+    err = launch_kernel_ex(&bwd_finish_kernel<Element, kLanesQK>,
+                           row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_q, p.heads_q), row_block, 0,
+                           stream, k_total > 0, finish, row_tensor(t.dq), false);
+    if (err != cudaSuccess) return launch_error("dQ kernel", kHeadDim, err);
+  }
+  if (ws.gqa && k_total > 0) {
+    const FinishParams finish_k{sequences, dk_accum, k_total, k_per_batch, int(p.head_dim_qk),
+                                1.0f, 0, nullptr, 0};
+    const FinishParams finish_v{sequences, dv_accum, k_total, k_per_batch, int(p.head_dim_v),
+                                1.0f, 0, nullptr, 0};
+    err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
+                        row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_k, p.heads_kv), row_block, 0,
+                        stream, finish_k, row_tensor(t.dk), true);
+    if (err == cudaSuccess)
+      err = launch_kernel(&bwd_finish_kernel<Element, kLanesV>,
+                          row_grid(kRowsPerBlock<kLanesV>, p.seqlen_k, p.heads_kv), row_block, 0,
+                          stream, finish_v, row_tensor(t.dv), true);
+    if (err != cudaSuccess) return launch_error("dK / dV kernel", kHeadDim, err);
+  }
+  return Status::success();
+}
+
+}  // namespace fa4::sm90
