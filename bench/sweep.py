@@ -148,16 +148,15 @@ def checked_others(row, others, make):
 
 
 def checked_builds(row, builds, first_run, diff):
-    """Each build's closure, made and run once under its --lib-env: first_run(bld, entry) makes it,
-    poisons the outputs, runs it and returns it (it may add to the build's entry in the row);
-    diff() then gives the max abs difference from cuDNN's result. A build's refusal goes into its
-    entry instead, and it is not timed."""
+    """Each build's closure, made and run once: first_run(bld, entry) makes it, poisons the
+    outputs, runs it and returns it (it may add to the build's entry in the row); diff() then gives
+    the max abs difference from cuDNN's result. A build's refusal goes into its entry instead, and
+    it is not timed."""
     runs = {}
     for bld in builds:
         entry = row["libs"][bld.name] = {}
         try:
-            with bld.environment():
-                run = first_run(bld, entry)
+            run = first_run(bld, entry)
         except fa4_ctypes.Fa4Error as e:
             entry["refused"] = str(e)
             continue
@@ -225,9 +224,9 @@ def parse_libs(specs):
 
 def add_lib_env_arg(ap):
     ap.add_argument("--lib-env", action="append", default=[], metavar="NAME:VAR=VALUE",
-                    help="run build NAME with environment variable VAR=VALUE (the library reads "
-                         "its FA4_SM90_* switches once, at its first call; to time a switch "
-                         "beside the default, give the same library twice: copy the file)")
+                    help="run build NAME with the launch-plan override VAR=VALUE, an FA4_SM90_* "
+                         "variable (docs/developing.md); to time one beside the default, give "
+                         "the same library twice: copy the file")
 
 
 def parse_lib_env(specs, names):
@@ -246,14 +245,16 @@ def parse_lib_env(specs, names):
 
 class Build:
     """One libfa4.so, loaded beside the others (ctypes.CDLL is RTLD_LOCAL: each copy binds its
-    own symbols, its own kernels and its own last-error message). env: --lib-env settings, in
-    force (environment()) while its closures are made and first run: the library reads each
-    FA4_SM90_* switch once, at the first call that needs it (workspace_size included)."""
+    own symbols, its own kernels and its own last-error message). env: --lib-env settings, read by
+    the library's overrides reader (with the sweep's own environment beneath them) and passed to
+    every call of this build."""
 
     def __init__(self, name, path, deterministic=False, env=None):
         self.name, self.path, self.deterministic = name, path, deterministic
         self.env = dict(env or {})
         self.fa4 = fa4_ctypes.Library(path)
+        with self.environment():
+            self.fa4.overrides = self.fa4.overrides_from_env()
         self.version = self.fa4.version()
         self._counts = getattr(self.fa4.lib, "fa4_debug_sm90_rescale_counts", None)
         if self._counts is not None:

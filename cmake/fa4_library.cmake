@@ -4,6 +4,7 @@ set(FA4_SOURCES
   src/api/validate.cpp
   src/common/status.cpp
   src/api/c_api.cpp
+  src/api/overrides.cpp
   src/dispatch/dispatch.cpp
   src/dispatch/pointer_memory.cpp
   src/cpu/cpu_backend.cpp
@@ -11,6 +12,8 @@ set(FA4_SOURCES
   src/cpu/backward.cpp
   src/cpu/parallel.cpp
   src/sm90/host/backend.cpp
+  src/sm90/host/fwd_plan.cpp
+  src/sm90/host/bwd_plan.cpp
 )
 
 add_library(fa4_objects OBJECT ${FA4_SOURCES})

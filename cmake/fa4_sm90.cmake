@@ -1,11 +1,12 @@
 # sm_90a (Hopper) kernels, generated from one table.
 #
-# FA4_SM90_FWD_TABLE lists every forward instance that exists, as head_dim:dtype, or
-# head_dim_qk x head_dim_v:dtype where the two differ. Each selected
-# entry becomes one .cu file (src/sm90/host/fwd_instance.cu.in) and one line of sm90_fwd_kernels.inc,
-# the kernel table that src/sm90/host/backend.cpp dispatches on. FA4_SM90_KERNELS selects a subset
-# (CI on two cores builds just "128:bf16"); problems without a built kernel get kNotSupported.
-set(FA4_SM90_FWD_TABLE
+# FA4_SM90_TABLE lists every kernel instance that exists, as head_dim:dtype, or
+# head_dim_qk x head_dim_v:dtype where the two differ; each has a forward and a backward. Each
+# selected entry becomes two .cu files (src/sm90/host/fwd_instance.cu.in, bwd_instance.cu.in) and
+# one line of sm90_kernels.inc, the kernel table that src/sm90/host/backend.cpp dispatches on.
+# FA4_SM90_KERNELS selects a subset (CI on two cores builds just "128:bf16"); problems without a
+# built kernel get kNotSupported.
+set(FA4_SM90_TABLE
   64:bf16 64:fp16
   96:bf16 96:fp16
   128:bf16 128:fp16
@@ -13,19 +14,9 @@ set(FA4_SM90_FWD_TABLE
   192x128:bf16 192x128:fp16
   256:bf16 256:fp16
 )
-# The backward instances that exist: every selected FA4_SM90_KERNELS entry that is also here gets
-# its backward built too (src/sm90/host/bwd_instance.cu.in, sm90_bwd_kernels.inc).
-set(FA4_SM90_BWD_TABLE
-  64:bf16 64:fp16
-  96:bf16 96:fp16
-  128:bf16 128:fp16
-  192:bf16 192:fp16
-  192x128:bf16 192x128:fp16
-  256:bf16 256:fp16
-)
-string(REPLACE ";" " " _fa4_sm90_all "${FA4_SM90_FWD_TABLE}")
-set(FA4_SM90_KERNELS "${FA4_SM90_FWD_TABLE}" CACHE STRING
-    "sm90 forward kernels to build, head_dim:dtype or head_dim_qk x head_dim_v:dtype, separated by ';' (all: ${_fa4_sm90_all})")
+string(REPLACE ";" " " _fa4_sm90_all "${FA4_SM90_TABLE}")
+set(FA4_SM90_KERNELS "${FA4_SM90_TABLE}" CACHE STRING
+    "sm90 kernels to build, head_dim:dtype or head_dim_qk x head_dim_v:dtype, separated by ';' (all: ${_fa4_sm90_all})")
 option(FA4_SM90_PTXAS_VERBOSE "Print ptxas register / spill reports for the sm90 kernels" OFF)
 
 set(FA4_SM90_CUDA_FLAGS
@@ -41,9 +32,9 @@ set(FA4_SM90_CUDA_FLAGS
   # spill in the mainloop costs more (spills are warnings for the forward kernels; see below).
   -Xptxas=-Werror
 )
-# The forward kernels must not spill. The backward's first version spills a few registers (24-36
-# bytes, outside its inner loop's hot path; docs/sm90_backward.md): reported by -Xptxas=-v
-# (FA4_SM90_PTXAS_VERBOSE, scripts/gpu_check.sh counts them), not yet an error.
+# The forward kernels must not spill. Some backward kernels spill a few registers (24-36 bytes,
+# outside their inner loop's hot path; docs/sm90_backward.md): reported by -Xptxas=-v
+# (FA4_SM90_PTXAS_VERBOSE, scripts/gpu_check.sh counts them), not an error.
 set(FA4_SM90_FWD_CUDA_FLAGS -Xptxas=--warn-on-spills)
 # No --use_fast_math: exp2 is already the approximate ex2 (softmax.cuh), and the flag would also
 # turn tanhf (softcap) and the final 1/rowsum into approximations and flush denormals to zero.
@@ -55,11 +46,9 @@ set(_fa4_sm90_gen ${CMAKE_BINARY_DIR}/generated)
 set(_fa4_sm90_dtype_enum_bf16 kBF16)
 set(_fa4_sm90_dtype_enum_fp16 kFP16)
 set(FA4_SM90_SOURCES)
-set(FA4_SM90_BWD_KERNELS)
 set(_fa4_sm90_table_lines "")
-set(_fa4_sm90_bwd_table_lines "")
 foreach(entry IN LISTS FA4_SM90_KERNELS)
-  if(NOT entry IN_LIST FA4_SM90_FWD_TABLE)
+  if(NOT entry IN_LIST FA4_SM90_TABLE)
     message(FATAL_ERROR "FA4_SM90_KERNELS: '${entry}' is not in the table (${_fa4_sm90_all})")
   endif()
   string(REPLACE ":" ";" _parts "${entry}")
@@ -69,27 +58,19 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
   list(GET _dims 0 FA4_HDIM_QK)
   list(GET _dims -1 FA4_HDIM_V)
   set(FA4_DTYPE_ENUM ${_fa4_sm90_dtype_enum_${_dtype}})
-  set(_cu ${_fa4_sm90_gen}/sm90/fwd_hdim${_hdim}_${_dtype}.cu)
-  configure_file(${PROJECT_SOURCE_DIR}/src/sm90/host/fwd_instance.cu.in ${_cu} @ONLY)
-  set_source_files_properties(${_cu} PROPERTIES
-                              COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
-  list(APPEND FA4_SM90_SOURCES ${_cu})
-  string(APPEND _fa4_sm90_table_lines
-         "FA4_SM90_FWD_KERNEL(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
-  if(entry IN_LIST FA4_SM90_BWD_TABLE)
-    set(_cu ${_fa4_sm90_gen}/sm90/bwd_hdim${_hdim}_${_dtype}.cu)
-    configure_file(${PROJECT_SOURCE_DIR}/src/sm90/host/bwd_instance.cu.in ${_cu} @ONLY)
+  foreach(_pass fwd bwd)
+    set(_cu ${_fa4_sm90_gen}/sm90/${_pass}_hdim${_hdim}_${_dtype}.cu)
+    configure_file(${PROJECT_SOURCE_DIR}/src/sm90/host/${_pass}_instance.cu.in ${_cu} @ONLY)
     list(APPEND FA4_SM90_SOURCES ${_cu})
-    list(APPEND FA4_SM90_BWD_KERNELS ${entry})
-    string(APPEND _fa4_sm90_bwd_table_lines
-           "FA4_SM90_BWD_KERNEL(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
-  endif()
+  endforeach()
+  set_source_files_properties(${_fa4_sm90_gen}/sm90/fwd_hdim${_hdim}_${_dtype}.cu PROPERTIES
+                              COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
+  string(APPEND _fa4_sm90_table_lines
+         "FA4_SM90_KERNEL(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
 endforeach()
 # Written only when it changes, so a reconfigure does not rebuild the backend.
-file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_fwd_kernels.inc
-     CONTENT "// Generated by cmake/fa4_sm90.cmake: the forward kernels of this build.\n${_fa4_sm90_table_lines}")
-file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_bwd_kernels.inc
-     CONTENT "// Generated by cmake/fa4_sm90.cmake: the backward kernels of this build.\n${_fa4_sm90_bwd_table_lines}")
+file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_kernels.inc
+     CONTENT "// Generated by cmake/fa4_sm90.cmake: the kernels of this build.\n${_fa4_sm90_table_lines}")
 
 target_include_directories(fa4_objects PRIVATE ${_fa4_sm90_gen})
 if(FA4_SM90_SOURCES)

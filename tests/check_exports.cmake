@@ -11,12 +11,15 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${NM} failed on ${LIB}")
 endif()
 string(REPLACE "\n" ";" lines "${out}")
-# fa4::to_string, can_implement, workspace_size, resolve_backend, forward, version, backward.
+# fa4::to_string, can_implement, workspace_size, resolve_backend, forward, version, backward,
+# overrides_from_env.
 set(api "_ZN3fa49to_string" "_ZN3fa413can_implement" "_ZN3fa414workspace_size"
-        "_ZN3fa415resolve_backend" "_ZN3fa47forward" "_ZN3fa47version" "_ZN3fa48backward")
+        "_ZN3fa415resolve_backend" "_ZN3fa47forward" "_ZN3fa47version" "_ZN3fa48backward"
+        "_ZN3fa418overrides_from_env")
 set(c_abi fa4_abi_version fa4_version fa4_problem_init fa4_forward_tensors_init
           fa4_backward_tensors_init fa4_can_implement fa4_workspace_size fa4_forward fa4_backward
-          fa4_last_error_message fa4_status_string)
+          fa4_last_error_message fa4_status_string fa4_overrides_init fa4_overrides_from_env
+          fa4_workspace_size_with_overrides fa4_forward_with_overrides fa4_backward_with_overrides)
 set(bad "")
 set(found "")
 foreach(line ${lines})

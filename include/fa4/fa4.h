@@ -97,6 +97,42 @@ FA4_API fa4_status fa4_backward(const fa4_problem* problem, const fa4_backward_t
                                 void* workspace, size_t workspace_bytes, void* stream,
                                 fa4_backend backend);
 
+/* Launch-plan overrides, for tools and tests (include/fa4/overrides.hpp is the C++ form): each
+ * field at its fa4_overrides_init default leaves that choice to the library. Choices are -1 (the
+ * library's), 0 (off) or 1 (on); counts 0 are the library's. A null overrides pointer is the
+ * defaults. Nothing in the library reads the environment but fa4_overrides_from_env. */
+typedef struct fa4_overrides {
+  uint32_t struct_size;
+  int32_t persistent;      /* sm90 forward: persistent CTAs (1) or one CTA per tile (0) */
+  int32_t persistent_ctas; /* > 0: that many persistent CTAs */
+  int32_t zigzag_group;    /* > 0: the persistent zig-zag numbered in groups of this many pairs */
+  int32_t pack_gqa;        /* the query heads of a kv head share a query tile */
+  int32_t splits;          /* > 0: each tile's keys split this many ways (1: never split) */
+  int32_t longest_first;   /* a varlen batch's tiles ordered longest-first */
+  int32_t chunked_kv;      /* the chunked kernel, where the head dims have one */
+  int32_t bwd_group;       /* sm90 backward: > 0, CTAs of this many (head, batch) pairs together */
+  int32_t bwd_rotate;      /* 0: key tiles walk the query tiles from the first */
+  int32_t bwd_pairs;       /* 0: no key-tile pairs */
+  int32_t cpu_threads;     /* CPU backend: > 0, this many threads */
+} fa4_overrides;
+
+FA4_API void fa4_overrides_init(fa4_overrides* overrides);
+/* The FA4_SM90_* / FA4_CPU_THREADS environment variables as overrides (see overrides.hpp). */
+FA4_API fa4_status fa4_overrides_from_env(fa4_overrides* overrides);
+FA4_API fa4_status fa4_workspace_size_with_overrides(const fa4_problem* problem,
+                                                     fa4_backend backend, fa4_pass pass,
+                                                     const fa4_overrides* overrides,
+                                                     size_t* bytes);
+FA4_API fa4_status fa4_forward_with_overrides(const fa4_problem* problem,
+                                              const fa4_forward_tensors* tensors, void* workspace,
+                                              size_t workspace_bytes, void* stream,
+                                              fa4_backend backend, const fa4_overrides* overrides);
+FA4_API fa4_status fa4_backward_with_overrides(const fa4_problem* problem,
+                                               const fa4_backward_tensors* tensors,
+                                               void* workspace, size_t workspace_bytes,
+                                               void* stream, fa4_backend backend,
+                                               const fa4_overrides* overrides);
+
 /* The message of this thread's last failed call ("" when the last call succeeded). */
 FA4_API const char* fa4_last_error_message(void);
 FA4_API const char* fa4_status_string(fa4_status status);

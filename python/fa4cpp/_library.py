@@ -1,5 +1,9 @@
 """Finding and loading libfa4.so, once per process: the path in FA4CPP_LIBRARY when set (a build
-tree's library, for development and tests), else the copy `pip install` puts beside these files."""
+tree's library, for development and tests), else the copy `pip install` puts beside these files.
+
+The library's launch-plan overrides (FA4_SM90_*, FA4_CPU_THREADS; docs/developing.md) apply to
+the package's calls when set in the environment at load: the C++ library never reads the
+environment itself, the package asks it to (fa4_overrides_from_env) and passes them."""
 import os
 import threading
 
@@ -33,5 +37,10 @@ def library():
     if _loaded is None:
         with _lock:
             if _loaded is None:
-                _loaded = c_abi.Library(library_path())
+                lib = c_abi.Library(library_path())
+                overrides = lib.overrides_from_env()
+                # Only a real override is passed: the defaults are the null pointer's.
+                if bytes(overrides) != bytes(lib.make_overrides()):
+                    lib.overrides = overrides
+                _loaded = lib
     return _loaded

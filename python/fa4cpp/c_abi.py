@@ -77,6 +77,16 @@ class BackwardTensors(ctypes.Structure):
                 ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
 
 
+class Overrides(ctypes.Structure):
+    """fa4_overrides: launch-plan overrides for tools and tests (-1: the library's choice, 0 off,
+    1 on; counts 0: the library's)."""
+    _fields_ = [("struct_size", ctypes.c_uint32)] + [
+        (name, ctypes.c_int32) for name in (
+            "persistent", "persistent_ctas", "zigzag_group", "pack_gqa", "splits",
+            "longest_first", "chunked_kv", "bwd_group", "bwd_rotate", "bwd_pairs",
+            "cpu_threads")]
+
+
 class Fa4Error(RuntimeError):
     """A call the library refused or failed; the message is the library's. `status` is the
     fa4_status code (None when the refusal came from the Python side)."""
@@ -199,17 +209,21 @@ class Library:
         lib.fa4_problem_init.argtypes = [ctypes.POINTER(Problem)]
         lib.fa4_forward_tensors_init.argtypes = [ctypes.POINTER(ForwardTensors)]
         lib.fa4_backward_tensors_init.argtypes = [ctypes.POINTER(BackwardTensors)]
+        lib.fa4_overrides_init.argtypes = [ctypes.POINTER(Overrides)]
+        lib.fa4_overrides_from_env.argtypes = [ctypes.POINTER(Overrides)]
         lib.fa4_can_implement.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int]
-        lib.fa4_workspace_size.argtypes = [ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int,
-                                           ctypes.POINTER(ctypes.c_size_t)]
-        lib.fa4_forward.argtypes = [ctypes.POINTER(Problem), ctypes.POINTER(ForwardTensors),
-                                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                    ctypes.c_int]
-        lib.fa4_backward.argtypes = [ctypes.POINTER(Problem), ctypes.POINTER(BackwardTensors),
-                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                     ctypes.c_int]
-        for fn in (lib.fa4_can_implement, lib.fa4_workspace_size, lib.fa4_forward,
-                   lib.fa4_backward):
+        lib.fa4_workspace_size_with_overrides.argtypes = [
+            ctypes.POINTER(Problem), ctypes.c_int, ctypes.c_int, ctypes.POINTER(Overrides),
+            ctypes.POINTER(ctypes.c_size_t)]
+        lib.fa4_forward_with_overrides.argtypes = [
+            ctypes.POINTER(Problem), ctypes.POINTER(ForwardTensors), ctypes.c_void_p,
+            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Overrides)]
+        lib.fa4_backward_with_overrides.argtypes = [
+            ctypes.POINTER(Problem), ctypes.POINTER(BackwardTensors), ctypes.c_void_p,
+            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Overrides)]
+        for fn in (lib.fa4_overrides_from_env, lib.fa4_can_implement,
+                   lib.fa4_workspace_size_with_overrides, lib.fa4_forward_with_overrides,
+                   lib.fa4_backward_with_overrides):
             fn.restype = ctypes.c_int
         if lib.fa4_abi_version() != ABI_VERSION:
             raise Fa4Error("libfa4 ABI version %d, this binding speaks %d"
@@ -219,9 +233,31 @@ class Library:
         self._initialised = {}
         for cls, init in ((Problem, lib.fa4_problem_init),
                           (ForwardTensors, lib.fa4_forward_tensors_init),
-                          (BackwardTensors, lib.fa4_backward_tensors_init)):
+                          (BackwardTensors, lib.fa4_backward_tensors_init),
+                          (Overrides, lib.fa4_overrides_init)):
             self._initialised[cls] = cls()
             init(ctypes.byref(self._initialised[cls]))
+        # Passed to every call: None (a null pointer) leaves every choice to the library.
+        self.overrides = None
+
+    def make_overrides(self, **fields):
+        """An Overrides with the library's defaults and `fields` (e.g. splits=3, persistent=0)."""
+        o = self._new(Overrides)
+        for name, value in fields.items():
+            if name == "struct_size" or name not in dict(Overrides._fields_):
+                raise ValueError("fa4_overrides has no field %r" % name)
+            setattr(o, name, int(value))
+        return o
+
+    def overrides_from_env(self):
+        """The FA4_SM90_* / FA4_CPU_THREADS environment variables as an Overrides (the library's
+        one environment reader); raises Fa4Error naming an invalid variable."""
+        o = self._new(Overrides)
+        self._check(self.lib.fa4_overrides_from_env(ctypes.byref(o)))
+        return o
+
+    def _overrides_arg(self):
+        return None if self.overrides is None else ctypes.byref(self.overrides)
 
     def _new(self, cls):
         """A fresh `cls` (Problem, ForwardTensors or BackwardTensors) as fa4_*_init fills it."""
@@ -280,8 +316,8 @@ class Library:
 
     def _workspace(self, p, backend, pass_, device):
         nbytes = ctypes.c_size_t(0)
-        self._check(self.lib.fa4_workspace_size(ctypes.byref(p), backend, pass_,
-                                                ctypes.byref(nbytes)))
+        self._check(self.lib.fa4_workspace_size_with_overrides(
+            ctypes.byref(p), backend, pass_, self._overrides_arg(), ctypes.byref(nbytes)))
         if nbytes.value == 0:
             return None, None, 0
         # Over-allocate so that an aligned start exists whatever alignment the allocator gives.
@@ -323,8 +359,9 @@ class Library:
         t = self._forward_tensors(q, k, v, out, lse)
         with _device_scope(device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, device)
-            self._check(self.lib.fa4_forward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
-                                             self._stream(device), backend))
+            self._check(self.lib.fa4_forward_with_overrides(
+                ctypes.byref(p), ctypes.byref(t), ws, nbytes, self._stream(device), backend,
+                self._overrides_arg()))
         del buf  # the caching allocator keeps it valid for work already queued on this stream
 
     def backward(self, dout, q, k, v, out, lse, dq, dk, dv, params):
@@ -337,8 +374,9 @@ class Library:
         t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
         with _device_scope(device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_BACKWARD, device)
-            self._check(self.lib.fa4_backward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
-                                              self._stream(device), backend))
+            self._check(self.lib.fa4_backward_with_overrides(
+                ctypes.byref(p), ctypes.byref(t), ws, nbytes, self._stream(device), backend,
+                self._overrides_arg()))
         del buf
 
     # -- bench/sweep.py's entry point ------------------------------------------------------------
@@ -355,11 +393,12 @@ class Library:
         p.return_lse = int(lse is not None)
         t = self._forward_tensors(q, k, v, out, lse)
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_FORWARD, q.device)
+        overrides = self._overrides_arg()
 
         def run():
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-            self._check(self.lib.fa4_forward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
-                                             stream, BACKEND_SM90))
+            self._check(self.lib.fa4_forward_with_overrides(
+                ctypes.byref(p), ctypes.byref(t), ws, nbytes, stream, BACKEND_SM90, overrides))
         run.workspace = buf  # keeps the workspace alive as long as the closure
         return run
 
@@ -368,10 +407,11 @@ class Library:
         p = self.problem(q, k, v, Params(causal=causal, deterministic=deterministic))
         t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_BACKWARD, q.device)
+        overrides = self._overrides_arg()
 
         def run():
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-            self._check(self.lib.fa4_backward(ctypes.byref(p), ctypes.byref(t), ws, nbytes,
-                                              stream, BACKEND_SM90))
+            self._check(self.lib.fa4_backward_with_overrides(
+                ctypes.byref(p), ctypes.byref(t), ws, nbytes, stream, BACKEND_SM90, overrides))
         run.workspace = buf
         return run

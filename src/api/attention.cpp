@@ -1,6 +1,7 @@
 // The C++ entry points: validate, pick the backend, check what it needs, run. Nothing is written to
 // an output before every check has passed.
 #include "fa4/attention.hpp"
+#include "fa4/overrides.hpp"
 
 #include <cmath>
 #include <exception>
@@ -73,8 +74,9 @@ Status select(const Problem& p, Backend requested, const void* q_data, Pass pass
   return Status::success();
 }
 
-Status check_workspace(const BackendOps& ops, const Problem& p, Pass pass, Workspace ws) {
-  const size_t need = ops.workspace_size(p, pass);
+Status check_workspace(const BackendOps& ops, const Problem& p, Pass pass, Workspace ws,
+                       const Overrides& overrides) {
+  const size_t need = ops.workspace_size(p, pass, overrides);
   if (ws.bytes < need)
     return detail::make_status(StatusCode::kWorkspaceTooSmall,
                                "workspace has %zu bytes; the %s backend needs %zu for this problem",
@@ -101,45 +103,63 @@ Status can_implement(const Problem& problem, Backend backend, Pass pass) {
   });
 }
 
-Status workspace_size(const Problem& problem, Backend backend, Pass pass, size_t* bytes) {
+Status workspace_size(const Problem& problem, Backend backend, Pass pass,
+                      const Overrides& overrides, size_t* bytes) {
   return guarded([&] {
     if (bytes == nullptr) return detail::invalid("bytes (the result pointer) is null");
     const BackendOps* ops = nullptr;
     FA4_RETURN_IF_ERROR(select(problem, backend, nullptr, pass, &ops));
+    FA4_RETURN_IF_ERROR(detail::validate_overrides(overrides));
     FA4_RETURN_IF_ERROR(ops->can_implement(problem, pass));
-    *bytes = ops->workspace_size(problem, pass);
+    *bytes = ops->workspace_size(problem, pass, overrides);
     return Status::success();
   });
 }
 
+Status workspace_size(const Problem& problem, Backend backend, Pass pass, size_t* bytes) {
+  return workspace_size(problem, backend, pass, Overrides{}, bytes);
+}
+
 Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace workspace,
-               void* stream, Backend backend) {
+               void* stream, Backend backend, const Overrides& overrides) {
   return guarded([&] {
     const BackendOps* ops = nullptr;
     FA4_RETURN_IF_ERROR(select(problem, backend, tensors.q.data, Pass::kForward, &ops));
+    FA4_RETURN_IF_ERROR(detail::validate_overrides(overrides));
     FA4_RETURN_IF_ERROR(detail::validate_forward_tensors(problem, tensors));
     FA4_RETURN_IF_ERROR(ops->check_tensors(problem, &tensors, nullptr));
     FA4_RETURN_IF_ERROR(ops->can_implement(problem, Pass::kForward));
     FA4_RETURN_IF_ERROR(ops->available());
     FA4_RETURN_IF_ERROR(check_contents(*ops, problem));
-    FA4_RETURN_IF_ERROR(check_workspace(*ops, problem, Pass::kForward, workspace));
-    return ops->forward(problem, tensors, workspace, stream);
+    FA4_RETURN_IF_ERROR(check_workspace(*ops, problem, Pass::kForward, workspace, overrides));
+    return ops->forward(problem, tensors, workspace, stream, overrides);
   });
 }
 
+Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace workspace,
+               void* stream, Backend backend) {
+  return forward(problem, tensors, workspace, stream, backend, Overrides{});
+}
+
 Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
-                void* stream, Backend backend) {
+                void* stream, Backend backend, const Overrides& overrides) {
   return guarded([&] {
     const BackendOps* ops = nullptr;
     FA4_RETURN_IF_ERROR(select(problem, backend, tensors.q.data, Pass::kBackward, &ops));
+    FA4_RETURN_IF_ERROR(detail::validate_overrides(overrides));
     FA4_RETURN_IF_ERROR(detail::validate_backward_tensors(problem, tensors));
     FA4_RETURN_IF_ERROR(ops->check_tensors(problem, nullptr, &tensors));
     FA4_RETURN_IF_ERROR(ops->can_implement(problem, Pass::kBackward));
     FA4_RETURN_IF_ERROR(ops->available());
     FA4_RETURN_IF_ERROR(check_contents(*ops, problem));
-    FA4_RETURN_IF_ERROR(check_workspace(*ops, problem, Pass::kBackward, workspace));
-    return ops->backward(problem, tensors, workspace, stream);
+    FA4_RETURN_IF_ERROR(check_workspace(*ops, problem, Pass::kBackward, workspace, overrides));
+    return ops->backward(problem, tensors, workspace, stream, overrides);
   });
+}
+
+Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
+                void* stream, Backend backend) {
+  return backward(problem, tensors, workspace, stream, backend, Overrides{});
 }
 
 }  // namespace fa4

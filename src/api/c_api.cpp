@@ -3,7 +3,10 @@
 
 #include <string>
 
+#include "api/override_fields.hpp"
+#include "common/status.hpp"
 #include "fa4/attention.hpp"
+#include "fa4/overrides.hpp"
 
 namespace {
 
@@ -60,12 +63,47 @@ fa4::LseView to_cpp(const fa4_lse& t) {
   return {t.data, t.batch_stride, t.head_stride, t.seq_stride};
 }
 
+// Null: every choice the library's. A choice outside -1 / 0 / 1 is refused here, before the C++
+// enum could wrap it.
+fa4::Status to_cpp(const fa4_overrides* c, fa4::Overrides* o) {
+  *o = fa4::Overrides{};
+  if (c == nullptr) return fa4::Status::success();
+  for (const fa4::detail::ChoiceField& f : fa4::detail::kChoiceFields) {
+    const int32_t v = c->*f.c_member;
+    if (v < -1 || v > 1)
+      return fa4::detail::invalid("fa4_overrides.%s is %d; it must be -1, 0 or 1", f.name, v);
+    o->*f.member = static_cast<fa4::Choice>(v);
+  }
+  for (const fa4::detail::CountField& f : fa4::detail::kCountFields) o->*f.member = c->*f.c_member;
+  return fa4::Status::success();
+}
+
+void to_c(const fa4::Overrides& o, fa4_overrides* c) {
+  for (const fa4::detail::ChoiceField& f : fa4::detail::kChoiceFields)
+    c->*f.c_member = int32_t(o.*f.member);
+  for (const fa4::detail::CountField& f : fa4::detail::kCountFields) c->*f.c_member = o.*f.member;
+}
+
 #define FA4_CHECK_STRUCT(ptr, name)                                                     \
   do {                                                                                  \
     if (check_struct(ptr, name))                                                        \
       return fail(name " is null or its struct_size is not sizeof(" name ") of this "   \
                        "library's ABI version (use " name "_init)");                    \
   } while (0)
+
+// An optional struct: null is allowed, a wrong struct_size is not.
+#define FA4_CHECK_OPTIONAL_STRUCT(ptr, name)                                            \
+  do {                                                                                  \
+    if ((ptr) != nullptr && check_struct(ptr, name))                                    \
+      return fail(name " has a struct_size that is not sizeof(" name ") of this "       \
+                       "library's ABI version (use " name "_init)");                    \
+  } while (0)
+
+// The overrides in *o, or the failure's status recorded and returned.
+#define FA4_OVERRIDES(c_overrides, o)                                                   \
+  FA4_CHECK_OPTIONAL_STRUCT(c_overrides, "fa4_overrides");                              \
+  fa4::Overrides o;                                                                     \
+  if (fa4::Status converted = to_cpp(c_overrides, &o); !converted.ok()) return record(converted)
 
 }  // namespace
 
@@ -103,17 +141,42 @@ fa4_status fa4_can_implement(const fa4_problem* problem, fa4_backend backend, fa
                                    static_cast<fa4::Pass>(pass)));
 }
 
-fa4_status fa4_workspace_size(const fa4_problem* problem, fa4_backend backend, fa4_pass pass,
-                              size_t* bytes) {
-  FA4_CHECK_STRUCT(problem, "fa4_problem");
-  return record(fa4::workspace_size(to_cpp(*problem), static_cast<fa4::Backend>(backend),
-                                    static_cast<fa4::Pass>(pass), bytes));
+void fa4_overrides_init(fa4_overrides* o) {
+  if (o == nullptr) return;
+  *o = fa4_overrides{};
+  o->struct_size = sizeof(fa4_overrides);
+  to_c(fa4::Overrides{}, o);
 }
 
-fa4_status fa4_forward(const fa4_problem* problem, const fa4_forward_tensors* tensors,
-                       void* workspace, size_t workspace_bytes, void* stream, fa4_backend backend) {
+fa4_status fa4_overrides_from_env(fa4_overrides* o) {
+  FA4_CHECK_STRUCT(o, "fa4_overrides");
+  fa4::Overrides cpp;
+  const fa4::Status s = fa4::overrides_from_env(&cpp);
+  if (s.ok()) to_c(cpp, o);
+  return record(s);
+}
+
+fa4_status fa4_workspace_size_with_overrides(const fa4_problem* problem, fa4_backend backend,
+                                             fa4_pass pass, const fa4_overrides* overrides,
+                                             size_t* bytes) {
+  FA4_CHECK_STRUCT(problem, "fa4_problem");
+  FA4_OVERRIDES(overrides, o);
+  return record(fa4::workspace_size(to_cpp(*problem), static_cast<fa4::Backend>(backend),
+                                    static_cast<fa4::Pass>(pass), o, bytes));
+}
+
+fa4_status fa4_workspace_size(const fa4_problem* problem, fa4_backend backend, fa4_pass pass,
+                              size_t* bytes) {
+  return fa4_workspace_size_with_overrides(problem, backend, pass, nullptr, bytes);
+}
+
+fa4_status fa4_forward_with_overrides(const fa4_problem* problem,
+                                      const fa4_forward_tensors* tensors, void* workspace,
+                                      size_t workspace_bytes, void* stream, fa4_backend backend,
+                                      const fa4_overrides* overrides) {
   FA4_CHECK_STRUCT(problem, "fa4_problem");
   FA4_CHECK_STRUCT(tensors, "fa4_forward_tensors");
+  FA4_OVERRIDES(overrides, o);
   fa4::ForwardTensors t;
   t.q = to_cpp(tensors->q);
   t.k = to_cpp(tensors->k);
@@ -121,14 +184,22 @@ fa4_status fa4_forward(const fa4_problem* problem, const fa4_forward_tensors* te
   t.out = to_cpp(tensors->out);
   t.lse = to_cpp(tensors->lse);
   return record(fa4::forward(to_cpp(*problem), t, {workspace, workspace_bytes}, stream,
-                             static_cast<fa4::Backend>(backend)));
+                             static_cast<fa4::Backend>(backend), o));
 }
 
-fa4_status fa4_backward(const fa4_problem* problem, const fa4_backward_tensors* tensors,
-                        void* workspace, size_t workspace_bytes, void* stream,
-                        fa4_backend backend) {
+fa4_status fa4_forward(const fa4_problem* problem, const fa4_forward_tensors* tensors,
+                       void* workspace, size_t workspace_bytes, void* stream, fa4_backend backend) {
+  return fa4_forward_with_overrides(problem, tensors, workspace, workspace_bytes, stream, backend,
+                                    nullptr);
+}
+
+fa4_status fa4_backward_with_overrides(const fa4_problem* problem,
+                                       const fa4_backward_tensors* tensors, void* workspace,
+                                       size_t workspace_bytes, void* stream, fa4_backend backend,
+                                       const fa4_overrides* overrides) {
   FA4_CHECK_STRUCT(problem, "fa4_problem");
   FA4_CHECK_STRUCT(tensors, "fa4_backward_tensors");
+  FA4_OVERRIDES(overrides, o);
   fa4::BackwardTensors t;
   t.q = to_cpp(tensors->q);
   t.k = to_cpp(tensors->k);
@@ -140,7 +211,14 @@ fa4_status fa4_backward(const fa4_problem* problem, const fa4_backward_tensors* 
   t.dk = to_cpp(tensors->dk);
   t.dv = to_cpp(tensors->dv);
   return record(fa4::backward(to_cpp(*problem), t, {workspace, workspace_bytes}, stream,
-                              static_cast<fa4::Backend>(backend)));
+                              static_cast<fa4::Backend>(backend), o));
+}
+
+fa4_status fa4_backward(const fa4_problem* problem, const fa4_backward_tensors* tensors,
+                        void* workspace, size_t workspace_bytes, void* stream,
+                        fa4_backend backend) {
+  return fa4_backward_with_overrides(problem, tensors, workspace, workspace_bytes, stream,
+                                     backend, nullptr);
 }
 
 const char* fa4_last_error_message(void) { return g_last_error.c_str(); }

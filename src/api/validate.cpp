@@ -1,9 +1,11 @@
 #include "api/validate.hpp"
 
 #include <algorithm>
-#include <utility>
 #include <cmath>
 #include <iterator>
+#include <utility>
+
+#include "api/override_fields.hpp"
 
 namespace fa4::detail {
 
@@ -263,6 +265,20 @@ Status validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
     Status s2 = check_output(e);
     if (!s2.ok()) return s2;
   }
+  return Status::success();
+}
+
+Status validate_overrides(const Overrides& o) {
+  for (const ChoiceField& f : kChoiceFields) {
+    const int v = int(o.*f.member);
+    if (v < -1 || v > 1)
+      return invalid("overrides.%s is %d; it must be Choice::kAuto (-1), kOff (0) or kOn (1)",
+                     f.name, v);
+  }
+  for (const CountField& f : kCountFields)
+    if (o.*f.member < 0)
+      return invalid("overrides.%s is %d; it must be >= 0 (0: the library's choice)", f.name,
+                     o.*f.member);
   return Status::success();
 }
 

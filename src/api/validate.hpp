@@ -4,6 +4,7 @@
 
 #include "common/status.hpp"
 #include "fa4/attention.hpp"
+#include "fa4/overrides.hpp"
 
 namespace fa4::detail {
 
@@ -16,5 +17,8 @@ Status validate_sequence_arrays(const Problem& problem);
 // Pointers, strides, overlap of outputs, offset overflow.
 Status validate_forward_tensors(const Problem& problem, const ForwardTensors& t);
 Status validate_backward_tensors(const Problem& problem, const BackwardTensors& t);
+
+// Choices among kAuto / kOff / kOn, counts not negative.
+Status validate_overrides(const Overrides& overrides);
 
 }  // namespace fa4::detail

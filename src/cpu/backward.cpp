@@ -274,7 +274,8 @@ size_t workspace_size(const Problem& problem, Pass pass) {
   return size_t(rows) * size_t(problem.heads_q) * sizeof(float);
 }
 
-Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace) {
+Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
+                int threads) {
   const Problem& p = problem;
   const ScoreMod sm = ScoreMod::of(p);
   float* d_all = static_cast<float*>(workspace.data);
@@ -283,8 +284,8 @@ Status backward(const Problem& problem, const BackwardTensors& tensors, Workspac
   const std::vector<Task> q_tasks = make_tasks(p, p.heads_q, kTileQ, queries);
   const std::vector<Task> k_tasks = make_tasks(p, p.heads_kv, kTileK, keys);
 
-  std::vector<Pass1Scratch> pass1 = make_scratch<Pass1Scratch>(q_tasks, p);
-  std::vector<Pass2Scratch> pass2 = make_scratch<Pass2Scratch>(k_tasks, p);
+  std::vector<Pass1Scratch> pass1 = make_scratch<Pass1Scratch>(q_tasks, p, threads);
+  std::vector<Pass2Scratch> pass2 = make_scratch<Pass2Scratch>(k_tasks, p, threads);
 
   visit_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -58,20 +58,26 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
 
 Status available() { return Status::success(); }
 
-Status forward(const Problem& p, const ForwardTensors& t, Workspace ws, void* /*stream*/) {
+Status forward(const Problem& p, const ForwardTensors& t, Workspace ws, void* /*stream*/,
+               const Overrides& overrides) {
   Status s = check_host("workspace.data", ws.data);
-  return s.ok() ? cpu::forward(p, t, ws) : s;
+  return s.ok() ? cpu::forward(p, t, ws, overrides.cpu_threads) : s;
 }
 
-Status backward(const Problem& p, const BackwardTensors& t, Workspace ws, void* /*stream*/) {
+Status backward(const Problem& p, const BackwardTensors& t, Workspace ws, void* /*stream*/,
+                const Overrides& overrides) {
   Status s = check_host("workspace.data", ws.data);
-  return s.ok() ? cpu::backward(p, t, ws) : s;
+  return s.ok() ? cpu::backward(p, t, ws, overrides.cpu_threads) : s;
+}
+
+size_t workspace_size(const Problem& p, Pass pass, const Overrides&) {
+  return cpu::workspace_size(p, pass);
 }
 
 }  // namespace
 
 const BackendOps& cpu_backend() {
-  static const BackendOps ops{"cpu",     can_implement, check_tensors, cpu::workspace_size,
+  static const BackendOps ops{"cpu",     can_implement, check_tensors, workspace_size,
                               available, forward,       backward};
   return ops;
 }

@@ -11,7 +11,10 @@ namespace fa4::cpu {
 
 // Called only with a validated problem and validated tensors (src/api/validate.hpp).
 size_t workspace_size(const Problem& problem, Pass pass);
-Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace workspace);
-Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace);
+// `threads` > 0: that many threads; 0: every hardware thread.
+Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace workspace,
+               int threads);
+Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
+                int threads);
 
 }  // namespace fa4::cpu

@@ -117,11 +117,11 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
 
 }  // namespace
 
-Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace) {
+Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace, int threads) {
   const ScoreMod mod = ScoreMod::of(problem);
   const std::vector<Task> tasks = make_tasks(
       problem, problem.heads_q, kTileQ, [&](int64_t b) { return seq_span(problem, b).seqlen_q; });
-  std::vector<Scratch> scratch = make_scratch<Scratch>(tasks, problem);
+  std::vector<Scratch> scratch = make_scratch<Scratch>(tasks, problem, threads);
   visit_dtype(problem.dtype, [&](auto tag) {
     using T = decltype(tag);
     run_tasks(tasks, scratch, [&](const Task& task, Scratch& w) {

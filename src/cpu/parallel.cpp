@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -10,22 +9,18 @@
 namespace fa4::cpu {
 
 namespace {
-// A typo such as FA4_CPU_THREADS=100000 should not try to start that many threads.
-constexpr long kMaxThreads = 1024;
+// A typo such as cpu_threads = 100000 should not try to start that many threads.
+constexpr int kMaxThreads = 1024;
 }  // namespace
 
-int thread_count() {
-  if (const char* env = std::getenv("FA4_CPU_THREADS")) {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0) return int(std::min(n, kMaxThreads));
-  }
+int thread_count(int requested) {
+  if (requested > 0) return std::min(requested, kMaxThreads);
   const unsigned hw = std::thread::hardware_concurrency();  // 0 when unknown
   return hw > 0 ? int(hw) : 1;
 }
 
-int worker_count(int64_t n) {
-  return int(std::max<int64_t>(1, std::min<int64_t>(n, thread_count())));
+int worker_count(int64_t n, int requested) {
+  return int(std::max<int64_t>(1, std::min<int64_t>(n, thread_count(requested))));
 }
 
 void parallel_for(int64_t n, int workers, const std::function<void(int64_t, int)>& task) {

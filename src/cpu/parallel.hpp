@@ -8,11 +8,12 @@
 
 namespace fa4::cpu {
 
-// FA4_CPU_THREADS when it holds a positive integer, else the hardware's thread count (at least 1).
-int thread_count();
+// `requested` when positive (at most kMaxThreads), else the hardware's thread count (at least 1).
+int thread_count(int requested);
 
-// The number of threads parallel_for should use for n tasks: min(n, thread_count()), at least 1.
-int worker_count(int64_t n);
+// The number of threads parallel_for should use for n tasks: min(n, thread_count(requested)), at
+// least 1.
+int worker_count(int64_t n, int requested);
 
 // Runs task(i, worker) once for every i in [0, n) on `workers` threads, the calling thread being
 // worker 0; each thread takes the next index from a shared counter, so uneven tasks balance

@@ -51,9 +51,10 @@ std::vector<Task> make_tasks(const Problem& p, int64_t heads, int64_t tile, Rows
 
 // One Scratch per worker for `tasks`, allocated before anything is written so that running out of
 // memory leaves every output untouched, and so that tasks never allocate.
+// `threads`: the caller's thread count (0: every hardware thread).
 template <typename Scratch>
-std::vector<Scratch> make_scratch(const std::vector<Task>& tasks, const Problem& p) {
-  return std::vector<Scratch>(size_t(worker_count(int64_t(tasks.size()))),
+std::vector<Scratch> make_scratch(const std::vector<Task>& tasks, const Problem& p, int threads) {
+  return std::vector<Scratch>(size_t(worker_count(int64_t(tasks.size()), threads)),
                               Scratch(p.head_dim_qk, p.head_dim_v));
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "fa4/attention.hpp"
+#include "fa4/overrides.hpp"
 
 namespace fa4::detail {
 
@@ -16,13 +17,14 @@ struct BackendOps {
   // Requirements on the tensors beyond the generic ones (e.g. TMA alignment). Host-only checks.
   Status (*check_tensors)(const Problem& problem, const ForwardTensors* fwd,
                           const BackwardTensors* bwd);
-  size_t (*workspace_size)(const Problem& problem, Pass pass);
+  // The same for every device; the overrides' choices included.
+  size_t (*workspace_size)(const Problem& problem, Pass pass, const Overrides& overrides);
   // Is the backend usable in this process (built in, a suitable device present)?
   Status (*available)();
   Status (*forward)(const Problem& problem, const ForwardTensors& tensors, Workspace workspace,
-                    void* stream);
+                    void* stream, const Overrides& overrides);
   Status (*backward)(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
-                     void* stream);
+                     void* stream, const Overrides& overrides);
 };
 
 const BackendOps& cpu_backend();

@@ -1,6 +1,7 @@
 /* The C ABI as a C program sees it: struct initialisers, a forward checked against a naive
  * attention, a backward, and the error paths. Prints one line per check and "N passed, M failed"
  * at the end; exits non-zero on any failure. */
+#define _POSIX_C_SOURCE 200112L /* setenv, unsetenv */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -339,11 +340,78 @@ static void test_errors(void) {
   }
 }
 
+/* Overrides: defaults from fa4_overrides_init, the environment reader, the forward with them on
+ * the CPU (its thread count), and the refusals, nothing written. */
+static void test_overrides(void) {
+  fa4_overrides o;
+  fa4_problem p;
+  fa4_forward_tensors f;
+  fa4_status s;
+  size_t bytes = 12345;
+  size_t i;
+
+  fa4_overrides_init(&o);
+  check(o.struct_size == sizeof(fa4_overrides) && o.persistent == -1 && o.pack_gqa == -1 &&
+            o.longest_first == -1 && o.chunked_kv == -1 && o.bwd_rotate == -1 &&
+            o.bwd_pairs == -1 && o.persistent_ctas == 0 && o.zigzag_group == 0 &&
+            o.splits == 0 && o.bwd_group == 0 && o.cpu_threads == 0,
+        "fa4_overrides_init: every choice the library's");
+
+  setenv("FA4_SM90_SCHEDULE", "per_tile", 1);
+  setenv("FA4_SM90_SPLITS", "3", 1);
+  setenv("FA4_CPU_THREADS", "2", 1);
+  s = fa4_overrides_from_env(&o);
+  check(s == FA4_SUCCESS && o.persistent == 0 && o.splits == 3 && o.cpu_threads == 2 &&
+            o.pack_gqa == -1,
+        "fa4_overrides_from_env reads FA4_SM90_SCHEDULE, FA4_SM90_SPLITS, FA4_CPU_THREADS");
+  setenv("FA4_SM90_PACK_GQA", "yes", 1);
+  s = fa4_overrides_from_env(&o);
+  check(s == FA4_ERROR_INVALID_ARGUMENT && strstr(fa4_last_error_message(), "FA4_SM90_PACK_GQA"),
+        "an invalid value: invalid argument naming the variable");
+  check(o.persistent == 0 && o.splits == 3, "... and the overrides are left as they were");
+  unsetenv("FA4_SM90_PACK_GQA");
+  unsetenv("FA4_SM90_SCHEDULE");
+  unsetenv("FA4_SM90_SPLITS");
+  unsetenv("FA4_CPU_THREADS");
+
+  small_problem(&p);
+  forward_views(&f);
+  for (i = 0; i < sizeof out / sizeof out[0]; ++i) out[i] = NAN;
+  fa4_overrides_init(&o);
+  o.cpu_threads = 1;
+  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
+  check(s == FA4_SUCCESS && all_finite(out, sizeof out / sizeof out[0]),
+        "fa4_forward_with_overrides on one CPU thread");
+  check(naive_attention_error(1.0 / sqrt((double)kDimQK)) <= kTolerance,
+        "... matches the naive attention");
+  s = fa4_workspace_size_with_overrides(&p, FA4_BACKEND_CPU, FA4_PASS_FORWARD, NULL, &bytes);
+  check(s == FA4_SUCCESS && bytes == 0, "null overrides: the defaults");
+
+  memset(out, kPoisonByte, sizeof out);
+  memset(lse, kPoisonByte, sizeof lse);
+  o.pack_gqa = 2;
+  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
+  check(s == FA4_ERROR_INVALID_ARGUMENT && strstr(fa4_last_error_message(), "pack_gqa"),
+        "a choice outside -1 / 0 / 1: invalid argument naming it");
+  o.pack_gqa = -1;
+  o.splits = -4;
+  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
+  check(s == FA4_ERROR_INVALID_ARGUMENT && strstr(fa4_last_error_message(), "splits"),
+        "a negative count: invalid argument naming it");
+  o.splits = 0;
+  o.struct_size = 4;
+  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
+  check(s == FA4_ERROR_INVALID_ARGUMENT, "fa4_overrides with a wrong struct_size: invalid argument");
+  check(all_bytes(out, sizeof out, kPoisonByte) && all_bytes(lse, sizeof lse, kPoisonByte),
+        "... and nothing was written");
+}
+
 int main(void) {
   test_versions();
   test_init_defaults();
   test_forward_and_backward();
   test_errors();
+  test_overrides();
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -1,7 +1,7 @@
-// The sm90 forward's workspace rules (src/sm90/host/tile_order.hpp, src/sm90/host/split_kv.hpp), host side:
-// the workspace is sized from the problem's sizes alone, so these bounds must hold for every
-// content of the sequence arrays, every pack-GQA choice and every query tile height the kernels
-// use; and the launcher's split choice must stay within what the workspace holds.
+// The sm90 forward's tile-order workspace (src/sm90/fwd/tile_order.hpp), host side: the workspace
+// is sized from the problem's sizes alone, so its bound must hold for every content of the
+// sequence arrays, every pack-GQA choice and every query tile height the kernels use. (The plan's
+// other choices against the workspace: test_fwd_plan.cpp.)
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,8 +9,7 @@
 #include <vector>
 
 #include "fa4/attention.hpp"
-#include "sm90/host/split_kv.hpp"
-#include "sm90/host/tile_order.hpp"
+#include "sm90/fwd/tile_order.hpp"
 
 namespace {
 
@@ -80,70 +79,6 @@ TEST(Sm90ForwardWorkspace, NoTileOrderForFixedLengthsOrHugeBatches) {
   EXPECT_GT(tile_order_workspace_bytes(p), 0u);
   p.batch = kMaxOrderedBatch + 1;
   EXPECT_EQ(tile_order_workspace_bytes(p), 0u);
-}
-
-// The launcher's splits: only for problems with keys to share and idle SMs, within the row budget
-// and the workspace, never more than fill one wave. (FA4_SM90_SPLITS would force them: the test
-// binary runs without it.)
-TEST(Sm90ForwardWorkspace, SplitsStayWithinTheirBudget) {
-  ASSERT_EQ(forced_splits(), 0) << "run without FA4_SM90_SPLITS";
-  std::mt19937_64 rng(11);
-  for (int trial = 0; trial < 5000; ++trial) {
-    Problem p;
-    p.batch = 1 + int64_t(rng() % 64);
-    p.seqlen_q = 1 + int64_t(rng() % (rng() % 2 ? 8 : 600));
-    p.seqlen_k = 1 + int64_t(rng() % 70000);
-    p.heads_kv = 1 + int64_t(rng() % 16);
-    p.heads_q = p.heads_kv * (1 + int64_t(rng() % 8));
-    p.head_dim_qk = 128;
-    p.head_dim_v = 64 * (1 + int64_t(rng() % 4));
-    const int most = max_splits(p);
-    ASSERT_GE(most, 1);
-    ASSERT_LE(most, kMaxSplits);
-    const int64_t rows = p.heads_q * split_query_rows(p);
-    if (most > 1) {
-      EXPECT_GE(p.seqlen_k, kMinSplitKeys) << "trial " << trial;
-      EXPECT_LE(rows * most, kSplitRowBudget) << "trial " << trial;
-      EXPECT_LE(p.heads_kv * p.batch * most, kMaxSms) << "trial " << trial;
-      EXPECT_GT(split_workspace_bytes(p), 0u);
-    } else {
-      EXPECT_EQ(split_workspace_bytes(p), 0u) << "trial " << trial;
-    }
-    for (int sm_count : {78, 114, 132}) {
-      for (int64_t tiles : {int64_t(1), int64_t(7), int64_t(64), int64_t(200), int64_t(5000)}) {
-        const int64_t key_tiles = (p.seqlen_k + 127) / 128;
-        const int s = choose_splits(p, tiles, key_tiles, sm_count);
-        ASSERT_GE(s, 1);
-        ASSERT_LE(s, most) << "trial " << trial;
-        if (s > 1) {
-          EXPECT_LE(tiles * s, sm_count) << "one wave at most; trial " << trial;
-          EXPECT_GE(key_tiles, s * kMinKeyTilesPerSplit) << "trial " << trial;
-          // The launcher's partials for s splits fit the workspace asked for.
-          EXPECT_LE(split_workspace_bytes(p, s), split_workspace_bytes(p)) << "trial " << trial;
-        }
-      }
-    }
-  }
-}
-
-// The decode shapes of bench/gqa_short.py split as docs/sm90_forward.md says.
-TEST(Sm90ForwardWorkspace, DecodeSplits) {
-  ASSERT_EQ(forced_splits(), 0) << "run without FA4_SM90_SPLITS";
-  Problem p;
-  p.seqlen_q = 1;
-  p.heads_q = 32;
-  p.heads_kv = 8;
-  p.head_dim_qk = p.head_dim_v = 128;
-  struct Shape {
-    int64_t batch, seqlen_k;
-    int expected;  // on 132 SMs, packed: batch · 8 one-tile kv heads
-  } shapes[] = {{1, 262144, 16}, {4, 65536, 4}, {8, 32768, 2}, {64, 4096, 1}};
-  for (const Shape& s : shapes) {
-    p.batch = s.batch;
-    p.seqlen_k = s.seqlen_k;
-    EXPECT_EQ(choose_splits(p, s.batch * 8, (s.seqlen_k + 127) / 128, 132), s.expected)
-        << "batch " << s.batch;
-  }
 }
 
 }  // namespace

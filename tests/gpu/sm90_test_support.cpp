@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
@@ -127,10 +129,23 @@ DeviceRun::DeviceRun(const CaseData& s)
   if (s.problem.return_lse) tensors.lse = d_lse->device_view(lse.view());
 }
 
+const Overrides& test_overrides() {
+  static const Overrides overrides = [] {
+    Overrides o;
+    const Status s = overrides_from_env(&o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "fa4_gpu_tests: %s\n", s.message.c_str());
+      std::exit(2);
+    }
+    return o;
+  }();
+  return overrides;
+}
+
 std::string DeviceRun::upload() {
   // A problem the backend refuses gets no workspace: the refusal is what its test checks.
   size_t bytes = 0;
-  if (!workspace_size(problem, Backend::kSm90, Pass::kForward, &bytes).ok()) bytes = 0;
+  if (!workspace_size(problem, Backend::kSm90, Pass::kForward, overrides, &bytes).ok()) bytes = 0;
   const std::string allocated = workspace.allocate(bytes);
   if (!allocated.empty()) return allocated;
   for (auto& m : inputs) {
@@ -160,7 +175,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
     cudaGraphExec_t exec = nullptr;
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
       return "cudaStreamBeginCapture failed";
-    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90);
+    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90, overrides);
     if (cudaStreamEndCapture(stream, &g) != cudaSuccess) return "cudaStreamEndCapture failed";
     if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return "cudaGraphInstantiate failed";
     const cudaError_t launched = cudaGraphLaunch(exec, stream);
@@ -168,7 +183,7 @@ std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
     cudaGraphDestroy(g);
     if (launched != cudaSuccess) return "cudaGraphLaunch failed";
   } else {
-    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90);
+    *status = forward(problem, tensors, workspace.view(), stream, Backend::kSm90, overrides);
   }
   const cudaError_t err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
@@ -185,7 +200,7 @@ void expect_refused(DeviceRun& run, const Problem& problem, Workspace workspace,
   run.out.poison();  // the host pattern check_written recognises, uploaded
   ASSERT_CUDA(run.d_out->upload());
   ASSERT_CUDA(DeviceRun::device_sync());
-  const Status s = forward(problem, run.tensors, workspace, nullptr, Backend::kSm90);
+  const Status s = forward(problem, run.tensors, workspace, nullptr, Backend::kSm90, run.overrides);
   EXPECT_EQ(s.code, code) << s.message;
   if (!named.empty()) EXPECT_NE(s.message.find(named), std::string::npos) << s.message;
   ASSERT_CUDA(DeviceRun::device_sync());

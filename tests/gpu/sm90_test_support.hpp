@@ -12,6 +12,7 @@
 
 #include "common/test_util.hpp"
 #include "device_buffer.hpp"
+#include "fa4/overrides.hpp"
 
 #define FA4_SKIP_WITHOUT_HOPPER()                                   \
   do {                                                              \
@@ -57,6 +58,10 @@ std::string gqa_tag(const Case& c);  // "_gqa4"
 // A host int32 array (cu_seqlens, seqused_k) as a DeviceMirror view.
 DeviceMirror::View array_view(const std::vector<int32_t>& a);
 
+// The overrides the GPU tests run under: the FA4_SM90_* environment variables scripts/gpu_check.sh
+// sets for its test sets (fa4::overrides_from_env), read once; an invalid value fails the binary.
+const Overrides& test_overrides();
+
 // Device copies of a case's inputs (one allocation for a packed qkv, else one per tensor), of its
 // sequence arrays (the GPU backend reads cu_seqlens and seqused_k in device memory) and of its
 // outputs, and the forward call on them. `problem` is the case's problem with device arrays;
@@ -69,6 +74,8 @@ struct DeviceRun {
   std::vector<std::unique_ptr<DeviceMirror>> inputs;
   std::unique_ptr<DeviceMirror> d_out, d_lse;
   ForwardTensors tensors;
+  // The launch plan's overrides every call of this run passes (test_overrides(), or a test's own).
+  Overrides overrides = test_overrides();
   DeviceWorkspace workspace;  // as workspace_size asks for (the varlen tile order, split partials)
   unsigned char workspace_poison = 0xFF;  // the byte run() fills the workspace with first
 

@@ -451,7 +451,8 @@ struct BackwardRun {
       };
       cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
       if (err != cudaSuccess) return failed("cudaStreamBeginCapture", err);
-      *status = backward(fwd->problem, tensors, ws, stream, Backend::kSm90);
+      *status =
+          backward(fwd->problem, tensors, ws, stream, Backend::kSm90, test_overrides());
       // A synchronous CUDA call inside backward() invalidates the capture: it shows here.
       err = cudaStreamEndCapture(stream, &g);
       if (err != cudaSuccess) return failed("cudaStreamEndCapture (after backward)", err);
@@ -465,7 +466,8 @@ struct BackwardRun {
       cudaGraphDestroy(g);
       if (err != cudaSuccess) return failed("cudaGraphLaunch", err);
     } else {
-      *status = backward(fwd->problem, tensors, ws, stream, Backend::kSm90);
+      *status =
+          backward(fwd->problem, tensors, ws, stream, Backend::kSm90, test_overrides());
     }
     const cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
@@ -523,7 +525,8 @@ void prepare_backward(BackwardRun& run, cudaStream_t stream) {
   run_forward(run, stream);
   if (::testing::Test::HasFatalFailure()) return;
   size_t bytes = 0;
-  const Status sized = workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward, &bytes);
+  const Status sized = workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward,
+                                      test_overrides(), &bytes);
   ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
   ASSERT_CUDA(run.workspace.allocate(bytes));
 }
@@ -881,7 +884,8 @@ TEST(Sm90Backward, RefusesHostSequenceArrays) {
     if (array == "cu_seqlens_q") p.varlen.cu_seqlens_q = run.setup->cu_q.data();
     if (array == "cu_seqlens_k") p.varlen.cu_seqlens_k = run.setup->cu_k.data();
     ASSERT_CUDA(run.poison_gradients());
-    const Status st = backward(p, run.tensors, run.workspace.view(), stream.get(), Backend::kSm90);
+    const Status st = backward(p, run.tensors, run.workspace.view(), stream.get(),
+                               Backend::kSm90, test_overrides());
     EXPECT_STREQ(to_string(st.code), to_string(StatusCode::kInvalidArgument)) << st.message;
     EXPECT_NE(st.message.find(array), std::string::npos) << st.message;
     ASSERT_CUDA(DeviceRun::device_sync());
@@ -931,9 +935,10 @@ TEST(Sm90Backward, VeryNegativeLseAndAPartialKeyTile) {
     f.v = mones_v.device_view(ones_v.view());
     f.out = mout.device_view(out.view());
     f.lse = mlse.device_view(lse.view());
-    ASSERT_TRUE(forward(p, f, {}, nullptr, Backend::kSm90).ok());
+    ASSERT_TRUE(forward(p, f, {}, nullptr, Backend::kSm90, test_overrides()).ok());
     size_t bytes = 0;
-    ASSERT_TRUE(workspace_size(p, Backend::kSm90, Pass::kBackward, &bytes).ok());
+    ASSERT_TRUE(
+        workspace_size(p, Backend::kSm90, Pass::kBackward, test_overrides(), &bytes).ok());
     DeviceWorkspace ws;
     ASSERT_CUDA(ws.allocate(bytes));
     ASSERT_CUDA(ws.poison());
@@ -946,7 +951,7 @@ TEST(Sm90Backward, VeryNegativeLseAndAPartialKeyTile) {
     b.dq = mdq.device_view(dq.view());
     b.dk = mdk.device_view(dk.view());
     b.dv = mdv.device_view(dv.view());
-    const Status st = backward(p, b, ws.view(), nullptr, Backend::kSm90);
+    const Status st = backward(p, b, ws.view(), nullptr, Backend::kSm90, test_overrides());
     ASSERT_TRUE(st.ok()) << st.message;
     ASSERT_CUDA(DeviceRun::device_sync());
     for (DeviceMirror* m : {&mdq, &mdk, &mdv}) ASSERT_CUDA(m->download(nullptr));

@@ -682,7 +682,7 @@ TEST(Sm90Forward, RefusesHostMemory) {
   t.v = setup->v.view();
   t.out = out.view();
   t.lse = lse.view();
-  const Status s = forward(setup->problem, t, {}, nullptr, Backend::kSm90);
+  const Status s = forward(setup->problem, t, {}, nullptr, Backend::kSm90, test_overrides());
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
 }
 

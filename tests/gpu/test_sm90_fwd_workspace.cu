@@ -1,30 +1,26 @@
-// What the forward keeps in the caller's workspace, read back after a forward call.
+// What the forward keeps in the caller's workspace, read back after a forward call, against the
+// launch plan (src/sm90/host/fwd_plan.hpp) the backend made for it.
 // The longest-first order of a varlen batch's tiles (src/sm90/fwd/tile_order.cuh): every tile of
 // every sequence exactly once and nothing else, sequences by the keys they use (most first),
 // within one its heads in turn and each head's query tiles heaviest first under the causal mask;
 // the unused entries marked; every output row written. Split-KV's partials (split_kv.cuh): the
-// launcher did split, and every split wrote every row of every head.
+// plan did split, and every split wrote every row of every head.
 // (The outputs' values are the forward tests' business: scripts/gpu_check.sh reruns the varlen
 // ones ordered and every one with 3 splits.)
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include <cutlass/numeric_types.h>
-
 #include "common/test_util.hpp"
-#include "sm90/fwd/fwd_config.cuh"
-#include "sm90/fwd/query_rows.cuh"
-#include "sm90/host/split_kv.hpp"
-#include "sm90/host/tile_order.hpp"
+#include "sm90/fwd/split_kv.hpp"
+#include "sm90/fwd/tile_order.hpp"
+#include "sm90/host/fwd_plan.hpp"
 #include "sm90_test_support.hpp"
 
 namespace fa4::test {
@@ -37,6 +33,17 @@ bool kernel_built() {
                        kKernel.dim_qk, kKernel.dim_v, kKernel.dtype);
 }
 
+// The facts the backend plans with, asked of this device.
+sm90::DeviceFacts device_facts() {
+  int device = 0;
+  sm90::DeviceFacts facts;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&facts.sm_count, cudaDevAttrMultiProcessorCount, device),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&facts.l2_bytes, cudaDevAttrL2CacheSize, device), cudaSuccess);
+  return facts;
+}
+
 struct OrderCase {
   std::string name;
   std::vector<int32_t> lens_q, lens_k, used_k;
@@ -46,12 +53,9 @@ struct OrderCase {
 
 void check_order(const OrderCase& oc) {
   FA4_SKIP_WITHOUT_HOPPER();
-  const char* forced = std::getenv("FA4_SM90_TILE_ORDER");
-  if (forced != nullptr && std::strcmp(forced, "input") == 0)
-    GTEST_SKIP() << "FA4_SM90_TILE_ORDER=input";
+  if (test_overrides().longest_first == Choice::kOff) GTEST_SKIP() << "the tile order is off";
   const Kernel k = kKernel;
   if (!kernel_built()) GTEST_SKIP() << "the 128:bf16 forward kernel is not built";
-  constexpr int64_t kBlockM = sm90::FwdConfig<128, 128, cutlass::bfloat16_t>::kBlockM;
 
   Case c = base_case(k, {"", 0, 0, 0});
   c.lens_q = oc.lens_q;
@@ -67,10 +71,11 @@ void check_order(const OrderCase& oc) {
   const Problem& p = setup->problem;
   DeviceRun run(*setup);
   ASSERT_CUDA(run.upload());
+  const sm90::FwdPlan plan = sm90::plan_forward(p, device_facts(), run.overrides);
+  ASSERT_TRUE(plan.ordered) << "more tiles than SMs, or the order forced";
   // The order first; split-KV's partials may follow.
-  ASSERT_GE(run.workspace.bytes(), sm90::tile_order_workspace_bytes(p));
-  ASSERT_GT(sm90::tile_order_workspace_bytes(p), 0u)
-      << "a varlen forward asks for the tile order's workspace";
+  ASSERT_GE(run.workspace.bytes(), plan.workspace.bytes);
+  ASSERT_LE(int64_t(plan.ordered_entries) * 4, int64_t(plan.workspace.order_bytes));
   Stream stream;
   Status status;
   // Not the 0xFF default, which reads as the −1 the unused entries must hold.
@@ -81,15 +86,13 @@ void check_order(const OrderCase& oc) {
   const CheckResult written = check_written("out", run.out, rows);
   EXPECT_TRUE(written.ok) << written.message;
 
-  // The scheduler's numbering, as the launcher makes it (fwd_launch.cuh).
-  const sm90::QueryRows query_rows = sm90::QueryRows::make(p, int(kBlockM));
-  const int64_t group = query_rows.group.divisor;
-  const int64_t heads = p.heads_q / group;
-  const int64_t num_m = (query_rows.count(p.seqlen_q) + kBlockM - 1) / kBlockM;
-  const int64_t entries =
-      sm90::ordered_tile_entries(p.batch, query_rows.count(p.seqlen_q),
-                                 query_rows.count(p.varlen.total_q), heads, kBlockM);
-  ASSERT_LE(entries * 4, int64_t(sm90::tile_order_workspace_bytes(p)));
+  // The scheduler's numbering, as the plan makes it.
+  const int64_t kBlockM = plan.block_m;
+  const int64_t group = plan.pack_group;
+  const int64_t heads = plan.tile_heads;
+  const int64_t num_m = plan.m_blocks;
+  const int64_t entries = plan.ordered_entries;
+  auto count = [group](int64_t len) { return len * group; };
   std::vector<int32_t> order(run.workspace.bytes() / 4);
   ASSERT_CUDA(run.workspace.download(order.data()));
 
@@ -98,7 +101,7 @@ void check_order(const OrderCase& oc) {
   std::vector<int64_t> keys_used(size_t(p.batch));
   for (int64_t b = 0; b < p.batch; ++b) {
     keys_used[size_t(b)] = oc.used_k.empty() ? oc.lens_k[size_t(b)] : oc.used_k[size_t(b)];
-    const int64_t tiles = (query_rows.count(oc.lens_q[size_t(b)]) + kBlockM - 1) / kBlockM;
+    const int64_t tiles = (count(oc.lens_q[size_t(b)]) + kBlockM - 1) / kBlockM;
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t m = 0; m < tiles; ++m) expected[{b, h, m}] = 0;
   }
@@ -138,7 +141,7 @@ void check_order(const OrderCase& oc) {
       EXPECT_EQ(h, prev_h + 1) << "entry " << e;
     }
     if (b != prev_b || h != prev_h) {
-      const int64_t tiles = (query_rows.count(oc.lens_q[size_t(b)]) + kBlockM - 1) / kBlockM;
+      const int64_t tiles = (count(oc.lens_q[size_t(b)]) + kBlockM - 1) / kBlockM;
       EXPECT_EQ(m, oc.causal ? tiles - 1 : 0) << "entry " << e << ": a head's first query tile";
     }
     prev_b = b;
@@ -170,34 +173,28 @@ TEST(Sm90TileOrder, PackedSequsedK) {
   check_order({"tile_order_packed_used", lens_q, lens_k, used_k, 32, 8, false});
 }
 
-// A decode step with few tiles and many keys splits (on any GPU of more than 8 SMs), and every
-// split writes its partial LSE (finite, or +inf for a row without keys) for every row and head.
-TEST(Sm90SplitKv, PartialsCoverEveryRow) {
+// Every split writes its partial LSE (finite, or +inf for a row without keys) for every row and
+// head: `splits` forced (0: a decode step with few tiles and many keys, which the plan splits by
+// itself on any GPU of more than 8 SMs).
+void check_partials(const char* name, int splits) {
   FA4_SKIP_WITHOUT_HOPPER();
-  if (std::getenv("FA4_SM90_SPLITS") != nullptr) GTEST_SKIP() << "FA4_SM90_SPLITS is set";
   const Kernel k = kKernel;
   if (!kernel_built()) GTEST_SKIP() << "the 128:bf16 forward kernel is not built";
-  using Config = sm90::FwdConfig<128, 128, cutlass::bfloat16_t>;
   Case c = base_case(k, {"", 2, 1, 5000});
   c.heads_q = 16;
   c.heads_kv = 2;
-  c.name = "split_partials";
+  c.name = name;
   std::mt19937_64 rng = make_rng(c.name);
   const std::unique_ptr<CaseData> setup = make_setup(c, rng);
   const Problem& p = setup->problem;
   DeviceRun run(*setup);
+  run.overrides = Overrides{};
+  run.overrides.splits = splits;
   ASSERT_CUDA(run.upload());
-  int device = 0, sm_count = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
-  // The launcher's choice (fwd_launch.cuh).
-  const sm90::QueryRows rows = sm90::QueryRows::make(p, Config::kBlockM);
-  const int64_t tiles = (rows.count(p.seqlen_q) + Config::kBlockM - 1) / Config::kBlockM *
-                        (p.heads_q / rows.group.divisor) * p.batch;
-  const int splits = sm90::choose_splits(p, tiles, (p.seqlen_k + Config::kBlockN - 1) /
-                                                      Config::kBlockN, sm_count);
-  ASSERT_GE(splits, 2) << tiles << " tiles on " << sm_count << " SMs";
-  ASSERT_GE(run.workspace.bytes(), sm90::split_workspace_bytes(p, splits));
+  const sm90::FwdPlan plan = sm90::plan_forward(p, device_facts(), run.overrides);
+  ASSERT_GE(plan.splits, 2) << plan.tiles << " tiles";
+  if (splits > 0) EXPECT_EQ(plan.splits, splits);
+  ASSERT_GE(run.workspace.bytes(), sm90::split_workspace_bytes(p, plan.splits));
 
   run.workspace_poison = 0x7F;  // 3.4e38 as a float: no LSE
   Stream stream;
@@ -209,13 +206,17 @@ TEST(Sm90SplitKv, PartialsCoverEveryRow) {
 
   std::vector<float> ws(run.workspace.bytes() / sizeof(float));
   ASSERT_CUDA(run.workspace.download(ws.data()));
-  const int64_t entries = int64_t(splits) * p.heads_q * sm90::split_query_rows(p);
+  const int64_t entries = int64_t(plan.splits) * p.heads_q * sm90::split_query_rows(p);
   const float* lse = ws.data() + entries * p.head_dim_v;  // after the partial O (no order: fixed)
   int64_t unwritten = 0;
   for (int64_t i = 0; i < entries; ++i)
     if (!(std::isfinite(lse[i]) && std::fabs(lse[i]) < 1e30f) && lse[i] != INFINITY) ++unwritten;
-  EXPECT_EQ(unwritten, 0) << "of " << entries << " partial LSE entries (" << splits << " splits)";
+  EXPECT_EQ(unwritten, 0) << "of " << entries << " partial LSE entries (" << plan.splits
+                          << " splits)";
 }
+
+TEST(Sm90SplitKv, PartialsCoverEveryRow) { check_partials("split_partials", 0); }
+TEST(Sm90SplitKv, ForcedPartialsCoverEveryRow) { check_partials("split_partials_forced", 5); }
 
 // The order lives in the caller's workspace: a varlen forward asks for it (and fixed-length ones
 // for none), and without it is refused with nothing written.
@@ -229,8 +230,7 @@ TEST(Sm90TileOrder, VarlenForwardNeedsItsWorkspace) {
   size_t bytes = 1;
   ASSERT_TRUE(workspace_size(make_setup(fixed, fixed_rng)->problem, Backend::kSm90,
                              Pass::kForward, &bytes).ok());
-  // (FA4_SM90_SPLITS=n would ask for split-KV's partials.)
-  if (std::getenv("FA4_SM90_SPLITS") == nullptr) EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(bytes, 0u);
 
   Case c = base_case(k, {"", 0, 0, 0});
   c.lens_q = {300, 0, 17};
@@ -239,6 +239,7 @@ TEST(Sm90TileOrder, VarlenForwardNeedsItsWorkspace) {
   std::mt19937_64 rng = make_rng(c.name);
   const std::unique_ptr<CaseData> setup = make_setup(c, rng);
   DeviceRun run(*setup);
+  run.overrides = Overrides{};  // the library's own choices: the order's workspace
   ASSERT_CUDA(run.upload());
   ASSERT_GT(run.workspace.bytes(), 0u);
   struct Attempt {

@@ -60,3 +60,42 @@ def test_other_ranks_behave_as_ctypes_views():
         c_abi.ForwardTensors, lib.lib.fa4_forward_tensors_init, q=x, k=x, v=x, out=x)
     with pytest.raises(TypeError):  # too many: ctypes' own error
         lib._forward_tensors(*[torch.randn(1, 2, 3, 4, 5)] * 4, None)
+
+
+def test_overrides_struct_matches_the_library():
+    lib = _library.library()
+    o = lib.make_overrides()
+    assert o.struct_size == ctypes.sizeof(c_abi.Overrides)
+    assert (o.persistent, o.pack_gqa, o.splits, o.cpu_threads) == (-1, -1, 0, 0)
+    assert lib.make_overrides(splits=3, bwd_pairs=0).splits == 3
+    with pytest.raises(ValueError):
+        lib.make_overrides(no_such_field=1)
+
+
+def test_overrides_from_env(monkeypatch):
+    lib = _library.library()
+    monkeypatch.setenv("FA4_SM90_TILE_ORDER", "input")
+    monkeypatch.setenv("FA4_CPU_THREADS", "2")
+    o = lib.overrides_from_env()
+    assert (o.longest_first, o.cpu_threads, o.persistent) == (0, 2, -1)
+    monkeypatch.setenv("FA4_SM90_BWD_PAIRS", "sometimes")
+    with pytest.raises(c_abi.Fa4Error, match="FA4_SM90_BWD_PAIRS"):
+        lib.overrides_from_env()
+
+
+def test_calls_pass_the_overrides():
+    """A forward on one CPU thread gives the default's result; an invalid override is refused
+    with the library's message, before anything is written."""
+    lib = c_abi.Library(_library.library_path())  # its own overrides, the package's untouched
+    q, k, v = (torch.randn(2, 37, 4, 16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 37)
+    lib.forward(q, k, v, out, lse, c_abi.Params(causal=True))
+    lib.overrides = lib.make_overrides(cpu_threads=1)
+    out1, lse1 = torch.full_like(q, float("nan")), torch.full_like(lse, float("nan"))
+    lib.forward(q, k, v, out1, lse1, c_abi.Params(causal=True))
+    assert torch.equal(out1, out) and torch.equal(lse1, lse)
+    lib.overrides = lib.make_overrides(splits=-1)
+    out2 = torch.full_like(q, float("nan"))
+    with pytest.raises(c_abi.Fa4Error, match="splits"):
+        lib.forward(q, k, v, out2, lse1, c_abi.Params(causal=True))
+    assert torch.isnan(out2).all()

@@ -46,7 +46,7 @@ struct BwdConfig {
   static constexpr int kClusterCtas = 1;  // no key-tile pairs (bwd_pair.cuh)
   static constexpr int kDqDim = kHeadDim;  // dQ's columns this CTA computes
   // Without a band, key tiles walk the query tiles from the first (QueryOrder: rotated, no
-  // faster here, bench/NOTES.md twenty-ninth session).
+  // faster here).
   static constexpr bool kRotateQueries = false;
   // dV issued right after the exponentials (to run during dS) rather than after dS: it keeps P
   // (kBlockM/4 registers) alive beside Sᵀ and dPᵀ, which 128-row tiles cannot afford.
@@ -117,7 +117,7 @@ struct BwdConfig {
   static_assert(kBwdStatAlign % kBlockM == 0, "each sequence's stat rows are padded for a whole tile");
 };
 
-// BwdWideConfig (head dims above 128): dK and dV of 128 keys no longer fit beside the scores, so
+// BwdWideConfig (head dims above 128): dK and dV of 128 keys do not fit beside the scores, so
 // a CTA owns kBlockN = 64 keys, each of the two MMA warpgroups 32 of them for the scores; dK and
 // dV are computed transposed:
 //   S = Q Kᵀ, dP = dO Vᵀ                   (SS: kBlockM queries × 32 keys)
@@ -129,8 +129,8 @@ struct BwdConfig {
 // B operands of a wgmma come from shared memory only, so P and dS cannot feed dVᵀ / dKᵀ from the
 // registers; in exchange dKᵀ and dVᵀ hold half of (head dim × 64 keys) per warpgroup either way.
 // The split by head dim (kDkvByDim) gives dVᵀ / dKᵀ wgmmas of N = 64 rather than 32: per FLOP a
-// third less shared memory read for their operands (the kernel is bound by shared memory there:
-// bench/NOTES.md), at the cost of a second P stage (both warpgroups read every key's P).
+// third less shared memory read for their operands (the kernel is bound by shared memory there),
+// at the cost of a second P stage (both warpgroups read every key's P).
 //
 // kClusterCtas_ 2: the CTAs of two adjacent key tiles form a cluster, and each computes dQ for
 // half the head dim (kDqDim) over both key tiles, from its own dS and its partner's (bwd_pair.cuh):
@@ -159,11 +159,12 @@ struct BwdWideConfig {
   // Without a band, each key tile starts at its own query tile (QueryOrder) where that measured
   // faster: d256, whose 64 CTAs per head at 4k would otherwise add 64 KB of dQ each into the same
   // tile at once, behind one-stage rings (+2.6-3.0 %); not d192 / 192x128 (two stages, 48 KB:
-  // -0.5 ... -1.1 %). bench/NOTES.md, twenty-ninth session.
+  // -0.5 ... -1.1 %).
   static constexpr bool kRotateQueries = kStages == 1;
-  // Key-tile pairs where dQ's staging (64 KB at d256) is what fills the shared memory; the
-  // launcher picks them per problem (bwd_launch.cuh).
+  // Key-tile pairs where dQ's staging (64 KB at d256) is what fills the shared memory; the plan
+  // picks them per problem (host/bwd_plan.cpp).
   static constexpr bool kPairable = kStages == 1;
+  static_assert(kPairable == bwd_one_stage(kHeadDimQK_, kHeadDimV_), "the host plan's rule");
   static constexpr int kClusterCtas = kClusterCtas_;
   static_assert(kClusterCtas == 1 || (kClusterCtas == 2 && kPairable));
   static constexpr int kDqDim = kHeadDim / kClusterCtas;

@@ -38,8 +38,7 @@ struct BwdDqReduce {
   // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, every
   // row's 8-column blocks permuted within it so that the staging's stores are free of bank
   // conflicts. With one-stage rings (d256) that pays only together with write()'s ordered
-  // reduce-adds: alone it measured 7–10 % slower there (bench/NOTES.md, "dQ staged without bank
-  // conflicts" and "d256's reduce-adds behind the next tile's loads").
+  // reduce-adds: alone it measured 7–10 % slower there.
   static constexpr int kAccumAtom = decltype(size<1>(Atom{}))::value;  // 32 or 16
 
   using Tma = decltype(make_tma_copy(

@@ -124,9 +124,9 @@ struct BwdKernel {
     w.n_block = unit.block;
     // Deterministic mode: key tiles in descending order, the order in which they add to dQ (see
     // mma): with a causal band a key tile's first query tile is then one its predecessors in the
-    // grid (which start earlier and have less to do) have already passed. The launcher keeps the
-    // plain order there; groups (FA4_SM90_BWD_GROUP) keep every turn's predecessors earlier in
-    // the grid too, a pair's key tiles and a key tile's query heads staying in order.
+    // grid (which start earlier and have less to do) have already passed. The plan keeps the
+    // plain order there; groups (forced by Overrides::bwd_group) keep every turn's predecessors
+    // earlier in the grid too, a pair's key tiles and a key tile's query heads staying in order.
     if constexpr (kDeterministic) w.n_block = p.order.blocks - 1 - w.n_block;
     w.head = unit.head;
     w.batch = unit.batch;
@@ -257,8 +257,7 @@ struct BwdKernel {
     auto wg_q = warpgroup_operand_slice(mma_q, 1);
 
     // The wgmma operands' shared-memory descriptors are made where each GEMM is issued
-    // (opaque_smem_tensor). At d128 it made no difference to the spills when measured: what
-    // spilled were the addresses of the dQ atomics this kernel used before its TMA reduce-add.
+    // (opaque_smem_tensor); at d128 where they are made makes no difference to the spills.
     auto smem_tensor = [](auto* data, auto layout) { return opaque_smem_tensor(data, layout); };
     using LayoutQ = typename Config::SmemLayoutQ;  // also dO's
     using LayoutQt = typename Config::SmemLayoutQt;
@@ -337,8 +336,8 @@ struct BwdKernel {
           }
         }
         // The exponentials before the wait for dPᵀ, which they are to overlap. This orders them
-        // for the compiler only: ptxas may still place the wait first, and does at d64 (SASS,
-        // bench/NOTES.md backward v5), where nothing issued in between depends on them.
+        // for the compiler only: ptxas may still place the wait first, and does at d64 (SASS),
+        // where nothing issued in between depends on them.
         warpgroup_fence_operand(tSrS);
         if constexpr (Config::kDvBeforeDs)
           wgmma_issue<false>(mma_kv, tKVrP,

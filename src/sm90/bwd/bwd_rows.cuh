@@ -1,7 +1,7 @@
 // The backward's row-wise kernels, before and after the main one: kLanes lanes per row of one head
 // (row_lanes), each moving 16 bytes of every input row per access: one row per warp with
-// per-element loads left these kernels at 1–2.6 TB/s, 7–11 % of a d64–d128 backward (ncu,
-// bench/NOTES.md backward v9).
+// per-element loads would leave these kernels at 1–2.6 TB/s, 7–11 % of a d64–d128 backward
+// (ncu).
 //   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
 //             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
 //   finish_q: dQ = scale · accumulator (its columns in the staging's order, dq_accum_flip),

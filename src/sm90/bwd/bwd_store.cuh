@@ -83,8 +83,8 @@ struct BwdStore {
   // Adds an accumulator's values, kRun adjacent ones at a time, to rows[key · kDim + dim], for
   // keys below `len` (GQA's dK / dV, once per CTA). Each address is this thread's first element's
   // plus a compile-time offset; the base goes through an empty asm so that the compiler computes
-  // the addresses here rather than precomputing one 64-bit pointer per pair (32 registers; they
-  // spilled when dQ was added this way per tile).
+  // the addresses here rather than precomputing one 64-bit pointer per pair (32 registers, which
+  // spill where the kernel holds much else).
   template <int kDim, class Acc, class Coords>
   CUTE_DEVICE static void add_values(Acc const& acc, Coords const& coords, int len, float* rows) {
     static_assert(decltype(size(acc))::value % kRun == 0);

@@ -29,15 +29,10 @@
 
 #include "common/host_device.hpp"
 #include "fa4/attention.hpp"
+#include "sm90/bwd/bwd_tile_shape.hpp"
 
 namespace fa4::sm90 {
 
-// Query rows per step of the backward kernel (bwd_config.cuh): 128 at head dim 64, where Sᵀ and
-// dPᵀ of 128 queries fit in the registers beside dK and dV; 64 above.
-constexpr int bwd_block_m(int head_dim_qk) { return head_dim_qk <= 64 ? 128 : 64; }
-// Keys per CTA: 128 up to head dim 128 (BwdConfig), 64 above (BwdWideConfig), where dK and dV of
-// more keys do not fit in the registers.
-constexpr int bwd_block_n(int head_dim_qk) { return head_dim_qk <= 128 ? 128 : 64; }
 // Each sequence's stat rows start at a multiple of this, which every bwd_block_m divides.
 constexpr int kBwdStatAlign = 128;
 

@@ -1,6 +1,6 @@
 // GroupedOrder::unit (grouped_order.hpp) with its divisors prepared on the host: every warp of the
 // forward numbers every tile it runs with it, and five divisions by run-time values per tile cost
-// 1.3 % of the d128 forward's warp samples at 4k (bench/NOTES.md, nineteenth session).
+// 1.3 % of the d128 forward's warp samples at 4k.
 // cutlass::FastDivmod divides by a multiply-high and a shift.
 #pragma once
 

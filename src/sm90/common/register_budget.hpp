@@ -1,8 +1,7 @@
 // Whether a kernel's setmaxnreg budgets fit the registers its CTA is launched with. A CTA gets
 // the launch bounds' share of the SM's 64K registers (rounded down to 8 per thread) and keeps it:
 // setmaxnreg only moves registers inside that pool, and an increase waits until decreases have
-// freed enough, for ever if they never do (a d64 probe with two CTAs per SM hung that way:
-// bench/NOTES.md, twenty-eighth session).
+// freed enough, for ever if they never do (a d64 kernel with two CTAs per SM hangs that way).
 #pragma once
 
 namespace fa4::sm90 {

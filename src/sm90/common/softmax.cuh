@@ -16,14 +16,14 @@
 // its true max, so that the O rescale is one warp-uniform branch. Threshold 0 is the exact online
 // softmax (the held max is the running max); by default it rescales O on every tile without a
 // vote, as at d64 the vote and the branch it guards cost more than the multiplies they save (5-8 %,
-// measured: bench/NOTES.md, v3). kVoteExact keeps the vote at threshold 0 — O is rescaled only when
+// measured). kVoteExact keeps the vote at threshold 0 — O is rescaled only when
 // a row of the warp has a new max, still exact — for wide O, where the multiplies are many (dv/2
 // per thread and tile). finish() is exact whatever the held max is.
 //
 // Chains: a row's max and sum over a thread's columns are kChains independent chains, combined at
 // the end. One chain is a dependency chain of N/4 FMNMX (and FADD) per row, whose latency the two
 // consumer warps of a scheduler cannot hide at d128; at d64, where MUFU bounds the loop, the extra
-// registers and instructions of more chains cost more than they save (both measured, v3).
+// registers and instructions of more chains cost more than they save (both measured).
 //
 // NaN: a NaN score (only NaN inputs make one) makes its row's max NaN (the max propagates NaN), the
 // row then always moves, its factor and row sum become NaN, and finish() leaves O and LSE NaN —

@@ -1,6 +1,7 @@
-// Compile-time shape of one forward kernel instance: tile sizes, shared-memory layouts and the two
-// warpgroup MMAs (QKᵀ from shared memory, PV with P from registers). Everything the kernel's
-// pieces agree on lives here, so a new head dim is one more row in the tile table below.
+// Compile-time shape of one forward kernel instance: tile sizes (a row of fwd_tile_shape.hpp),
+// shared-memory layouts and the two warpgroup MMAs (QKᵀ from shared memory, PV with P from
+// registers). Everything the kernel's pieces agree on lives here, so a new head dim is one more
+// row in the tile table.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "sm90/common/register_budget.hpp"
 #include "sm90/common/smem_atom.cuh"
+#include "sm90/fwd/fwd_tile_shape.hpp"
 
 #ifndef FA4_SM90_EXP2_POLY_NUM
 #define FA4_SM90_EXP2_POLY_NUM 0
@@ -31,101 +33,26 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-// Key-tile rows per (head dim qk, head dim v), bf16/fp16, and the consumer warpgroups: the query
-// tile has one 64-row slice per consumer warpgroup (128 rows with two, 192 with three). The key
-// tile shrinks as the head dims grow so that Q, two K stages and two V stages fit in shared memory
-// (227 KB) and S, P and O fit in the registers per thread (240 with two consumer warpgroups, 160
-// with three; O takes dv/2, S N/2 and P N/4 registers). kSoftmaxChains: independent max / sum chains
-// per row in the softmax (softmax.cuh); 4 measured +2-6 % at d128, -3-4 % at d64 (bench/NOTES.md,
-// v3); the other head dims keep 1 until measured. kRescaleVote: O rescaled only on tiles where a
-// row of the warp has a new max (softmax.cuh), rather than on every tile. kOwnKeyTiles: each
-// consumer warpgroup computes only the key tiles its own 64 rows see (FwdKernel::own_key_tiles),
-// set where key tiles are narrower than query tiles, so that a slice can see fewer than its tile
-// (measured +3-5 % at d64 causal 512-2k, +2-4 % at d192; at d128, where every slice sees the
-// tile's key tiles, the extra steps cost 2-3 % at causal 512-1k: bench/NOTES.md, twenty-fifth
-// session).
+// A row of the tile table (fwd_tile_shape.hpp) as compile-time constants.
 template <int kHeadDimQK, int kHeadDimV>
-struct FwdTileSize;
-template <>
-struct FwdTileSize<64, 64> {
-  static constexpr int kBlockN = 128;
-  static constexpr int kSoftmaxChains = 1;
-  static constexpr bool kRescaleVote = false;
-  // d64 is bound by the softmax (MUFU): three consumer warpgroups (192 query rows, 160 registers
-  // each) keep more of it in flight per SM, as FA3 does.
-  static constexpr int kConsumerWarpgroups = 3;
-  // 192-row tiles on 128-key tiles: slices of a diagonal or short tile see fewer key tiles.
-  static constexpr bool kOwnKeyTiles = true;
-};
-template <>
-struct FwdTileSize<96, 96> {
-  static constexpr int kBlockN = 128;
-  static constexpr int kSoftmaxChains = 1;
-  static constexpr bool kRescaleVote = false;
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr bool kOwnKeyTiles = false;
-};
-template <>
-struct FwdTileSize<128, 128> {
-  static constexpr int kBlockN = 128;
-  static constexpr int kSoftmaxChains = 4;
-  static constexpr bool kRescaleVote = false;
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr bool kOwnKeyTiles = false;
-};
-// O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
-template <>
-struct FwdTileSize<192, 192> {
-  static constexpr int kBlockN = 96;
-  static constexpr int kSoftmaxChains = 1;
-  static constexpr bool kRescaleVote = false;
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr bool kOwnKeyTiles = true;  // 96-key tiles under 128-row tiles
-};
-template <>
-struct FwdTileSize<192, 128> {
-  static constexpr int kBlockN = 128;
-  static constexpr int kSoftmaxChains = 1;
-  static constexpr bool kRescaleVote = false;
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr bool kOwnKeyTiles = false;
-};
-// FA3 uses 80 here; with this kernel's register budget 80 spills 16 bytes (measured), 64 does not.
-// O's rescale is 128 multiplies per thread and tile here, 4x the exponentials: skipping it when no
-// row of the warp has a new max measured +2-8 % (bench/NOTES.md, forward v6; level or worse at
-// d128 and d192).
-template <>
-struct FwdTileSize<256, 256> {
-  static constexpr int kBlockN = 64;
-  static constexpr int kSoftmaxChains = 1;
-  static constexpr bool kRescaleVote = true;
-  static constexpr int kConsumerWarpgroups = 2;
-  // Own key tiles measured +1-2 % at causal 512-4k, but spill 12 bytes here (tile-level values).
-  static constexpr bool kOwnKeyTiles = false;
+struct FwdTileSize {
+  static constexpr FwdTileShape kShape = fwd_tile_shape(kHeadDimQK, kHeadDimV);
+  static_assert(kShape.block_n > 0, "no row of the forward's tile table has these head dims");
+  static constexpr int kBlockN = kShape.block_n;
+  static constexpr int kSoftmaxChains = kShape.softmax_chains;
+  static constexpr bool kRescaleVote = kShape.rescale_vote;
+  static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
+  static constexpr bool kOwnKeyTiles = kShape.own_key_tiles;
 };
 
-// The chunked variant of a head dim, where one exists (FwdConfig<..., true>; the launcher takes it
-// without a causal or window mask from kMinKeys keys per sequence on, fwd_launch.cuh): wider key
-// tiles whose K and V go through one ring of kKvChunks chunks of half the head dim. At d256, 128
-// keys rather than 64 halve the re-reads of Q per key: 17 % fewer shared-memory bytes per FLOP and
-// fewer instructions, so less power, which sets the clock under the H200's 700 W cap
-// (bench/NOTES.md, nineteenth session). Q (64 KB) with two 64 KB stages of K and of V would not fit
-// in shared memory; five 32 KB chunks do. S (64 registers), P (32) and O (128) do not fit together,
-// so a warpgroup's QKᵀ follows its P·V (FwdKernel::consume_chunked).
+// The row's chunked variant (FwdConfig<..., true>), where it has one.
 template <int kHeadDimQK, int kHeadDimV>
-struct FwdChunkedTileSize {
-  static constexpr bool kExists = false;
-  static constexpr int kKvChunks = 0;
-  static constexpr int64_t kMinKeys = 0;
-};
-template <>
-struct FwdChunkedTileSize<256, 256> : FwdTileSize<256, 256> {
-  static constexpr bool kExists = true;
-  static constexpr int kBlockN = 128;
-  static constexpr int kKvChunks = 5;
-  // Against the 64-key kernel without a mask, five rounds: 512 keys −14 %, 1k −4 %, 2k −1 %, 4k
-  // +2.6 %, 8k +1.5 %, 16k +3.9 % (a tile's first QKᵀ and last P·V, exposed, are twice as long).
-  static constexpr int64_t kMinKeys = 4096;
+struct FwdChunkedTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
+  static constexpr FwdTileShape::Chunked kVariant = fwd_tile_shape(kHeadDimQK, kHeadDimV).chunked;
+  static constexpr bool kExists = kVariant.block_n > 0;
+  static constexpr int kBlockN = kVariant.block_n;
+  static constexpr int kKvChunks = kVariant.kv_chunks;
+  static constexpr int64_t kMinKeys = kVariant.min_keys;
 };
 
 template <int kHeadDimQK_, int kHeadDimV_, class Element_, bool kChunked_ = false>
@@ -161,11 +88,12 @@ struct FwdConfig {
   // Softmax (softmax.cuh): kExp2PolyNum of every kExp2PolyDen exponentials on the FMA pipe (FA4's
   // software exp2), and O rescaled only when a row's scaled max grows by more than `threshold`
   // in log2 units, so P may reach 2^threshold (0: the exact online softmax, O rescaled on every
-  // tile). The FA4_SM90_* macros build A/B variants of the same tree (bench/ab_variants.sh). Measured on the H200 (bench/NOTES.md, v2): threshold 8 is 2-6 % faster
-  // than 0 but fails DESIGN.md §4's rule on some inputs (the dominant probability is no longer
-  // exactly 1, so its bf16 rounding adds error the rule does not allow); a polynomial share of 1/4
-  // or 1/2 gains nothing at d64, loses 4-10 % at d128 and its 8.6e-5 relative error fails the LSE
-  // rule. Both stay off until they pass.
+  // tile). The FA4_SM90_* macros build A/B variants of the same tree (bench/ab_variants.sh).
+  // Measured on the H200: threshold 8 is 2-6 % faster than 0 but fails the tests' accuracy rule
+  // (docs/testing.md) on some inputs (the dominant probability is not exactly 1, so its bf16
+  // rounding adds error the rule does not allow); a polynomial share of 1/4 or 1/2 gains nothing
+  // at d64, loses 4-10 % at d128 and its 8.6e-5 relative error fails the LSE rule. Both stay off
+  // until they pass.
   static constexpr int kExp2PolyNum = FA4_SM90_EXP2_POLY_NUM;
   static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
   static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 #include <cute/config.hpp>
 #include <cutlass/fast_math.h>
@@ -21,7 +20,8 @@ struct QueryRows {
   CUTE_HOST_DEVICE bool packed() const { return group.divisor > 1; }
   // Tile rows a sequence of len_q positions has per tile head (kv head when packed).
   CUTE_HOST_DEVICE int64_t count(int64_t len_q) const { return len_q * group.divisor; }
-  // The sequence position of tile row r (r < count; packed counts stay below 2³¹, see make).
+  // The sequence position of tile row r (r < count; packed counts stay below 2³⁰, as the plan
+  // packs: host/fwd_plan.cpp).
   CUTE_HOST_DEVICE int64_t position(int64_t r) const {
     return packed() ? int64_t(group.div(int(r))) : r;
   }
@@ -35,27 +35,6 @@ struct QueryRows {
     int position, g;
     group(position, g, r);
     return {position, tile_head * group.divisor + g};
-  }
-
-  // Pack when the heads fill the query tiles markedly better than the positions alone (short
-  // query sequences: decode, chunked prefill), as long as the packed rows stay below 2³⁰.
-  // FA4_SM90_PACK_GQA=0|1 overrides the choice (read once), for tests and measurements.
-  static QueryRows make(const Problem& p, int block_m) {
-    static const int forced = [] {
-      const char* v = std::getenv("FA4_SM90_PACK_GQA");
-      return v == nullptr || (v[0] != '0' && v[0] != '1') ? -1 : v[0] - '0';
-    }();
-    const int64_t g = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-    const int64_t rows = p.seqlen_q * g;
-    bool pack = forced != 0 && g > 1 && rows < (int64_t(1) << 30);
-    if (pack && forced < 0) {
-      // Share of the computed rows that exist, unpacked and packed.
-      auto fill = [block_m](int64_t n) {
-        return double(n) / double((n + block_m - 1) / block_m * block_m);
-      };
-      pack = fill(p.seqlen_q) < 0.9 * fill(rows);
-    }
-    return {cutlass::FastDivmod(pack ? int(g) : 1)};
   }
 };
 

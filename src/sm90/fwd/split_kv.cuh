@@ -18,7 +18,7 @@
 #include "fa4/attention.hpp"
 #include "sm90/common/tile_mask.cuh"
 #include "sm90/common/sequence.cuh"
-#include "sm90/host/split_kv.hpp"
+#include "sm90/fwd/split_kv.hpp"
 
 namespace fa4::sm90 {
 

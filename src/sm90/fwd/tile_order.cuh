@@ -16,10 +16,9 @@
 #include <cstdint>
 
 #include "fa4/attention.hpp"
-#include "sm90/host/env_switch.hpp"
 #include "sm90/fwd/query_rows.cuh"
 #include "sm90/common/sequence.cuh"
-#include "sm90/host/tile_order.hpp"
+#include "sm90/fwd/tile_order.hpp"
 #include "sm90/fwd/tile_scheduler.cuh"
 
 namespace fa4::sm90 {
@@ -36,18 +35,5 @@ struct TileOrderParams {
 // Launches order_tiles on `stream`; the forward kernel after it waits for it with
 // griddepcontrol.wait (launch_kernel_dependent), so its prologue overlaps this one.
 cudaError_t launch_order_tiles(TileOrderParams const& p, void* stream);
-
-// Whether the forward orders this problem's tiles: varlen batches of more tiles than one wave
-// (with fewer, every tile starts at once), when the caller's workspace holds the order.
-// FA4_SM90_TILE_ORDER=input|longest overrides the wave rule (read once), so that the tests order
-// their small problems too and measurements can compare the two.
-inline bool order_longest_first(const Problem& p, int64_t unordered_tiles, int sm_count,
-                                Workspace workspace) {
-  static const int forced = env_switch("FA4_SM90_TILE_ORDER", "longest", "input");
-  const size_t bytes = tile_order_workspace_bytes(p);
-  if (bytes == 0 || workspace.data == nullptr || workspace.bytes < bytes || forced == 0)
-    return false;
-  return forced == 1 || unordered_tiles > sm_count;
-}
 
 }  // namespace fa4::sm90

@@ -1,8 +1,8 @@
 // The tiles a CTA runs, found once by the producer's load thread and handed to the consumer
 // warpgroups through shared memory. Finding a tile (its grid entry's coordinates, its sequence,
 // its mask and key tiles) is a chain of a few hundred dependent integer instructions; each
-// consumer warp repeating it stood at the start of every tile's critical path, where at 512 keys
-// it was about 8 % of the forward's time (ncu, d64). The load thread finds each tile anyway, one
+// consumer warp repeating it would stand at the start of every tile's critical path, where at 512
+// keys it measures about 8 % of the forward's time (ncu, d64). The load thread finds each tile anyway, one
 // tile ahead of the consumers, so its copy is ready before they need it.
 //
 // Two slots, guarded by CUTLASS's PipelineAsync (one producer thread, every consumer thread): the

@@ -5,7 +5,7 @@
 // Under a causal diagonal a row's keys grow with its position, so that tile costs least at the top:
 // tile m then stores rows [m·block_m − pad, (m + 1)·block_m − pad), pad = −count mod block_m, and
 // the last tile ends at the sequence's end. Tile 0 would start above row 0, where no TMA box is to
-// start (a store's box there is an illegal instruction: bench/NOTES.md): it computes rows
+// start (a store's box there is an illegal instruction): it computes rows
 // [0, block_m), overlapping tile 1, and stores only its own rows. Its key tiles are those of the
 // rows it stores; the rows past them are computed on whatever keys that gives and dropped (at
 // d64 / d192 a consumer warpgroup whose 64 rows are all past them computes nothing:

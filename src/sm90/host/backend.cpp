@@ -1,7 +1,9 @@
 // The Hopper (sm_90a) backend as dispatch sees it: availability, the TMA alignment rules the kernels
-// rely on, and which problems have a kernel (the table cmake/fa4_sm90.cmake generates).
+// rely on, which problems have a kernel (the table cmake/fa4_sm90.cmake generates), and each
+// call's launch plan (fwd_plan.hpp, bwd_plan.hpp) handed to its kernel's launcher.
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "common/status.hpp"
@@ -11,13 +13,12 @@
 
 #if defined(FA4_WITH_CUDA)
 #include <cuda_runtime_api.h>
-
-#include "sm90/host/bwd_launch.hpp"
-#include "sm90/host/fwd_launch.hpp"
 #endif
-#include "sm90/bwd/bwd_workspace.hpp"
-#include "sm90/host/split_kv.hpp"
-#include "sm90/host/tile_order.hpp"
+#include "sm90/bwd/bwd_tile_shape.hpp"
+#include "sm90/host/bwd_plan.hpp"
+#include "sm90/host/fwd_plan.hpp"
+#include "sm90/fwd/tile_order.hpp"
+#include "sm90/host/kernels.hpp"
 
 namespace fa4::detail {
 namespace {
@@ -96,25 +97,24 @@ struct Kernel {
   Fn run;
 };
 
-using ForwardKernel =
-    Kernel<Status (*)(const Problem&, const ForwardTensors&, Workspace, void*)>;
-using BackwardKernel =
-    Kernel<Status (*)(const Problem&, const BackwardTensors&, Workspace, void*)>;
+using ForwardKernel = Kernel<Status (*)(const sm90::FwdPlan&, const Problem&,
+                                         const ForwardTensors&, Workspace, void*)>;
+using BackwardKernel = Kernel<Status (*)(const sm90::BwdPlan&, const Problem&,
+                                         const BackwardTensors&, Workspace, void*)>;
 
 constexpr ForwardKernel kForwardKernels[] = {
 #if defined(FA4_WITH_CUDA)
-#define FA4_SM90_FWD_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>},
-#include "sm90/sm90_fwd_kernels.inc"
-#undef FA4_SM90_FWD_KERNEL
+#define FA4_SM90_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>},
+#include "sm90/sm90_kernels.inc"
+#undef FA4_SM90_KERNEL
 #endif
     {0, 0, DType::kBF16, nullptr}};
 
-// The FA4_SM90_KERNELS entries that are in the backward table.
 constexpr BackwardKernel kBackwardKernels[] = {
 #if defined(FA4_WITH_CUDA)
-#define FA4_SM90_BWD_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_backward<qk, v, DType::dtype>},
-#include "sm90/sm90_bwd_kernels.inc"
-#undef FA4_SM90_BWD_KERNEL
+#define FA4_SM90_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_backward<qk, v, DType::dtype>},
+#include "sm90/sm90_kernels.inc"
+#undef FA4_SM90_KERNEL
 #endif
     {0, 0, DType::kBF16, nullptr}};
 
@@ -148,9 +148,8 @@ Status no_kernel(const char* pass, const Kernel<Fn> (&table)[kCount], const Prob
 // Indices inside the kernel are 32-bit (rows, heads, tiles); TMA extents are too.
 constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
 constexpr int64_t kMaxTiles = int64_t(1) << 30;
-// The smallest FwdConfig::kBlockM of the forward instances (128; d64 takes 192; src/sm90/
-// fwd_config.cuh, not includable here): the tile count below is then an upper bound.
-constexpr int64_t kQueryTileRows = 128;
+// No forward tile has fewer rows (fwd/tile_order.hpp): the tile count below is an upper bound.
+constexpr int64_t kQueryTileRows = sm90::kMinQueryTileRows;
 // The y / z extent of a CUDA grid (the backward's row kernels).
 constexpr int64_t kMaxGridYZ = 65535;
 
@@ -202,11 +201,49 @@ Status can_implement(const Problem& p, Pass pass) {
   return Status::success();
 }
 
-size_t workspace_size(const Problem& p, Pass pass) {
-  // Forward: the varlen tile order, then split-KV's partials (sm90/host/fwd_launch.cuh).
-  return pass == Pass::kBackward
-             ? sm90::BwdWorkspace::layout(p).bytes
-             : sm90::tile_order_workspace_bytes(p) + sm90::split_workspace_bytes(p);
+size_t workspace_size(const Problem& p, Pass pass, const Overrides& overrides) {
+  return pass == Pass::kBackward ? sm90::BwdWorkspace::layout(p).bytes
+                                 : sm90::FwdWorkspace::of(p, overrides).bytes;
+}
+
+// The current device's facts for the launch plans, asked of the runtime once per device: they do
+// not change while the process runs. A failed query fails the call; the plans never guess.
+Status device_facts(sm90::DeviceFacts* facts) {
+#if defined(FA4_WITH_CUDA)
+  constexpr int kMaxDevices = 64;
+  struct Slot {
+    std::once_flag once;
+    sm90::DeviceFacts facts;
+    cudaError_t err = cudaSuccess;
+  };
+  static Slot slots[kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess && (device < 0 || device >= kMaxDevices))
+    return make_status(StatusCode::kBackendUnavailable,
+                       "device %d: the sm90 backend plans for devices 0 to %d", device,
+                       kMaxDevices - 1);
+  if (err == cudaSuccess) {
+    Slot& slot = slots[device];
+    std::call_once(slot.once, [&slot, device] {
+      slot.err = cudaDeviceGetAttribute(&slot.facts.sm_count, cudaDevAttrMultiProcessorCount,
+                                        device);
+      if (slot.err == cudaSuccess)
+        slot.err = cudaDeviceGetAttribute(&slot.facts.l2_bytes, cudaDevAttrL2CacheSize, device);
+    });
+    err = slot.err;
+    *facts = slot.facts;
+  }
+  if (err != cudaSuccess)
+    return make_status(StatusCode::kDeviceError,
+                       "querying the device's SM count and L2 size failed: %s",
+                       cudaGetErrorString(err));
+  return Status::success();
+#else
+  *facts = {};
+  return make_status(StatusCode::kBackendUnavailable,
+                     "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
+#endif
 }
 
 Status available() {
@@ -260,12 +297,12 @@ Status check_device_memory(const NamedPointer (&views)[kCount]) {
   return Status::success();
 }
 
-Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace,
-                   void* stream) {
+Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspace, void* stream,
+                   const Overrides& overrides) {
   Status s = can_implement(p, Pass::kForward);
   // The workspace holds the varlen tile order and split-KV's partials, where the problem may use
   // them; otherwise it is not used.
-  const void* used = workspace_size(p, Pass::kForward) > 0 ? workspace.data : nullptr;
+  const void* used = workspace_size(p, Pass::kForward, overrides) > 0 ? workspace.data : nullptr;
   // The kernel reads the sequence arrays too: a host array would fault the context.
   const NamedPointer views[] = {{"q.data", t.q.data},
                                 {"k.data", t.k.data},
@@ -279,12 +316,15 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
   if (s.ok()) s = check_device_memory(views);
   if (s.ok() && reinterpret_cast<uintptr_t>(used) % 256 != 0)
     s = invalid("workspace.data is not 256-byte aligned");
+  sm90::DeviceFacts facts;
+  if (s.ok()) s = device_facts(&facts);
   if (!s.ok()) return s;
-  return find_kernel(kForwardKernels, p)->run(p, t, workspace, stream);
+  const sm90::FwdPlan plan = sm90::plan_forward(p, facts, overrides);
+  return find_kernel(kForwardKernels, p)->run(plan, p, t, workspace, stream);
 }
 
 Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
-                    void* stream) {
+                    void* stream, const Overrides& overrides) {
   Status s = can_implement(p, Pass::kBackward);
   const NamedPointer views[] = {{"q.data", t.q.data},
                                 {"k.data", t.k.data},
@@ -309,8 +349,11 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
     s = not_supported("workspace.data lies below %lld rows of %lld bytes from address 0, which "
                       "the sm90 backward's row addressing needs",
                       (long long)p.seqlen_q, (long long)(p.head_dim_qk * sizeof(float)));
+  sm90::DeviceFacts facts;
+  if (s.ok()) s = device_facts(&facts);
   if (!s.ok()) return s;
-  return find_kernel(kBackwardKernels, p)->run(p, t, workspace, stream);
+  const sm90::BwdPlan plan = sm90::plan_backward(p, facts, overrides);
+  return find_kernel(kBackwardKernels, p)->run(plan, p, t, workspace, stream);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Problem → the backward's kernels on the caller's stream, in order: (GQA: clear the dK / dV
-// accumulators) → prepare (D, LSE·log2e, clear dQ's accumulator) → the main kernel → dQ (→ dK,
-// dV) rounded into the outputs. Nothing allocates or waits, so the sequence can be captured in a
-// graph; the workspace (bwd_workspace.hpp) is the caller's.
+// A backward plan (bwd_plan.hpp) → the backward's kernels on the caller's stream, in order: (GQA:
+// clear the dK / dV accumulators) → prepare (D, LSE·log2e, clear dQ's accumulator) → the main
+// kernel → dQ (→ dK, dV) rounded into the outputs. Nothing allocates, waits or decides, so the
+// sequence can be captured in a graph; the workspace (bwd_workspace.hpp) is the caller's.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,7 +14,8 @@
 #include "sm90/bwd/bwd_kernel.cuh"
 #include "sm90/bwd/bwd_rows.cuh"
 #include "sm90/bwd/bwd_workspace.hpp"
-#include "sm90/host/env_switch.hpp"
+#include "sm90/host/bwd_plan.hpp"
+#include "sm90/host/kernels.hpp"
 #include "sm90/host/launch.cuh"
 
 namespace fa4::sm90 {
@@ -25,54 +26,9 @@ inline Status launch_error(const char* what, int head_dim, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-// The main kernel's CTA groups (grouped_order.hpp): several (head, batch entry) pairs' key tiles
-// together where a causal mask makes the CTAs' work uneven; else, with varlen batches (whose
-// sequences' work differs anyway) and in deterministic mode (which orders its key tiles by its
-// turns), one pair after another. FA4_SM90_BWD_GROUP=n forces n pairs (1: the plain order; read
-// once), for tests and measurements.
-inline cudaError_t backward_group(const Problem& p, int n_blocks, int rows, size_t element_bytes,
-                                  int& group) {
-  static const int forced = env_int("FA4_SM90_BWD_GROUP");
-  group = 1;
-  if (forced > 0) {
-    group = forced < rows ? forced : rows;
-    return cudaSuccess;
-  }
-  if (!p.causal || p.is_varlen() || p.deterministic) return cudaSuccess;
-  int sm_count = 0, l2_bytes = 0;
-  cudaError_t err = current_device_attribute(cudaDevAttrMultiProcessorCount, sm_count);
-  if (err == cudaSuccess) err = current_device_attribute(cudaDevAttrL2CacheSize, l2_bytes);
-  if (err != cudaSuccess) return err;
-  const int64_t bytes_per_row =
-      int64_t(p.head_dim_qk + p.head_dim_v) * int64_t(element_bytes) + 4 * p.head_dim_qk + 8;
-  group = GroupedOrder::group_for(rows, n_blocks, p.seqlen_q, bytes_per_row, sm_count, l2_bytes);
-  return cudaSuccess;
-}
-
-// Key tiles start at their own query tiles (QueryOrder, bwd_mask.cuh) where every key tile sees
-// every query tile (no band) and the order of the adds is free (not in deterministic mode), in
-// the configs measured faster that way (kRotateQueries, compiled in: d256).
-// FA4_SM90_BWD_ROTATE=off keeps the plain walk there too (read once), for measurements.
-inline bool rotate_queries(const BandMask& band, bool deterministic) {
-  static const int forced = env_switch("FA4_SM90_BWD_ROTATE", "on", "off");
-  return forced != 0 && !band.banded() && !deterministic;
-}
-
-// Key-tile pairs (bwd_pair.cuh) where the config has them and both key tiles of every pair exist
-// in every sequence: fixed-length batches without seqused_k (every sequence has all its key
-// tiles), an even number of key tiles, and not in deterministic mode (whose turns
-// order single key tiles). FA4_SM90_BWD_PAIRS=off keeps single key tiles (read once), for
-// measurements and tests.
-template <class Config>
-bool use_key_tile_pairs(const Problem& p, int n_blocks) {
-  static const int forced = env_switch("FA4_SM90_BWD_PAIRS", "on", "off");
-  return Config::kClusterCtas == 2 && forced != 0 && !p.deterministic && !p.is_varlen() &&
-         p.seqused_k == nullptr && n_blocks % 2 == 0;
-}
-
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
-Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
-                    void* stream) {
+Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors& t,
+                    Workspace workspace, void* stream) {
   constexpr int kHeadDim = kHeadDimQK;  // in messages
   using Element = typename CutlassElement<kDType>::type;
   using Config = BwdConfigFor<kHeadDimQK, kHeadDimV, Element>;
@@ -80,14 +36,15 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   static_assert(BwdDqReduce<PairedConfig>::kAccumAtom == BwdDqReduce<Config>::kAccumAtom,
                 "one column order of dQ's accumulator for both");
 
-  // Rows inside some sequence: a varlen tensor may have rows but every sequence be empty.
-  const int64_t q_total =
-      p.seqlen_q == 0 ? 0 : p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q;
-  const int64_t k_total =
-      p.seqlen_k == 0 ? 0 : p.is_varlen() ? p.varlen.total_k : p.batch * p.seqlen_k;
-  if (p.batch == 0 || (q_total == 0 && k_total == 0)) return Status::success();
-
-  const BwdWorkspace ws = BwdWorkspace::layout(p);
+  if (plan.empty()) return Status::success();
+  if (plan.block_m != Config::kBlockM || plan.block_n != Config::kBlockN)
+    return detail::make_status(StatusCode::kInternalError,
+                               "sm90 backward (head dim %d): the plan's %d x %d tiles are not the "
+                               "kernel's %d x %d",
+                               kHeadDim, plan.block_m, plan.block_n, Config::kBlockM,
+                               Config::kBlockN);
+  const int64_t q_total = plan.q_total, k_total = plan.k_total;
+  const BwdWorkspace& ws = plan.workspace;
   auto* base = static_cast<char*>(workspace.data);
   float* dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
   float* lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
@@ -155,15 +112,11 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
     if (err != cudaSuccess) return launch_error("prepare kernel", kHeadDim, err);
   }
 
-  const int n_blocks = int((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN);
+  const int n_blocks = plan.n_blocks;
   const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
                                        p.window.right);
-  // dQ's rows converted as the CTAs of their (batch entry, head) finish (dq_done: bwd_rows.cuh)
-  // where no causal or window band cuts the key tiles: each CTA then waits for its reduce-adds to
-  // land, which its dK / dV epilogue hides only where CTAs are long; causal ones lost up to 3 %
-  // (bench/NOTES.md, twentieth session).
-  int32_t* const dq_counts =
-      q_total > 0 && k_total > 0 && !band.banded() ? dq_done : nullptr;
+  // dQ's rows converted as the CTAs of their (batch entry, head) finish (dq_done: bwd_rows.cuh).
+  int32_t* const dq_counts = plan.dq_counts ? dq_done : nullptr;
   // With no query rows Q and dO may be views without memory or strides; their descriptors are
   // never used but must be encodable, so they borrow K's view.
   BackwardTensors tt = t;
@@ -196,10 +149,6 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
     const int rows = int(p.heads_q * p.batch);
     // The grid's order is one of key-tile pairs on pairs (BwdKernel::unit).
     const int order_blocks = n_blocks / C::kClusterCtas;
-    // The group model counts CTAs per (head, batch entry) row: all its key tiles, paired or not.
-    int group = 1;
-    err = backward_group(p, n_blocks, rows, sizeof(Element), group);
-    if (err != cudaSuccess) return launch_error("device query", kHeadDim, err);
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
@@ -210,9 +159,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
         band,
         softcap,
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
-        GroupedOrder{order_blocks, rows, group},
+        GroupedOrder{order_blocks, rows, plan.group},
         int(p.heads_q),
-        rotate_queries(band, p.deterministic)};
+        plan.rotate};
     auto* kernel = &bwd_kernel<Kernel>;
     if constexpr (C::kClusterCtas == 1) {
       static_assert(Kernel::kSmemBytes == BwdKernel<C, true>::kSmemBytes);
@@ -231,9 +180,9 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
     return Status::success();
   };
   if (k_total > 0) {
-    const Status launched = use_key_tile_pairs<PairedConfig>(p, n_blocks)
-                                ? launch_main(TypeTag<PairedConfig>{})
-                                : launch_main(TypeTag<Config>{});
+    // The plan pairs only where the config is pairable (bwd_one_stage, checked in bwd_config.cuh).
+    const Status launched =
+        plan.pairs ? launch_main(TypeTag<PairedConfig>{}) : launch_main(TypeTag<Config>{});
     if (!launched.ok()) return launched;
   }
 

@@ -1,5 +1,5 @@
 // Under a causal diagonal with seqlen_q = seqlen_k a query tile's work grows with its position,
-// and the forward's launcher chooses between persistent CTAs walking the zig-zag
+// and the forward's plan (fwd_plan.cpp) chooses between persistent CTAs walking the zig-zag
 // (tile_scheduler.cuh) and one CTA per tile, which the hardware hands to SMs as they free up. The
 // choice compares a model of each one's busiest SM (bench/schedule_model.py's list scheduling,
 // with zig-zags on grouped numberings and a fixed cost per tile of each schedule's own): a tile
@@ -7,9 +7,7 @@
 // on a persistent CTA, which loads the next tile's first K and Q under this one, and 1.8 on a CTA
 // of its own (its start, its first loads and its epilogue alone on the SM). 1.8 is the median of
 // per-row fits: for each causal row of the benchmark (d64–d256, 512–4k), the fixed part at which
-// the model's time of the zig-zag over one CTA per tile equals the measured one (range 1.3–2.9;
-// bench/NOTES.md, twenty-seventh session; 1.3, fitted in the seventeenth, predates the faster
-// persistent tile start).
+// the model's time of the zig-zag over one CTA per tile equals the measured one (range 1.3–2.9).
 //
 // The zig-zag's balance depends on the tiles' numbering. Head by head, its mirrored pairs have
 // equal work only where its rounds line up with the query tiles per head (d64 512: three tiles of
@@ -25,20 +23,14 @@
 #include "common/host_device.hpp"
 #include "sm90/common/grouped_order.hpp"
 #include "sm90/fwd/tile_rows.hpp"
+#include "sm90/fwd/zigzag.hpp"
 
 namespace fa4::sm90 {
-
-// The zig-zag step of persistent CTA c of g: from the first half of a 2g-tile round to the
-// mirrored tile of its second half, from there to the next round's first half. With one CTA per
-// tile (g = tiles), past the last tile.
-FA4_HD int zigzag_next(int tile, int c, int g) {
-  return tile % (2 * g) < g ? tile + 2 * (g - c) - 1 : tile + 2 * c + 1;
-}
 
 struct CausalSchedule {
   bool persistent;
   // The numbering's group (GroupedOrder::group): of the zig-zag, or, for one CTA per tile, the
-  // group the launcher numbers that grid in (GroupedOrder::dividing_group_for).
+  // group the plan numbers that grid in (GroupedOrder::dividing_group_for).
   int group;
 
   // Fixed work per tile, in key tiles (above).
@@ -70,7 +62,7 @@ struct CausalSchedule {
 
   // Head by head where that balances; else the zig-zag on the numbering that leaves its busiest
   // CTA the least work, where that is less than the busiest SM's with one CTA per tile, numbered
-  // as the launcher numbers that grid (the largest group that divides the pairs and fits:
+  // as the plan numbers that grid (the largest group that divides the pairs and fits:
   // GroupedOrder::dividing_group_for); else one CTA per tile.
   static CausalSchedule choose(Shape const& s) {
     if (s.ctas <= 0 || s.pairs <= 0 || s.seqlen <= 0) return {false, 1};

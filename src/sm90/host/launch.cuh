@@ -8,14 +8,6 @@
 
 namespace fa4::sm90 {
 
-// Attribute `attr` of the current device (the launchers' SM count, L2 size).
-inline cudaError_t current_device_attribute(cudaDeviceAttr attr, int& value) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&value, attr, device);
-  return err;
-}
-
 // A type carried as a value, for generic lambdas that launch one of several kernel types.
 template <class T>
 struct TypeTag {

@@ -1,0 +1,69 @@
+// The forward's tile table: one row per (head dim qk, head dim v). Plain C++, so that the host's
+// launch plan (host/fwd_plan.hpp) and the kernels' configs (fwd_config.cuh) read the same numbers.
+//
+// The query tile has one 64-row slice per consumer warpgroup (128 rows with two, 192 with three).
+// The key tile shrinks as the head dims grow so that Q, two K stages and two V stages fit in shared
+// memory (227 KB) and S, P and O fit in the registers per thread (240 with two consumer
+// warpgroups, 160 with three; O takes dv/2, S N/2 and P N/4 registers).
+#pragma once
+
+#include <cstdint>
+
+namespace fa4::sm90 {
+
+struct FwdTileShape {
+  int head_dim_qk = 0, head_dim_v = 0;
+  // 64 query rows each. d64 is bound by the softmax (MUFU): three warpgroups (192 query rows,
+  // 160 registers each) keep more of it in flight per SM.
+  int consumer_warpgroups = 2;
+  int block_n = 0;  // keys per key tile
+  // Independent max / sum chains per row in the softmax (common/softmax.cuh): 4 measured
+  // +2-6 % at d128 and -3-4 % at d64; the other head dims keep 1 until measured.
+  int softmax_chains = 1;
+  // O rescaled only on tiles where a row of the warp has a new max, rather than on every tile:
+  // worth it where O's rescale is many multiplies per exponential (d256: +2-8 %; level or worse
+  // at d128 and d192).
+  bool rescale_vote = false;
+  // Each consumer warpgroup computes only the key tiles its own 64 rows see
+  // (FwdKernel::own_key_tiles), where key tiles are narrower than query tiles, so that a slice can
+  // see fewer than its tile: +3-5 % at d64 causal 512-2k, +2-4 % at d192; at d128 every slice sees
+  // the tile's key tiles and the extra steps cost 2-3 % at causal 512-1k.
+  bool own_key_tiles = false;
+  // The chunked variant (block_n 0: none): wider key tiles whose K and V go through one ring of
+  // kv_chunks chunks of half the head dim, taken without a causal or window mask from min_keys
+  // keys per sequence on (FwdKernel::consume_chunked).
+  struct Chunked {
+    int block_n = 0;
+    int kv_chunks = 0;
+    int64_t min_keys = 0;
+  } chunked;
+
+  constexpr int block_m() const { return 64 * consumer_warpgroups; }
+  constexpr bool has_chunked() const { return chunked.block_n > 0; }
+};
+
+inline constexpr FwdTileShape kFwdTileShapes[] = {
+    {64, 64, 3, 128, 1, false, true, {}},
+    {96, 96, 2, 128, 1, false, false, {}},
+    {128, 128, 2, 128, 4, false, false, {}},
+    // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
+    {192, 192, 2, 96, 1, false, true, {}},
+    {192, 128, 2, 128, 1, false, false, {}},
+    // 80 keys spill 16 bytes with this kernel's register budget; 64 do not. Own key tiles measured
+    // +1-2 % at causal 512-4k but spill 12 bytes here. Chunked: 128 keys rather than 64 halve the
+    // re-reads of Q per key (17 % fewer shared-memory bytes per FLOP and fewer instructions, so
+    // less power, which sets the clock under the H200's 700 W cap); Q (64 KB) with two 64 KB
+    // stages of K and of V would not fit in shared memory, five 32 KB chunks do. Against the
+    // 64-key kernel without a mask: 512 keys -14 %, 1k -4 %, 2k -1 %, 4k +2.6 %, 8k +1.5 %,
+    // 16k +3.9 % (a tile's first QKᵀ and last P·V, exposed, are twice as long), hence min_keys.
+    {256, 256, 2, 64, 1, true, false, {128, 5, 4096}},
+};
+
+// The row of these head dims; a row of zeros (block_n 0) where the table has none.
+constexpr FwdTileShape fwd_tile_shape(int head_dim_qk, int head_dim_v) {
+  for (const FwdTileShape& s : kFwdTileShapes)
+    if (s.head_dim_qk == head_dim_qk && s.head_dim_v == head_dim_v) return s;
+  return FwdTileShape{};
+}
+
+}  // namespace fa4::sm90

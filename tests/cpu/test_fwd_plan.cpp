@@ -1,0 +1,342 @@
+// The sm90 forward's launch plan (src/sm90/host/fwd_plan.hpp), on the host alone: over many
+// problems, devices and overrides, the plan stays within the workspace workspace_size reports (the
+// same on every device), uses its tile table's row, numbers and grids its tiles consistently, and
+// does what each override forces.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "fa4/attention.hpp"
+#include "fa4/overrides.hpp"
+#include "sm90/fwd/fwd_tile_shape.hpp"
+#include "sm90/fwd/split_kv.hpp"
+#include "sm90/fwd/tile_order.hpp"
+#include "sm90/host/fwd_plan.hpp"
+
+namespace {
+
+using fa4::Choice;
+using fa4::Overrides;
+using fa4::Problem;
+using namespace fa4::sm90;
+using namespace fa4::sm90::fwd_plan;
+
+// Devices of several sizes: H100 PCIe / SXM, H200, small partitions.
+const DeviceFacts kDevices[] = {{132, 50 << 20}, {114, 50 << 20}, {8, 50 << 20}, {1, 1 << 20},
+                                {78, 40 << 20}};
+
+// A varlen marker: the plan never reads the sequence arrays.
+const int32_t kMarker = 0;
+
+Problem random_problem(std::mt19937_64& rng) {
+  const FwdTileShape& row = kFwdTileShapes[rng() % std::size(kFwdTileShapes)];
+  Problem p;
+  p.head_dim_qk = row.head_dim_qk;
+  p.head_dim_v = row.head_dim_v;
+  p.heads_kv = 1 + int64_t(rng() % 8);
+  p.heads_q = p.heads_kv * int64_t(1 + rng() % 8);
+  p.batch = int64_t(rng() % 9);
+  const bool short_q = rng() % 3 == 0;
+  p.seqlen_q = short_q ? int64_t(rng() % 8) : int64_t(rng() % 5000);
+  p.seqlen_k = rng() % 4 == 0 ? p.seqlen_q : int64_t(rng() % 20000);
+  switch (rng() % 4) {
+    case 0: break;
+    case 1: p.causal = true; break;
+    case 2: p.window = {int64_t(rng() % 300), int64_t(rng() % 3) - 1}; break;
+    default: p.causal = true; p.window.left = int64_t(rng() % 500); break;
+  }
+  if (rng() % 3 == 0) {
+    p.varlen.cu_seqlens_q = p.varlen.cu_seqlens_k = &kMarker;
+    p.varlen.total_q = p.batch * p.seqlen_q / int64_t(1 + rng() % 3);
+    p.varlen.total_k = p.batch * p.seqlen_k / int64_t(1 + rng() % 3);
+  } else if (rng() % 4 == 0) {
+    p.seqused_k = &kMarker;
+  }
+  return p;
+}
+
+Choice random_choice(std::mt19937_64& rng) { return Choice(int(rng() % 3) - 1); }
+
+Overrides random_overrides(std::mt19937_64& rng) {
+  Overrides o;
+  if (rng() % 2 == 0) return o;  // half the trials on the library's own choices
+  o.persistent = random_choice(rng);
+  o.persistent_ctas = rng() % 3 == 0 ? int(1 + rng() % 200) : 0;
+  o.zigzag_group = rng() % 4 == 0 ? int(1 + rng() % 6) : 0;
+  o.pack_gqa = random_choice(rng);
+  o.splits = rng() % 3 == 0 ? int(1 + rng() % 200) : 0;
+  o.longest_first = random_choice(rng);
+  o.chunked_kv = random_choice(rng);
+  return o;
+}
+
+// Every plan fits the workspace workspace_size reports (FwdWorkspace::of, device-independent), and
+// its numbers agree with each other and with the tile table.
+TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
+  std::mt19937_64 rng(2024);
+  int nonempty = 0, ordered = 0, split = 0, chunked = 0, packed = 0, persistent = 0, grouped = 0;
+  for (int trial = 0; trial < 6000; ++trial) {
+    const Problem p = random_problem(rng);
+    const Overrides o = random_overrides(rng);
+    const FwdWorkspace ws = FwdWorkspace::of(p, o);
+    ASSERT_EQ(ws.bytes, ws.partials + ws.partials_bytes);
+    ASSERT_EQ(ws.partials, ws.order_bytes);
+    ASSERT_EQ(ws.bytes % 256, 0u);
+    for (const DeviceFacts& device : kDevices) {
+      SCOPED_TRACE(testing::Message() << "trial " << trial << ", " << device.sm_count << " SMs");
+      const FwdPlan plan = plan_forward(p, device, o);
+      EXPECT_EQ(plan.workspace.bytes, ws.bytes);
+      EXPECT_EQ(plan.workspace.max_splits, ws.max_splits);
+      if (plan.ctas == 0) {
+        EXPECT_TRUE(p.batch == 0 || p.seqlen_q == 0 || (p.is_varlen() && p.varlen.total_q == 0));
+        continue;
+      }
+      ++nonempty;
+      const FwdTileShape row = fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
+      EXPECT_EQ(plan.block_m, row.block_m());
+      EXPECT_EQ(plan.block_n, plan.chunked ? row.chunked.block_n : row.block_n);
+      EXPECT_TRUE(!plan.chunked || row.has_chunked());
+      ASSERT_GE(plan.pack_group, 1);
+      EXPECT_EQ(p.heads_q % plan.pack_group, 0);
+      EXPECT_EQ(plan.tile_heads * plan.pack_group, p.heads_q);
+      EXPECT_EQ(plan.m_blocks,
+                (p.seqlen_q * plan.pack_group + plan.block_m - 1) / plan.block_m);
+      EXPECT_EQ(plan.tiles, int64_t(plan.m_blocks) * plan.tile_heads * p.batch);
+      // Split-KV's partials for the plan's splits fit the workspace's.
+      ASSERT_GE(plan.splits, 1);
+      EXPECT_LE(plan.splits, ws.max_splits);
+      EXPECT_LE(split_workspace_bytes(p, plan.splits), ws.partials_bytes);
+      // The ordered grid's entries fit the order's workspace.
+      if (plan.ordered) {
+        EXPECT_GT(ws.order_bytes, 0u);
+        EXPECT_LE(int64_t(plan.ordered_entries) * 4, int64_t(ws.order_bytes));
+        EXPECT_EQ(plan.entries, plan.ordered_entries * plan.splits);
+        EXPECT_EQ(plan.group, 1) << "the order's entries use the plain numbering";
+      } else {
+        EXPECT_EQ(plan.entries, plan.tiles * plan.splits);
+      }
+      EXPECT_GE(plan.ctas, 1);
+      EXPECT_LE(plan.ctas, plan.entries);
+      EXPECT_TRUE(plan.persistent || plan.ctas == plan.entries);
+      EXPECT_GE(plan.group, 1);
+      EXPECT_LE(plan.group, plan.tile_heads * p.batch);
+      ordered += plan.ordered;
+      split += plan.splits > 1;
+      chunked += plan.chunked;
+      packed += plan.pack_group > 1;
+      persistent += plan.persistent && plan.ctas < plan.entries;
+      grouped += plan.group > 1;
+    }
+  }
+  // The trials reach every choice.
+  EXPECT_GT(nonempty, 10000);
+  EXPECT_GT(ordered, 100);
+  EXPECT_GT(split, 100);
+  EXPECT_GT(chunked, 100);
+  EXPECT_GT(packed, 100);
+  EXPECT_GT(persistent, 100);
+  EXPECT_GT(grouped, 100);
+}
+
+Problem fixed(int64_t batch, int64_t seqlen, int64_t heads_q, int64_t heads_kv, int64_t dim) {
+  Problem p;
+  p.batch = batch;
+  p.seqlen_q = p.seqlen_k = seqlen;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim_qk = p.head_dim_v = dim;
+  return p;
+}
+
+Problem varlen(int64_t batch, int64_t longest, int64_t total, int64_t heads) {
+  Problem p = fixed(batch, longest, heads, heads, 128);
+  p.varlen.cu_seqlens_q = p.varlen.cu_seqlens_k = &kMarker;
+  p.varlen.total_q = p.varlen.total_k = total;
+  return p;
+}
+
+const DeviceFacts kH200{132, 60 << 20};
+
+TEST(Sm90ForwardPlan, ScheduleOverrides) {
+  const Problem p = fixed(4, 4096, 16, 16, 128);  // 32 · 16 · 4 = 2048 tiles, no mask
+  const FwdPlan auto_plan = plan_forward(p, kH200, {});
+  EXPECT_TRUE(auto_plan.persistent) << "fixed lengths without a mask balance";
+  EXPECT_EQ(auto_plan.ctas, 132);
+  Overrides o;
+  o.persistent = Choice::kOff;
+  EXPECT_FALSE(plan_forward(p, kH200, o).persistent);
+  EXPECT_EQ(plan_forward(p, kH200, o).ctas, 2048);
+  o.persistent = Choice::kOn;
+  o.persistent_ctas = 3;
+  EXPECT_EQ(plan_forward(p, kH200, o).ctas, 3);
+  o.zigzag_group = 2;
+  EXPECT_EQ(plan_forward(p, kH200, o).group, 2);
+  o.zigzag_group = 1000;  // at most all (head, batch entry) pairs
+  EXPECT_EQ(plan_forward(p, kH200, o).group, 64);
+  // A varlen batch never runs persistent by itself.
+  EXPECT_FALSE(plan_forward(varlen(4, 4096, 9000, 16), kH200, {}).persistent);
+}
+
+TEST(Sm90ForwardPlan, PackGqa) {
+  Problem decode = fixed(4, 1, 32, 8, 128);
+  decode.seqlen_k = 4096;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).pack_group, 4) << "one position fills G rows";
+  Overrides off;
+  off.pack_gqa = Choice::kOff;
+  EXPECT_EQ(plan_forward(decode, kH200, off).pack_group, 1);
+  const Problem prefill = fixed(1, 4096, 32, 8, 128);
+  EXPECT_EQ(plan_forward(prefill, kH200, {}).pack_group, 1) << "full tiles either way";
+  Overrides on;
+  on.pack_gqa = Choice::kOn;
+  EXPECT_EQ(plan_forward(prefill, kH200, on).pack_group, 4);
+  EXPECT_EQ(plan_forward(fixed(1, 4096, 8, 8, 128), kH200, on).pack_group, 1) << "no GQA";
+}
+
+// When the forward takes the chunked kernel of a head dim: only without a causal or window band
+// and from min_keys keys per sequence, the mean over a varlen batch; a forced choice decides
+// alone, where the row has a chunked variant.
+TEST(Sm90ForwardPlan, ChunkedKvRule) {
+  constexpr int64_t kMinKeys = 4096;
+  EXPECT_EQ(fwd_tile_shape(256, 256).chunked.min_keys, kMinKeys);
+  EXPECT_TRUE(takes_chunked_kv(fixed(4, 4096, 8, 8, 256), false, kMinKeys, Choice::kAuto));
+  EXPECT_TRUE(takes_chunked_kv(fixed(1, 16384, 8, 8, 256), false, kMinKeys, Choice::kAuto));
+  EXPECT_FALSE(takes_chunked_kv(fixed(4, 4095, 8, 8, 256), false, kMinKeys, Choice::kAuto));
+  EXPECT_FALSE(takes_chunked_kv(fixed(32, 512, 8, 8, 256), false, kMinKeys, Choice::kAuto));
+  EXPECT_FALSE(takes_chunked_kv(fixed(1, 16384, 8, 8, 256), true, kMinKeys, Choice::kAuto));
+  EXPECT_FALSE(takes_chunked_kv(fixed(0, 16384, 8, 8, 256), false, kMinKeys, Choice::kAuto));
+  EXPECT_TRUE(takes_chunked_kv(fixed(32, 512, 8, 8, 256), true, kMinKeys, Choice::kOn));
+  EXPECT_FALSE(takes_chunked_kv(fixed(1, 16384, 8, 8, 256), false, kMinKeys, Choice::kOff));
+  EXPECT_FALSE(takes_chunked_kv(fixed(1, 16384, 8, 8, 128), false, 0, Choice::kOn))
+      << "no chunked variant";
+  // Varlen: the mean length.
+  const int32_t cu[3] = {0, 100, 8292};  // lengths 100 and 8192: mean 4146
+  Problem p = fixed(2, 8192, 8, 8, 256);
+  p.varlen.cu_seqlens_q = p.varlen.cu_seqlens_k = cu;
+  p.varlen.total_q = p.varlen.total_k = 8292;
+  EXPECT_TRUE(takes_chunked_kv(p, false, kMinKeys, Choice::kAuto));
+  p.varlen.total_k = 8000;  // mean 4000, though the longest has 8192 keys
+  EXPECT_FALSE(takes_chunked_kv(p, false, kMinKeys, Choice::kAuto));
+  // Through the plan: the variant's tile.
+  const FwdPlan plan = plan_forward(fixed(1, 16384, 8, 8, 256), kH200, {});
+  EXPECT_TRUE(plan.chunked);
+  EXPECT_EQ(plan.block_n, 128);
+  Problem causal = fixed(1, 16384, 8, 8, 256);
+  causal.causal = true;
+  EXPECT_FALSE(plan_forward(causal, kH200, {}).chunked);
+  EXPECT_EQ(plan_forward(causal, kH200, {}).block_n, 64);
+}
+
+TEST(Sm90ForwardPlan, TileOrder) {
+  // 300 one-tile sequences × 16 heads: more tiles than SMs, ordered by the plan's own rule.
+  const Problem many = varlen(300, 100, 300 * 60, 16);
+  EXPECT_TRUE(plan_forward(many, kH200, {}).ordered);
+  const Problem few = varlen(4, 100, 200, 16);  // 64 tiles: one wave
+  EXPECT_FALSE(plan_forward(few, kH200, {}).ordered);
+  EXPECT_TRUE(plan_forward(few, {8, 50 << 20}, {}).ordered) << "more tiles than 8 SMs";
+  Overrides on;
+  on.longest_first = Choice::kOn;
+  EXPECT_TRUE(plan_forward(few, kH200, on).ordered);
+  Overrides off;
+  off.longest_first = Choice::kOff;
+  EXPECT_FALSE(plan_forward(many, kH200, off).ordered);
+  EXPECT_EQ(FwdWorkspace::of(many, off).order_bytes, 0u) << "nothing reserved for no order";
+  EXPECT_EQ(FwdWorkspace::of(many, {}).order_bytes, tile_order_workspace_bytes(many));
+  EXPECT_FALSE(plan_forward(fixed(4, 4096, 16, 16, 128), kH200, on).ordered) << "fixed lengths";
+}
+
+// The plan's splits: only for problems with keys to share and idle SMs, within the row budget and
+// the workspace, never more than fill one wave.
+TEST(Sm90ForwardPlan, SplitsStayWithinTheirBudget) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 5000; ++trial) {
+    Problem p;
+    p.batch = 1 + int64_t(rng() % 64);
+    p.seqlen_q = 1 + int64_t(rng() % (rng() % 2 ? 8 : 600));
+    p.seqlen_k = 1 + int64_t(rng() % 70000);
+    p.heads_kv = 1 + int64_t(rng() % 16);
+    p.heads_q = p.heads_kv * (1 + int64_t(rng() % 8));
+    p.head_dim_qk = 128;
+    p.head_dim_v = 64 * (1 + int64_t(rng() % 4));
+    const int most = max_splits(p, {});
+    ASSERT_GE(most, 1);
+    ASSERT_LE(most, kMaxSplits);
+    const int64_t rows = p.heads_q * split_query_rows(p);
+    if (most > 1) {
+      EXPECT_GE(p.seqlen_k, kMinSplitKeys) << "trial " << trial;
+      EXPECT_LE(rows * most, kSplitRowBudget) << "trial " << trial;
+      EXPECT_LE(p.heads_kv * p.batch * most, kMaxSms) << "trial " << trial;
+      EXPECT_GT(FwdWorkspace::of(p, {}).partials_bytes, 0u);
+    } else {
+      EXPECT_EQ(FwdWorkspace::of(p, {}).partials_bytes, 0u) << "trial " << trial;
+    }
+    for (int sm_count : {78, 114, 132}) {
+      for (int64_t tiles : {int64_t(1), int64_t(7), int64_t(64), int64_t(200), int64_t(5000)}) {
+        const int64_t key_tiles = (p.seqlen_k + 127) / 128;
+        const int s = choose_splits(p, tiles, key_tiles, sm_count, most, false);
+        ASSERT_GE(s, 1);
+        ASSERT_LE(s, most) << "trial " << trial;
+        if (s > 1) {
+          EXPECT_LE(tiles * s, sm_count) << "one wave at most; trial " << trial;
+          EXPECT_GE(key_tiles, s * kMinKeyTilesPerSplit) << "trial " << trial;
+        }
+      }
+    }
+  }
+}
+
+// Forced, as many splits as asked for within the row budget, on problems of any length.
+TEST(Sm90ForwardPlan, ForcedSplits) {
+  Problem p = fixed(2, 300, 8, 8, 128);
+  Overrides o;
+  o.splits = 3;
+  EXPECT_EQ(max_splits(p, o), 3);
+  const FwdPlan plan = plan_forward(p, kH200, o);
+  EXPECT_EQ(plan.splits, 3);
+  EXPECT_EQ(plan.entries, plan.tiles * 3);
+  EXPECT_GE(FwdWorkspace::of(p, o).partials_bytes, split_workspace_bytes(p, 3));
+  EXPECT_EQ(FwdWorkspace::of(p, {}).bytes, 0u) << "unforced, 300 keys never split";
+  o.splits = 1;
+  EXPECT_EQ(plan_forward(p, kH200, o).splits, 1);
+  EXPECT_EQ(FwdWorkspace::of(p, o).bytes, 0u);
+  // Beyond the row budget: as many as it holds.
+  Problem big = fixed(8, 4096, 16, 16, 128);
+  o.splits = 100;
+  EXPECT_EQ(max_splits(big, o), 1) << "2^19 rows leave no room for a second split";
+}
+
+// The decode shapes of bench/gqa_short.py split as docs/sm90_forward.md says.
+TEST(Sm90ForwardPlan, DecodeSplits) {
+  struct Shape {
+    int64_t batch, seqlen_k;
+    int expected;  // on 132 SMs, packed: batch · 8 one-tile kv heads
+  } shapes[] = {{1, 262144, 16}, {4, 65536, 4}, {8, 32768, 2}, {64, 4096, 1}};
+  for (const Shape& s : shapes) {
+    Problem p = fixed(s.batch, 1, 32, 8, 128);
+    p.seqlen_k = s.seqlen_k;
+    EXPECT_EQ(choose_splits(p, s.batch * 8, (s.seqlen_k + 127) / 128, 132, max_splits(p, {}),
+                            false),
+              s.expected)
+        << "batch " << s.batch;
+    const FwdPlan plan = plan_forward(p, {132, 60 << 20}, {});
+    EXPECT_EQ(plan.pack_group, 4);
+    EXPECT_EQ(plan.splits, s.expected) << "batch " << s.batch;
+  }
+}
+
+// The causal schedule's choices reach the plan: one CTA per tile numbered in groups where the
+// grid exceeds the SMs, the model's zig-zag elsewhere.
+TEST(Sm90ForwardPlan, CausalGrids) {
+  Problem p = fixed(1, 8192, 8, 8, 256);
+  p.causal = true;
+  const FwdPlan plan = plan_forward(p, kH200, {});
+  ASSERT_EQ(plan.tiles, 64 * 8);
+  EXPECT_TRUE(plan.heavy_last_rows);
+  if (!plan.persistent) {
+    EXPECT_EQ(plan.ctas, plan.tiles);
+    EXPECT_GT(plan.group, 1) << "one CTA per tile under a diagonal: numbered in groups";
+  }
+}
+
+}  // namespace
