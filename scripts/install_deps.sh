@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the project's pinned third-party files into third_party/ (git-ignored).
 #   CUTLASS/CuTe C++ headers: from the PyPI wheel nvidia-cutlass (pinned, sha256 checked).
-# GoogleTest, Google Benchmark, CLI11 and nlohmann/json (fa4-bench's command line and --json record)
-# come from the system (Debian: libgtest-dev, libbenchmark-dev, libcli11-dev, nlohmann-json3-dev);
-# this script installs them with apt-get when they are missing and it runs as root.
+# GoogleTest (the tests), CLI11 and nlohmann/json (fa4-bench's command line and --json record) come
+# from the system (Debian: libgtest-dev, libcli11-dev, nlohmann-json3-dev); this script installs
+# them with apt-get when they are missing and it runs as root.
 # FA4_PYTHON_DEPS=1 (opt in): also the Python package's test environment, a venv in .venv/
 # (git-ignored) with the pinned torch, pytest and scikit-build-core; scripts/test.sh runs
 # tests/python with it when it exists. torch comes from PyPI with its CUDA libraries: about 5 GB
@@ -47,7 +47,6 @@ ln -sfn "cutlass-$CUTLASS_VERSION" "$third/cutlass"
 
 need=()
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
-[ -f /usr/include/benchmark/benchmark.h ] || need+=(libbenchmark-dev)
 [ -f /usr/include/CLI/CLI.hpp ] || need+=(libcli11-dev)
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
 if [ ${#need[@]} -gt 0 ]; then
