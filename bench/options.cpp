@@ -5,38 +5,33 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
-#include <map>
-#include <set>
-#include <sstream>
+
+#include <CLI/CLI.hpp>
 
 namespace fa4::bench {
 namespace {
 
-// Thrown for a malformed command line; caught in parse_args and turned into a ParseResult.
+constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
+
+// A command line that parses but describes nothing fa4-bench can run (options that contradict
+// each other); caught in parse_args and turned into a ParseResult.
 struct UsageError {
   std::string message;
 };
 
-int64_t parse_int(const std::string& option, const std::string& text, int64_t lo, int64_t hi) {
+// The value of one option read by a validator: CLI11 reports the message after the option's name
+// ("--batch: must be in [1, 2147483647], got 0").
+[[noreturn]] void invalid(const std::string& message) { throw CLI::ValidationError(message); }
+
+// Base 10 only: CLI11's own conversion reads 010 as octal and 0x10 as hexadecimal.
+int64_t parse_int(const std::string& text, int64_t lo, int64_t hi) {
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE)
-    throw UsageError{option + " expects an integer, got '" + text + "'"};
-  if (v < lo || v > hi) {
-    std::ostringstream msg;
-    msg << option << " must be in [" << lo << ", " << hi << "], got " << v;
-    throw UsageError{msg.str()};
-  }
-  return v;
-}
-
-float parse_float(const std::string& option, const std::string& text) {
-  errno = 0;
-  char* end = nullptr;
-  const float v = std::strtof(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-    throw UsageError{option + " expects a finite number, got '" + text + "'"};
+  if (text.empty() || *end != '\0' || errno == ERANGE) invalid("expects an integer, got '" + text + "'");
+  if (v < lo || v > hi)
+    invalid("must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
   return v;
 }
 
@@ -51,25 +46,193 @@ std::vector<std::string> split(const std::string& text, char sep) {
   }
 }
 
-std::vector<int32_t> parse_lengths(const std::string& option, const std::string& text) {
+// CLI11 validators run on the text before CLI11 converts it to the option's type. This one
+// rewrites the value as the plain decimal that parse_int read, so CLI11 stores that number.
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) {
+        text = std::to_string(parse_int(text, lo, hi));
+        return std::string();
+      },
+      "", "integer_in");
+}
+
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) {
+        errno = 0;
+        char* end = nullptr;
+        const float v = std::strtof(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+          return "expects a finite number, got '" + text + "'";
+        return std::string();
+      },
+      "", "finite_number");
+}
+
+// `expected` lists the choices for the message, e.g. "auto, cpu or sm90".
+CLI::Validator one_of(std::vector<std::string> choices, std::string expected) {
+  return CLI::Validator(
+      [choices, expected](std::string& text) {
+        for (const std::string& c : choices)
+          if (text == c) return std::string();
+        return "expects " + expected + ", got '" + text + "'";
+      },
+      "", "one_of");
+}
+
+std::vector<int32_t> parse_lengths(const std::string& text) {
   std::vector<int32_t> lengths;
-  for (const std::string& part : split(text, ':'))
-    lengths.push_back(int32_t(parse_int(option, part, 0, std::numeric_limits<int32_t>::max())));
+  for (const std::string& part : split(text, ':')) lengths.push_back(int32_t(parse_int(part, 0, kMax32)));
   return lengths;
 }
 
 Window parse_window(const std::string& text) {
   const auto parts = split(text, ',');
-  if (parts.size() != 2) throw UsageError{"--window expects L,R (e.g. 128,0; -1 = unbounded), got '" + text + "'"};
-  const int64_t max = std::numeric_limits<int64_t>::max();
-  return Window{parse_int("--window", parts[0], -1, max), parse_int("--window", parts[1], -1, max)};
+  if (parts.size() != 2) invalid("expects L,R (e.g. 128,0; -1 = unbounded), got '" + text + "'");
+  return Window{parse_int(parts[0], -1, kMax64), parse_int(parts[1], -1, kMax64)};
 }
 
-DType parse_dtype(const std::string& text) {
-  if (text == "bf16") return DType::kBF16;
-  if (text == "fp16") return DType::kFP16;
-  if (text == "fp32") return DType::kFP32;
-  throw UsageError{"--dtype expects bf16, fp16 or fp32, got '" + text + "'"};
+DType dtype_from(const std::string& name) {
+  if (name == "fp16") return DType::kFP16;
+  if (name == "fp32") return DType::kFP32;
+  return DType::kBF16;
+}
+
+// Option values that Options holds in another form.
+struct Raw {
+  std::string pass = "both";
+  std::string dtype = "bf16";
+};
+
+const char* const kMeasurement = "Backend and measurement";
+const char* const kProblem = "Problem";
+
+// Every option, stored into `o` and `raw` when `app` parses. The descriptions state the defaults
+// themselves: several depend on the backend or on another option.
+void define_options(CLI::App& app, Options& o, Raw& raw) {
+  app.name("fa4-bench");
+  app.description(
+      "Runs attention forward and/or backward for one problem with fa4cpp, reports the median time\n"
+      "and TFLOP/s, and checks a sample of the results against a double-precision reference.\n");
+  app.footer(
+      "Exit status: 0 success, 1 a check failed, 2 bad command line or the backend cannot run the\n"
+      "problem, 3 a run failed (device or library error).\n"
+      "Examples:\n"
+      "  fa4-bench --seqlen 4096 --causal\n"
+      "  fa4-bench --backend cpu --dtype fp16 --varlen 177:366:479 --varlen-k 257:0:766 --heads 8 --heads-kv 2");
+  app.set_help_flag("-h,--help", "print this help and exit")->group(kMeasurement);
+  app.get_formatter()->column_width(21);
+  // A repeated option takes its last value, so a script's defaults can be overridden by appending.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  auto integer = [&](const char* name, auto& field, int64_t lo, int64_t hi, const char* group,
+                     const char* help) {
+    return app.add_option(name, field, help)->transform(integer_in(lo, hi))->type_name("N")->group(group);
+  };
+  // Options whose text `read` parses (read reports a bad value through invalid()).
+  auto text = [&](const char* name, const char* type, std::function<void(const std::string&)> read,
+                  const char* help) {
+    const std::string description = help;
+    return app.add_option(name, description)
+        ->each([read](const std::string& v) { read(v); })
+        ->type_name(type)
+        ->group(kProblem);
+  };
+
+  app.add_option("--backend", o.backend_name,
+                 "auto | cpu | sm90 (default auto: sm90 when built with CUDA and a GPU is\n"
+                 "present, else cpu)")
+      ->check(one_of({"auto", "cpu", "sm90"}, "auto, cpu or sm90"))
+      ->type_name("B")
+      ->group(kMeasurement);
+  app.add_option("--pass", raw.pass, "fwd | bwd | both (default both)")
+      ->check(one_of({"fwd", "bwd", "both"}, "fwd, bwd or both"))
+      ->type_name("P")
+      ->group(kMeasurement);
+  integer("--warmup", o.warmup, 0, kMax32, kMeasurement,
+          "untimed runs before timing (default 5 on GPU, 1 on CPU)");
+  integer("--iters", o.iters, 1, kMax32, kMeasurement,
+          "timed runs; the median is reported (default 50 on GPU, 3 on CPU)");
+  integer("--check", o.check_rows, 0, kMax32, kMeasurement,
+          "query rows sampled and compared with the reference (default 32; 0 = off);\n"
+          "backward is checked in full when the problem has <= 2^26 scores");
+  integer("--seed", o.seed, 0, kMax64, kMeasurement,
+          "random seed of the inputs and the sample (default: a fresh one, printed)")
+      ->each([&o](const std::string&) { o.seed_given = true; });
+  app.add_option("--json", o.json_path, "also write the results as one JSON object to FILE")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("expects a file name") : std::string(); }, "",
+          "file_name"))
+      ->type_name("FILE")
+      ->group(kMeasurement);
+
+  app.add_option("--dtype", raw.dtype, "bf16 | fp16 | fp32 (default bf16; fp32 runs on the CPU backend only)")
+      ->check(one_of({"bf16", "fp16", "fp32"}, "bf16, fp16 or fp32"))
+      ->type_name("T")
+      ->group(kProblem);
+  integer("--batch", o.batch, 1, kMax32, kProblem, "batch size (default 2)");
+  // Defined before --seqlen-q and --seqlen-k: CLI11 stores values in the order options are
+  // defined, so the specific length wins over --seqlen whatever their order on the command line.
+  app.add_option_function<int64_t>(
+         "--seqlen", [&o](const int64_t& n) { o.seqlen_q = o.seqlen_k = n; },
+         "query and key length (default 1024; --seqlen-q, --seqlen-k override it)")
+      ->transform(integer_in(0, kMax32))
+      ->type_name("N")
+      ->group(kProblem);
+  integer("--seqlen-q", o.seqlen_q, 0, kMax32, kProblem, "query length");
+  integer("--seqlen-k", o.seqlen_k, 0, kMax32, kProblem, "key length");
+  integer("--heads", o.heads_q, 1, kMax32, kProblem, "query heads (default 16)");
+  integer("--heads-kv", o.heads_kv, 1, kMax32, kProblem, "key/value heads, dividing --heads (default: --heads)");
+  integer("--head-dim", o.head_dim, 1, kMax32, kProblem, "head dim of q and k (default 128)");
+  integer("--head-dim-v", o.head_dim_v, 1, kMax32, kProblem,
+          "head dim of v and the output (default: --head-dim)");
+  app.add_flag("--causal", o.causal, "causal mask, aligned bottom-right")->disable_flag_override()->group(kProblem);
+  text("--window", "L,R", [&o](const std::string& v) { o.window = parse_window(v); },
+       "sliding window of L keys left and R right of the diagonal (-1 = unbounded)");
+  app.add_option("--softcap", o.softcap, "score = X * tanh(score / X) (default 0 = off)")
+      ->check(finite_number())
+      ->type_name("X")
+      ->group(kProblem);
+  app.add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head dim))")
+      ->check(finite_number())
+      ->type_name("X")
+      ->group(kProblem);
+  text("--varlen", "L1:L2:..", [&o](const std::string& v) { o.varlen_q = parse_lengths(v); },
+       "variable-length batch: query lengths of each sequence (sets batch and\n"
+       "seqlens; a length may be 0)");
+  text("--varlen-k", "L1:..", [&o](const std::string& v) { o.varlen_k = parse_lengths(v); },
+       "key lengths of each sequence (default: the --varlen lengths)");
+  text("--seqused-k", "U1:..", [&o](const std::string& v) { o.seqused_k = parse_lengths(v); },
+       "keys used by each sequence (<= its key length)");
+  app.add_flag("--lse", o.lse, "the forward pass also writes the log-sum-exp")->disable_flag_override()->group(kProblem);
+  app.add_flag("--deterministic", o.deterministic, "bitwise-reproducible backward")
+      ->disable_flag_override()
+      ->group(kProblem);
+}
+
+// What CLI11 cannot check option by option: combinations, and the defaults taken from other options.
+void finish(const CLI::App& app, const Raw& raw, Options& o) {
+  o.run_forward = raw.pass != "bwd";
+  o.run_backward = raw.pass != "fwd";
+  o.dtype = dtype_from(raw.dtype);
+  if (!o.varlen_q.empty()) {
+    for (const char* fixed : {"--batch", "--seqlen", "--seqlen-q", "--seqlen-k"})
+      if (app.count(fixed) > 0)
+        throw UsageError{std::string(fixed) + " cannot be combined with --varlen, which sets the batch and lengths"};
+    if (o.varlen_k.empty()) o.varlen_k = o.varlen_q;
+    if (o.varlen_k.size() != o.varlen_q.size())
+      throw UsageError{"--varlen-k must list as many sequences as --varlen"};
+  } else if (!o.varlen_k.empty()) {
+    throw UsageError{"--varlen-k needs --varlen (the query lengths)"};
+  }
+  if (!o.seqused_k.empty()) {
+    const size_t batch = o.varlen_q.empty() ? size_t(o.batch) : o.varlen_q.size();
+    if (o.seqused_k.size() != batch)
+      throw UsageError{"--seqused-k must list one count per sequence (" + std::to_string(batch) + ")"};
+  }
+  if (o.heads_kv == 0) o.heads_kv = o.heads_q;
+  if (o.head_dim_v == 0) o.head_dim_v = o.head_dim;
 }
 
 }  // namespace
@@ -84,153 +247,26 @@ const char* dtype_name(DType dtype) {
 }
 
 std::string usage() {
-  return R"(usage: fa4-bench [options]
-
-Runs attention forward and/or backward for one problem with fa4cpp, reports the median time and
-TFLOP/s, and checks a sample of the results against a double-precision reference.
-
-Backend and measurement:
-  --backend B        auto | cpu | sm90 (default auto: sm90 when built with CUDA and a GPU is
-                     present, else cpu)
-  --pass P           fwd | bwd | both (default fwd)
-  --warmup N         untimed runs before timing (default 5 on GPU, 1 on CPU)
-  --iters N          timed runs; the median is reported (default 50 on GPU, 3 on CPU)
-  --check N          query rows sampled and compared with the reference (default 32; 0 = off);
-                     backward is checked in full when the problem has <= 2^26 scores
-  --seed N           random seed of the inputs and the sample (default: a fresh one, printed)
-  --json FILE        also write the results as one JSON object to FILE
-
-Problem:
-  --dtype T          bf16 | fp16 | fp32 (default bf16; fp32 runs on the CPU backend only)
-  --batch N          batch size (default 2)
-  --seqlen N         query and key length (default 1024)
-  --seqlen-q N       query length
-  --seqlen-k N       key length
-  --heads N          query heads (default 16)
-  --heads-kv N       key/value heads, dividing --heads (default: --heads)
-  --head-dim N       head dim of q and k (default 128)
-  --head-dim-v N     head dim of v and the output (default: --head-dim)
-  --causal           causal mask, aligned bottom-right
-  --window L,R       sliding window of L keys left and R right of the diagonal (-1 = unbounded)
-  --softcap X        score = X * tanh(score / X) (default 0 = off)
-  --scale X          softmax scale (default 1/sqrt(head dim))
-  --varlen L1:L2:..  variable-length batch: query lengths of each sequence (sets batch and
-                     seqlens; a length may be 0)
-  --varlen-k L1:..   key lengths of each sequence (default: the --varlen lengths)
-  --seqused-k U1:..  keys used by each sequence (<= its key length)
-  --lse              the forward pass also writes the log-sum-exp
-  --deterministic    bitwise-reproducible backward
-
-Exit status: 0 success, 1 a check failed, 2 bad command line or the backend cannot run the
-problem, 3 a run failed (device or library error).
-Examples:
-  fa4-bench --seqlen 4096 --causal --pass both
-  fa4-bench --backend cpu --dtype fp16 --varlen 177:366:479 --varlen-k 257:0:766 --heads 8 --heads-kv 2
-)";
+  CLI::App app;
+  Options o;
+  Raw raw;
+  define_options(app, o, raw);
+  return app.help();
 }
 
 ParseResult parse_args(int argc, char** argv) {
   ParseResult result;
-  Options& o = result.options;
-  std::set<std::string> seen;
-  const int64_t max64 = std::numeric_limits<int64_t>::max();
-  const int64_t max32 = std::numeric_limits<int32_t>::max();
-
-  // Options that take a value, by name; flags are handled separately below.
-  const std::map<std::string, std::function<void(const std::string&)>> valued = {
-      {"--backend",
-       [&](const std::string& v) {
-         if (v != "auto" && v != "cpu" && v != "sm90")
-           throw UsageError{"--backend expects auto, cpu or sm90, got '" + v + "'"};
-         o.backend_name = v;
-       }},
-      {"--pass",
-       [&](const std::string& v) {
-         if (v == "fwd") o.run_forward = true, o.run_backward = false;
-         else if (v == "bwd") o.run_forward = false, o.run_backward = true;
-         else if (v == "both") o.run_forward = true, o.run_backward = true;
-         else throw UsageError{"--pass expects fwd, bwd or both, got '" + v + "'"};
-       }},
-      {"--batch", [&](const std::string& v) { o.batch = parse_int("--batch", v, 1, max32); }},
-      {"--seqlen",
-       [&](const std::string& v) { o.seqlen_q = o.seqlen_k = parse_int("--seqlen", v, 0, max32); }},
-      {"--seqlen-q", [&](const std::string& v) { o.seqlen_q = parse_int("--seqlen-q", v, 0, max32); }},
-      {"--seqlen-k", [&](const std::string& v) { o.seqlen_k = parse_int("--seqlen-k", v, 0, max32); }},
-      {"--heads", [&](const std::string& v) { o.heads_q = parse_int("--heads", v, 1, max32); }},
-      {"--heads-kv", [&](const std::string& v) { o.heads_kv = parse_int("--heads-kv", v, 1, max32); }},
-      {"--head-dim", [&](const std::string& v) { o.head_dim = parse_int("--head-dim", v, 1, max32); }},
-      {"--head-dim-v",
-       [&](const std::string& v) { o.head_dim_v = parse_int("--head-dim-v", v, 1, max32); }},
-      {"--dtype", [&](const std::string& v) { o.dtype = parse_dtype(v); }},
-      {"--window", [&](const std::string& v) { o.window = parse_window(v); }},
-      {"--softcap", [&](const std::string& v) { o.softcap = parse_float("--softcap", v); }},
-      {"--scale", [&](const std::string& v) { o.scale = parse_float("--scale", v); }},
-      {"--varlen", [&](const std::string& v) { o.varlen_q = parse_lengths("--varlen", v); }},
-      {"--varlen-k", [&](const std::string& v) { o.varlen_k = parse_lengths("--varlen-k", v); }},
-      {"--seqused-k", [&](const std::string& v) { o.seqused_k = parse_lengths("--seqused-k", v); }},
-      {"--warmup", [&](const std::string& v) { o.warmup = int(parse_int("--warmup", v, 0, max32)); }},
-      {"--iters", [&](const std::string& v) { o.iters = int(parse_int("--iters", v, 1, max32)); }},
-      {"--check", [&](const std::string& v) { o.check_rows = int(parse_int("--check", v, 0, max32)); }},
-      {"--json",
-       [&](const std::string& v) {
-         if (v.empty()) throw UsageError{"--json expects a file name"};
-         o.json_path = v;
-       }},
-      {"--seed",
-       [&](const std::string& v) {
-         o.seed = uint64_t(parse_int("--seed", v, 0, max64));
-         o.seed_given = true;
-       }},
-  };
-
+  CLI::App app;
+  Raw raw;
+  define_options(app, result.options, raw);
   try {
-    for (int i = 1; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "-h" || arg == "--help") {
-        result.kind = ParseResult::kHelp;
-        return result;
-      }
-      std::string value;
-      bool has_inline_value = false;
-      if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-        value = arg.substr(eq + 1);
-        arg = arg.substr(0, eq);
-        has_inline_value = true;
-      }
-      if (arg == "--causal" || arg == "--lse" || arg == "--deterministic") {
-        if (has_inline_value) throw UsageError{arg + " takes no value"};
-        if (arg == "--causal") o.causal = true;
-        if (arg == "--lse") o.lse = true;
-        if (arg == "--deterministic") o.deterministic = true;
-      } else if (const auto it = valued.find(arg); it != valued.end()) {
-        if (!has_inline_value) {
-          if (i + 1 >= argc) throw UsageError{arg + " expects a value"};
-          value = argv[++i];
-        }
-        it->second(value);
-      } else {
-        throw UsageError{"unknown option '" + arg + "'"};
-      }
-      seen.insert(arg);
-    }
-
-    if (!o.varlen_q.empty()) {
-      for (const char* fixed : {"--batch", "--seqlen", "--seqlen-q", "--seqlen-k"})
-        if (seen.count(fixed))
-          throw UsageError{std::string(fixed) + " cannot be combined with --varlen, which sets the batch and lengths"};
-      if (o.varlen_k.empty()) o.varlen_k = o.varlen_q;
-      if (o.varlen_k.size() != o.varlen_q.size())
-        throw UsageError{"--varlen-k must list as many sequences as --varlen"};
-    } else if (!o.varlen_k.empty()) {
-      throw UsageError{"--varlen-k needs --varlen (the query lengths)"};
-    }
-    if (!o.seqused_k.empty()) {
-      const size_t batch = o.varlen_q.empty() ? size_t(o.batch) : o.varlen_q.size();
-      if (o.seqused_k.size() != batch)
-        throw UsageError{"--seqused-k must list one count per sequence (" + std::to_string(batch) + ")"};
-    }
-    if (o.heads_kv == 0) o.heads_kv = o.heads_q;
-    if (o.head_dim_v == 0) o.head_dim_v = o.head_dim;
+    app.parse(argc, argv);
+    finish(app, raw, result.options);
+  } catch (const CLI::CallForHelp&) {
+    result.kind = ParseResult::kHelp;
+  } catch (const CLI::ParseError& e) {
+    result.kind = ParseResult::kError;
+    result.error = e.what();
   } catch (const UsageError& e) {
     result.kind = ParseResult::kError;
     result.error = e.message;

@@ -11,8 +11,8 @@ namespace fa4::bench {
 
 struct Options {
   std::string backend_name = "auto";  // auto | cpu | sm90, as typed (resolved later)
-  bool run_forward = true;
-  bool run_backward = false;
+  bool run_forward = true;  // --pass both (the default): forward and backward
+  bool run_backward = true;
 
   int64_t batch = 2;
   int64_t seqlen_q = 1024;
@@ -40,7 +40,7 @@ struct Options {
   bool seed_given = false;
 };
 
-// Outcome of parsing: run with `options`, or stop (help printed, or a usage error with `error`).
+// Outcome of parsing: run with `options`, or stop (help asked for, or a usage error with `error`).
 struct ParseResult {
   enum Kind { kRun, kHelp, kError } kind = kRun;
   Options options;

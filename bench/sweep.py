@@ -16,10 +16,11 @@ FlashAttention-3 (the `flash_attn_interface` module its hopper/ build installs) 
 (`flash_attn.cute`) are timed beside them when importable, each its own column; the header names
 the ones that were not.
 
---power also records, for every timed column, the median SM clock and board power that
-nvidia-smi sampled during its timings (bench/power_log.py) and the energy per call, power × time,
-in a second table: under the board's power cap the clock, and with it the time, follows the
-energy a kernel spends (bench/NOTES.md, eighteenth session).
+--power also records, for every timed column, the median SM clock and board power that NVML
+sampled during its timings (bench/power_log.py) and the energy per call (from the GPU's energy
+counter where it has one, else power × time) in a second table: under the board's power cap the
+clock, and with it the time, follows the energy a kernel spends (bench/NOTES.md, "the forward
+without a mask is power-capped").
 
 --inputs spiky draws the inputs of the tests' spiky cases (a few query and key rows scaled up: large
 logits, late maxima). Builds configured with -DFA4_SM90_RESCALE_STATS=ON also report their O
@@ -34,7 +35,6 @@ import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -186,12 +186,16 @@ def median_ms(fn, windows=None):
     return ms
 
 
+def nvml_uuid():
+    """NVML's UUID of the GPU torch computes on: CUDA_VISIBLE_DEVICES renumbers the GPUs, NVML does
+    not, and the UUID names the same GPU in both."""
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    return uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+
+
 def gpu_facts():
-    q = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu"
     try:
-        line = subprocess.run(["nvidia-smi", "--query-gpu=" + q, "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
-        return dict(zip(q.split(","), [x.strip() for x in line.split(",")]))
+        return power_log.gpu_facts(nvml_uuid())
     except Exception as e:  # the table is still worth having without the clocks
         return {"error": str(e)}
 
@@ -469,7 +473,7 @@ def main():
                          "the default mode, give the same library twice: copy the file)")
     ap.add_argument("--power", action="store_true",
                     help="also record the SM clock, board power and energy per call of every "
-                         "fa4cpp build and cuDNN (nvidia-smi, sampled every %d ms)"
+                         "fa4cpp build and cuDNN (NVML, sampled every %d ms)"
                          % power_log.INTERVAL_MS)
     add_lib_env_arg(ap)
     args = ap.parse_args()
@@ -502,7 +506,7 @@ def main():
                              "" if args.pass_ == "fwd" else
                              ", x%g (%s)" % (PASSES[args.pass_][1], PASSES[args.pass_][0]))})
     global POWER
-    POWER = power_log.PowerLog() if args.power else None
+    POWER = power_log.PowerLog(uuid=nvml_uuid()) if args.power else None
     try:
         for b, s, hq, hkv, d in shapes(hdims, seqlens, gqa_seqlens):
             q, k, v = make_inputs(args.inputs, b, s, hq, hkv, d, dtype)
@@ -522,7 +526,7 @@ def main():
                 run.add(row)
             del q, k, v, out, lse
     finally:
-        # nvidia-smi -lms samples until stopped: a failing row must not leave it running.
+        # The sampling thread runs until stopped: a failing row must not leave it running.
         if POWER is not None:
             POWER.close()
 
@@ -720,13 +724,18 @@ def rescale_markdown(r, names):
 
 def power_markdown(r, names):
     """--power's table: per row and timed column the median SM clock and board power sampled
-    during its timings, the energy per call (power × median time) and each build's energy / cuDNN's."""
+    during its timings, the energy per call (power_log.combine) and each build's energy /
+    cuDNN's."""
     if not any("cudnn_power" in x or any("power" in e for e in x["libs"].values())
                for x in r["rows"]):
         return []
     cols = names + ["cuDNN"]
-    lines = ["", "## SM clock, board power, energy per call (nvidia-smi every %d ms during each "
-             "timing; medians over the rounds)" % power_log.INTERVAL_MS, "",
+    sources = {p.get("energy_source", "power") for x in r["rows"]
+               for p in [x.get("cudnn_power")] + [e.get("power") for e in x["libs"].values()] if p}
+    energy = {"counter": "the energy counter's average power", "power": "median power"}
+    lines = ["", "## SM clock, board power, energy per call (NVML every %d ms during each timing; "
+             "medians over the rounds; mJ = %s × median time)"
+             % (power_log.INTERVAL_MS, " or ".join(energy.get(s, s) for s in sorted(sources))), "",
              "| d | seqlen | b | hq/hkv | causal | %s | %s |" % (
                  " | ".join(c + " MHz / W / mJ" for c in cols),
                  " | ".join(n + "/cuDNN energy" for n in names)),

@@ -79,7 +79,7 @@ smoke_ok() {
   # Many tiles per CTA (persistent schedule): a hang in the tile loop shows here, in seconds.
   if [ -x "$bin/fa4-bench" ]; then
     timeout 60 "$bin/fa4-bench" --backend sm90 --batch 4 --seqlen 4096 --heads 16 --head-dim 128 \
-      --warmup 1 --iters 3 --check 64 >"$out/smoke_persistent.log" 2>&1
+      --pass fwd --warmup 1 --iters 3 --check 64 >"$out/smoke_persistent.log" 2>&1
     rc=$?
     note smoke "persistent 4x4096x16 d128: rc $rc"
     [ $rc -eq 0 ] || { tail -n 20 "$out/smoke_persistent.log"; return 1; }
@@ -241,7 +241,7 @@ run_sanitize() {
     for tool in memcheck racecheck; do
       FA4_SM90_SCHEDULE=persistent timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
         "$bin/fa4-bench" --backend sm90 --batch 1 --seqlen 300 --heads 140 --head-dim 128 \
-        --warmup 0 --iters 1 --check 8 >"$out/sanitize_persistent_$tool.log" 2>&1
+        --pass fwd --warmup 0 --iters 1 --check 8 >"$out/sanitize_persistent_$tool.log" 2>&1
       rc=$?
       note "$tool" "persistent: rc $rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_persistent_$tool.log" | tail -n 1)"
     done

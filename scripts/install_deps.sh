@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Installs the project's pinned third-party files into third_party/ (git-ignored).
 #   CUTLASS/CuTe C++ headers: from the PyPI wheel nvidia-cutlass (pinned, sha256 checked).
-# GoogleTest and Google Benchmark come from the system (Debian: libgtest-dev, libbenchmark-dev);
-# this script installs them with apt-get when they are missing and it runs as root.
+# GoogleTest (the tests), CLI11 and nlohmann/json (fa4-bench's command line and --json record) come
+# from the system (Debian: libgtest-dev, libcli11-dev, nlohmann-json3-dev); this script installs
+# them with apt-get when they are missing and it runs as root.
 # FA4_PYTHON_DEPS=1 (opt in): also the Python package's test environment, a venv in .venv/
-# (git-ignored) with the pinned torch, pytest and scikit-build-core; scripts/test.sh runs
-# tests/python with it when it exists. torch comes from PyPI with its CUDA libraries: about 5 GB
-# and two minutes on a fresh machine.
+# (git-ignored) with the pinned torch, pytest, scikit-build-core and nvidia-ml-py; scripts/test.sh
+# runs tests/python with it when it exists. torch comes from PyPI with its CUDA libraries: about
+# 5 GB and two minutes on a fresh machine.
 set -euo pipefail
 
 CUTLASS_VERSION=4.2.0.0
 CUTLASS_WHEEL=nvidia_cutlass-${CUTLASS_VERSION}-py3-none-any.whl
 CUTLASS_SHA256=f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
-PYTHON_TEST_DEPS=(torch==2.11.0 pytest==8.4.2 scikit-build-core==1.1.2)
+# nvidia-ml-py: NVML for bench/power_log.py (the 580 driver branch's release, as on the H200s).
+PYTHON_TEST_DEPS=(torch==2.11.0 pytest==8.4.2 scikit-build-core==1.1.2 nvidia-ml-py==13.580.82)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 third=$root/third_party
@@ -46,7 +48,8 @@ ln -sfn "cutlass-$CUTLASS_VERSION" "$third/cutlass"
 
 need=()
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
-[ -f /usr/include/benchmark/benchmark.h ] || need+=(libbenchmark-dev)
+[ -f /usr/include/CLI/CLI.hpp ] || need+=(libcli11-dev)
+[ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
