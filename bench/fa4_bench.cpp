@@ -17,6 +17,7 @@
 #include "check.hpp"
 #include "common/numeric.hpp"
 #include "fa4/attention.hpp"
+#include "fa4/overrides.hpp"
 #include "gpu_info.hpp"
 #include "options.hpp"
 #include "problem.hpp"
@@ -50,10 +51,9 @@ Backend choose_backend(const std::string& name) {
   return cuda_device_present() ? Backend::kSm90 : Backend::kCpu;
 }
 
-int cpu_threads() {
-  // The CPU backend's rule (src/cpu/parallel.cpp): FA4_CPU_THREADS, else every hardware thread.
-  if (const char* env = std::getenv("FA4_CPU_THREADS"); env != nullptr && std::atoi(env) > 0)
-    return std::atoi(env);
+// The CPU backend's rule (src/cpu/parallel.cpp): the overrides' count, else every hardware thread.
+int cpu_threads(const Overrides& overrides) {
+  if (overrides.cpu_threads > 0) return overrides.cpu_threads;
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
@@ -167,6 +167,9 @@ class Bench {
   explicit Bench(const Options& options) : o_(options) {}
 
   int run() {
+    // The launch-plan overrides the FA4_SM90_* and FA4_CPU_THREADS variables name (a tool's
+    // way to force a plan's choice; docs/developing.md), passed to every call.
+    if (Status s = overrides_from_env(&overrides_); !s.ok()) throw Failure{kExitUsage, s.message};
     if (std::string err = make_problem(o_, arrays_, &problem_); !err.empty())
       throw Failure{kExitUsage, err};
     backend_ = choose_backend(o_.backend_name);
@@ -188,7 +191,7 @@ class Bench {
       throw Failure{kExitUsage, "--json: cannot write to '" + o_.json_path + "'"};
 
     info_.backend = backend_name(backend_);
-    info_.cpu_threads = cpu_threads();
+    info_.cpu_threads = cpu_threads(overrides_);
     if (memory_ == Memory::kDevice) info_.gpu = current_gpu();
     info_.seed = o_.seed_given ? o_.seed : fresh_seed();
     info_.warmup = o_.warmup >= 0 ? o_.warmup : (memory_ == Memory::kDevice ? kGpuWarmup : kCpuWarmup);
@@ -264,7 +267,7 @@ class Bench {
 
   Buffer workspace_for(const Problem& p, Pass pass) const {
     size_t bytes = 0;
-    run_ok(workspace_size(p, backend_, pass, &bytes), "workspace_size");
+    run_ok(workspace_size(p, backend_, pass, overrides_, &bytes), "workspace_size");
     return Buffer(memory_, bytes);
   }
 
@@ -286,7 +289,7 @@ class Bench {
     out_.backend.poison();
     lse_.buffer.poison();
     PassReport r = timed("fwd", forward_flops(problem_), [&] {
-      return forward(fwd, t, Workspace{ws.data(), ws.bytes()}, nullptr, backend_);
+      return forward(fwd, t, Workspace{ws.data(), ws.bytes()}, nullptr, backend_, overrides_);
     });
     if (o_.check_rows > 0) {
       const std::vector<std::byte> out = out_.backend.download();
@@ -306,7 +309,8 @@ class Bench {
     fwd.return_lse = true;
     {
       Buffer ws = workspace_for(fwd, Pass::kForward);
-      run_ok(forward(fwd, forward_tensors(), Workspace{ws.data(), ws.bytes()}, nullptr, backend_),
+      run_ok(forward(fwd, forward_tensors(), Workspace{ws.data(), ws.bytes()}, nullptr, backend_,
+                     overrides_),
              "the forward pass computing the backward pass's inputs");
     }
     dout_ = random_input(p, memory_, true, p.heads_q, p.head_dim_v, info_.seed, kStreamDout);
@@ -330,7 +334,7 @@ class Bench {
     t.dv = view_of(p, dv, dv.backend_data());
     Buffer ws = workspace_for(bwd, Pass::kBackward);
     PassReport r = timed("bwd", backward_flops(p), [&] {
-      return backward(bwd, t, Workspace{ws.data(), ws.bytes()}, nullptr, backend_);
+      return backward(bwd, t, Workspace{ws.data(), ws.bytes()}, nullptr, backend_, overrides_);
     });
     if (o_.check_rows > 0)
       r.check = check_backward(p, host_inputs(), dq.backend.download(), dk.backend.download(),
@@ -345,6 +349,7 @@ class Bench {
   Problem problem_;      // sequence arrays in host memory: for the reference and the reports
   Problem run_problem_;  // the same, with the arrays in the backend's memory
   Backend backend_ = Backend::kCpu;
+  Overrides overrides_;
   Memory memory_ = Memory::kHost;
   RunInfo info_;
   Tensor q_, k_, v_, out_, dout_;
