@@ -17,8 +17,9 @@
 namespace fa4::bench {
 namespace {
 
-// DESIGN.md §4 (flash_attn's tests): the kernel may be at most rtol times as far from the exact
-// reference as the low-precision reference is, plus a small absolute slack.
+// The accuracy rule (docs/testing.md, after flash_attn's tests): the kernel may be at most rtol
+// times as far from the exact reference as the low-precision reference is, plus a small absolute
+// slack.
 constexpr double kRtol = 2.0;
 constexpr double kRtolSoftcap = 3.0;  // tanh adds its own rounding on top
 constexpr double kForwardAtol = 1e-5;

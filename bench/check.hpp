@@ -1,5 +1,5 @@
 // fa4-bench's correctness check against the double-precision reference (tests/common/reference.hpp),
-// by FlashAttention's rule (DESIGN.md §4): pass iff max|X − ref| ≤ rtol·max|lp − ref| + atol,
+// by the accuracy rule of docs/testing.md: pass iff max|X − ref| ≤ rtol·max|lp − ref| + atol,
 // where lp is the reference computed the kernel's way in low precision; NaN never passes.
 #pragma once
 

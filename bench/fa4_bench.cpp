@@ -30,7 +30,7 @@ namespace {
 enum ExitCode { kExitOk = 0, kExitCheckFailed = 1, kExitUsage = 2, kExitRunFailed = 3 };
 
 constexpr int kGpuWarmup = 5;
-constexpr int kGpuIters = 50;  // DESIGN.md §5: median of ≥ 50 runs
+constexpr int kGpuIters = 50;  // the median of at least 50 runs (docs/benchmarks.md)
 constexpr int kCpuWarmup = 1;
 constexpr int kCpuIters = 3;   // the default problem takes seconds per run on a few cores
 

@@ -2,7 +2,7 @@
 steps and chunked prefill, where pack-GQA matters (docs/sm90_forward.md). One or more builds of
 fa4cpp beside cuDNN (torch SDPA, CUDNN_ATTENTION) and torch's FlashAttention-2 on the same tensors,
 no mask, timed like bench/sweep.py (whose pieces this reuses). Reports TFLOP/s (4·b·hq·sq·sk·d)
-and, as DESIGN.md §5 asks for decode, GB/s of K and V read. Writes <out>/<name>.json and .md.
+and, for decode, GB/s of K and V read (docs/benchmarks.md). Writes <out>/<name>.json and .md.
 
   python3 bench/gqa_short.py --lib base=/tmp/base/libfa4.so --lib new=build/libfa4.so \\
       --rounds 2 --sha $(git rev-parse --short HEAD) --out DIR
@@ -12,8 +12,8 @@ import torch
 
 import sweep
 
-# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim). Decode at b·s_kv = 256k (DESIGN.md
-# §5; few sequences: split-KV), then a few query rows (speculative decoding) and chunks of a
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim). Decode at b·s_kv = 256k
+# (docs/benchmarks.md; few sequences: split-KV), then a few query rows (speculative decoding) and chunks of a
 # prefill.
 SHAPES = (
     (64, 1, 4096, 32, 8, 128),

@@ -3,8 +3,8 @@
 A background thread reads both from NVML (nvidia-ml-py's pynvml module) every INTERVAL_MS, with the
 time of each reading, and each timing keeps the samples taken inside its own window. Under the
 board's power cap the SM clock is what differs between two kernels doing the same work, so the
-energy per call tells which kernel the cap favours (bench/NOTES.md, "the forward without a mask is
-power-capped").
+energy per call tells which kernel the cap favours (the forward without a mask runs power-capped
+on the H200).
 
 Power is the instantaneous reading (NVML_FI_DEV_POWER_INSTANT) where the driver has it:
 nvmlDeviceGetPowerUsage, the fallback, is a one-second average on Ampere and newer, longer than a

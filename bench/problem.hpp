@@ -37,8 +37,8 @@ int64_t visible_pairs(const Problem& problem);
 // Score elements the full (unmasked) score matrices hold: Σ_b heads_q · sq_b · sk_b.
 int64_t score_elements(const Problem& problem);
 
-// FLOPs of the two forward GEMMs over the visible pairs (DESIGN.md §5: 4·b·h·sq·sk·d without a
-// mask, halved by a causal mask with sq = sk); backward counts 2.5 × forward.
+// FLOPs of the two forward GEMMs over the visible pairs (docs/benchmarks.md: 4·b·h·sq·sk·d
+// without a mask, halved by a causal mask with sq = sk); backward counts 2.5 × forward.
 double forward_flops(const Problem& problem);
 double backward_flops(const Problem& problem);
 

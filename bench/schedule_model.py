@@ -3,7 +3,7 @@
 
 Each query tile costs the key tiles it visits plus a fixed share (--overhead, in key tiles) and
 the short query tile comes first (src/sm90/fwd/tile_rows.hpp). For each causal row of the benchmark
-(DESIGN.md §5: 16k tokens, hidden 2048, and GQA 64/8 at d128) it prints the busiest CTA's load
+(docs/benchmarks.md: 16k tokens, hidden 2048, and GQA 64/8 at d128) it prints the busiest CTA's load
 over the mean for:
   zigzag   persistent CTAs walking the static zig-zag (src/sm90/fwd/tile_scheduler.cuh);
   greedy   each tile to whichever CTA is free first, tiles numbered head by head: one CTA per
@@ -12,7 +12,7 @@ over the mean for:
            (src/sm90/common/grouped_order.hpp), the group as GroupedOrder::dividing_group_for picks it;
   zz-group the zig-zag on the best of the largest four such groups that fit
            (src/sm90/host/causal_schedule.hpp tries these where the plain zig-zag does not balance).
-bench/NOTES.md (sixteenth session) compares these with measurements. No GPU, no dependencies.
+bench/NOTES.md compares these with measurements. No GPU, no dependencies.
 """
 import argparse
 import heapq

@@ -1,4 +1,4 @@
-"""The side-by-side forward benchmark of DESIGN.md §5, in one process: one or more builds of fa4cpp
+"""The side-by-side benchmark of docs/benchmarks.md, in one process: one or more builds of fa4cpp
 (sm90, through the C ABI), cuDNN (torch SDPA, CUDNN_ATTENTION) and torch's FlashAttention-2 (SDPA
 FLASH_ATTENTION) on the same tensors, each timed with triton.testing.do_bench (median). Writes
 <out>/<name>.json and <out>/<name>.md; prints the markdown table last.
@@ -19,8 +19,7 @@ the ones that were not.
 --power also records, for every timed column, the median SM clock and board power that NVML
 sampled during its timings (bench/power_log.py) and the energy per call (from the GPU's energy
 counter where it has one, else power × time) in a second table: under the board's power cap the
-clock, and with it the time, follows the energy a kernel spends (bench/NOTES.md, "the forward
-without a mask is power-capped").
+clock, and with it the time, follows the energy a kernel spends.
 
 --inputs spiky draws the inputs of the tests' spiky cases (a few query and key rows scaled up: large
 logits, late maxima). Builds configured with -DFA4_SM90_RESCALE_STATS=ON also report their O
@@ -56,7 +55,7 @@ POWER = None
 TOKENS = 16384
 HIDDEN = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-# DESIGN.md §5's GQA rows; --gqa-seqlens measures other lengths too.
+# The GQA rows' lengths by default; --gqa-seqlens measures others.
 GQA_SEQLENS = (2048, 16384)
 DEFAULT_LIB_NAME = "fa4cpp"
 # tests/common/test_util.cpp's spiky inputs: (fraction of (batch, seq, head) rows, gain).
@@ -498,7 +497,7 @@ def main():
     causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     torch.manual_seed(0)
     others, others_missing = find_others()
-    run = ResultFile(args.out, args.name, markdown, PASSES[args.pass_][0] + " sweep, DESIGN.md §5",
+    run = ResultFile(args.out, args.name, markdown, PASSES[args.pass_][0] + " sweep, docs/benchmarks.md",
                      args.sha, builds, args.rounds, extra={
                          "pass": args.pass_, "others": sorted(others),
                          "others_missing": others_missing, "inputs": args.inputs,

@@ -37,9 +37,17 @@ run_build() {
       note build "GoogleTest from $FA4_GTEST_SRC failed to build (build_gtest.log)"
     fi
   fi
+  # fa4-bench's header-only dependencies (CLI11, nlohmann/json): the device has no package
+  # manager, so their Debian packages travel in .devdeb/ (`apt-get download libcli11-dev
+  # nlohmann-json3-dev`) and are unpacked beside the build.
+  local prefix_args=() deb
+  for deb in "$root"/.devdeb/*.deb; do
+    [ -f "$deb" ] || continue
+    dpkg -x "$deb" /tmp/fa4_deps && prefix_args=(-DCMAKE_PREFIX_PATH=/tmp/fa4_deps/usr)
+  done
   cmake -S "$root" -B "$dir" -G Ninja -DFA4_SM90_PTXAS_VERBOSE=ON \
     ${FA4_KERNELS:+"-DFA4_SM90_KERNELS=$FA4_KERNELS"} ${FA4_CUTLASS_DIR:+"-DFA4_CUTLASS_DIR=$FA4_CUTLASS_DIR"} \
-    "${gtest_args[@]}" >"$out/build.log" 2>&1 &&
+    "${gtest_args[@]}" "${prefix_args[@]}" >"$out/build.log" 2>&1 &&
     cmake --build "$dir" -j "$(nproc)" --target fa4_shared fa4_gpu_tests fa4-bench >>"$out/build.log" 2>&1
   local rc=$?
   note build "rc $rc in $((SECONDS - t0)) s; ptxas spills: $(grep -c ' [1-9][0-9]* bytes spill' "$out/build.log")"

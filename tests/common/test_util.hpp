@@ -1,6 +1,6 @@
 // Test utilities: host tensors in every layout the API accepts, random inputs whose seed is
 // reported, the test problems ("cases") the numerical suites run, and the checks they apply —
-// DESIGN.md §4's rule, and the tighter fp32-accumulation bounds the CPU backend must meet.
+// docs/testing.md's rule, and the tighter fp32-accumulation bounds the CPU backend must meet.
 #pragma once
 
 #include <cstddef>
@@ -216,7 +216,7 @@ struct CheckResult {
   double max_error = 0.0;
 };
 
-// DESIGN.md §4: pass iff max|X − ref| ≤ multiplier·max|lp − ref| + atol over the elements whose
+// docs/testing.md: pass iff max|X − ref| ≤ multiplier·max|lp − ref| + atol over the elements whose
 // reference is computed (not NaN). NaN in X never passes; an infinite reference (LSE of a row that
 // sees no key) must be matched exactly.
 CheckResult check_flash_rule(const std::string& what, const DenseShape& shape,

@@ -1,7 +1,7 @@
 // The forward's schedule under a causal diagonal (src/sm90/host/causal_schedule.hpp): the zig-zag's
 // walk covers every tile once, the model's loads, and its choices on the benchmark's causal rows
-// (DESIGN.md §5: 16k tokens, hidden 2048; 132 SMs, 50 MB of L2), where the launcher had only the
-// plain zig-zag's balance to go by.
+// (docs/benchmarks.md: 16k tokens, hidden 2048; 132 SMs, 50 MB of L2), where the plain zig-zag's
+// balance alone would choose differently.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -113,8 +113,8 @@ TEST(Sm90CausalSchedule, ShortRowsRunPersistentInGroups) {
 
 TEST(Sm90CausalSchedule, D96At4kRunsPersistentInGroups) {
   // 84 pairs of 32 query tiles: head by head the zig-zag's busiest CTA is 12 % over the mean, in
-  // groups of 6 it is 5 % over; measured 2.8 % faster than one CTA per tile (bench/NOTES.md,
-  // twenty-seventh session), which the model with 1.3 key tiles per tile of its own had chosen.
+  // groups of 6 it is 5 % over; measured 2.8 % faster than one CTA per tile, which a model with
+  // 1.3 key tiles per tile of its own would choose.
   const CausalSchedule::Shape s = row(96, 4096);
   const CausalSchedule chosen = CausalSchedule::choose(s);
   EXPECT_TRUE(chosen.persistent);

@@ -17,8 +17,8 @@
 namespace fa4::test {
 namespace {
 
-// The forward matrix's shapes: the (seqlen_q, seqlen_k) pairs DESIGN.md §4 names (the 4224 one is
-// CpuForwardLong), sq > sk with seqused_k, and varlen batches with odd and zero lengths.
+// The forward matrix's shapes: the (seqlen_q, seqlen_k) pairs docs/testing.md names (the 4224 one
+// is CpuForwardLong), sq > sk with seqused_k, and varlen batches with odd and zero lengths.
 const std::vector<CaseShape>& forward_shapes() {
   static const std::vector<CaseShape> shapes = {
       {"q1_k1", 2, 1, 1, {}, {}, {}},

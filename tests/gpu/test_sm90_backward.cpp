@@ -1,4 +1,4 @@
-// The sm90 backward kernel against the double reference's gradients (DESIGN.md §4's rule, as
+// The sm90 backward kernel against the double reference's gradients (docs/testing.md's rule, as
 // tests/cpu/test_backward.cpp applies it), on the out / LSE the sm90 forward produced, as a user
 // would run the two: fixed-length (sq, sk) pairs from 1 to 512 both ways with no mask, causal, a
 // sliding window and softcap, GQA 1 / 4 (MQA once); varlen batches with empty sequences on either
@@ -20,6 +20,7 @@
 #include <iostream>
 #include <memory>
 #include <random>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -451,8 +452,7 @@ struct BackwardRun {
       };
       cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
       if (err != cudaSuccess) return failed("cudaStreamBeginCapture", err);
-      *status =
-          backward(fwd->problem, tensors, ws, stream, Backend::kSm90, test_overrides());
+      *status = backward(fwd->problem, tensors, ws, stream, Backend::kSm90, fwd->overrides);
       // A synchronous CUDA call inside backward() invalidates the capture: it shows here.
       err = cudaStreamEndCapture(stream, &g);
       if (err != cudaSuccess) return failed("cudaStreamEndCapture (after backward)", err);
@@ -466,8 +466,7 @@ struct BackwardRun {
       cudaGraphDestroy(g);
       if (err != cudaSuccess) return failed("cudaGraphLaunch", err);
     } else {
-      *status =
-          backward(fwd->problem, tensors, ws, stream, Backend::kSm90, test_overrides());
+      *status = backward(fwd->problem, tensors, ws, stream, Backend::kSm90, fwd->overrides);
     }
     const cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess) return std::string("kernel: ") + cudaGetErrorString(err);
@@ -526,7 +525,7 @@ void prepare_backward(BackwardRun& run, cudaStream_t stream) {
   if (::testing::Test::HasFatalFailure()) return;
   size_t bytes = 0;
   const Status sized = workspace_size(run.fwd->problem, Backend::kSm90, Pass::kBackward,
-                                      test_overrides(), &bytes);
+                                      run.fwd->overrides, &bytes);
   ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
   ASSERT_CUDA(run.workspace.allocate(bytes));
 }
@@ -536,11 +535,13 @@ const char* const kRunNames[kRuns] = {"run 1 of 3 (workspace poisoned)",
                                       "run 2 of 3 (workspace as run 1 left it)",
                                       "run 3 of 3 (replayed from a CUDA graph)"};
 
-void check_backward(const Case& c) {
+// The forward and the backward of `c` run under `overrides`.
+void check_backward(const Case& c, const Overrides& overrides = test_overrides()) {
   FA4_SKIP_WITHOUT_HOPPER();
   SCOPED_TRACE(seed_note());
   SCOPED_TRACE(describe(c));
   BackwardRun run(c);
+  run.fwd->overrides = overrides;
   const Problem& p = run.setup->problem;  // host arrays, for the reference and row flags
   const Problem& device_problem = run.fwd->problem;
   const Status can = can_implement(device_problem, Backend::kSm90, Pass::kBackward);
@@ -618,6 +619,51 @@ INSTANTIATE_TEST_SUITE_P(Matrix, Sm90Backward, ::testing::ValuesIn(backward_case
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 // A build without backward kernels has no matrix; the tests below still check the refusals.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Sm90Backward);
+
+// Each backward plan choice forced through Overrides on a few cases (scripts/gpu_check.sh reruns
+// the d256 matrix under the first two through the FA4_SM90_* variables).
+struct BwdPlanPath {
+  const char* name;
+  Overrides overrides;
+};
+// GoogleTest prints a parameter by its name, not its bytes.
+void PrintTo(const BwdPlanPath& path, std::ostream* os) { *os << path.name; }
+
+std::vector<BwdPlanPath> bwd_plan_paths() {
+  std::vector<BwdPlanPath> paths(4);
+  paths[0].name = "single_key_tiles";
+  paths[0].overrides.bwd_pairs = Choice::kOff;
+  paths[1].name = "plain_walk";
+  paths[1].overrides.bwd_rotate = Choice::kOff;
+  paths[2].name = "groups_of_3";
+  paths[2].overrides.bwd_group = 3;
+  paths[3].name = "groups_of_1";
+  paths[3].overrides.bwd_group = 1;
+  return paths;
+}
+
+class Sm90BackwardPlanPath : public ::testing::TestWithParam<BwdPlanPath> {};
+
+// Cases with and without a band, GQA, every head dim built: the pairs and the rotated walk at
+// d256, the groups under a causal mask everywhere.
+TEST_P(Sm90BackwardPlanPath, MatchesReferenceGradients) {
+  int checked = 0;
+  for (const Case& c : backward_cases()) {
+    if (c.name.find("_q300_k600_gqa4") == std::string::npos &&
+        c.name.find("_q113_k203_gqa4_causal") == std::string::npos)
+      continue;
+    SCOPED_TRACE(c.name);
+    check_backward(c, GetParam().overrides);
+    if (HasFatalFailure() || IsSkipped()) return;
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no picked case has a built backward kernel";
+}
+
+INSTANTIATE_TEST_SUITE_P(Overrides, Sm90BackwardPlanPath, ::testing::ValuesIn(bwd_plan_paths()),
+                         [](const ::testing::TestParamInfo<BwdPlanPath>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // Deterministic mode: 200 runs bitwise equal (the matrix above checks its values against the
 // reference). The default mode is measured beside it: how far its runs differ is printed.

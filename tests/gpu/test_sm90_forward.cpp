@@ -1,5 +1,5 @@
-// The sm90 forward kernel against the double reference (DESIGN.md §4's rule), on device copies of
-// the test utilities' inputs: the (sq, sk) pairs of §4, causal or not, GQA 1/4/8, sliding windows,
+// The sm90 forward kernel against the double reference (docs/testing.md's rule), on device copies
+// of the test utilities' inputs: the (sq, sk) pairs of that rule, causal or not, GQA 1/4/8, sliding windows,
 // softcap, contiguous / head-major / packed-qkv inputs, normal and spiky values; varlen batches
 // (empty, single-token and tile-edge sequences, lens_q ≠ lens_k both ways, decode-like) and
 // seqused_k, fixed-length and varlen, with every input row no query may read set to NaN; outputs
@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,7 @@ constexpr Heads kGqa[] = {{4, 4}, {8, 2}, {8, 1}};  // ratios 1, 4, 8
 // Packed qkv slices one token row into q, k and v heads of one width: only for dim_qk == dim_v.
 bool packable(const Kernel& k) { return k.dim_qk == k.dim_v; }
 
-// ---- Fixed-length shapes: DESIGN.md §4's (sq, sk) pairs and a few more.
+// ---- Fixed-length shapes: docs/testing.md's (sq, sk) pairs and a few more.
 
 // The forward matrix in full: the d128 bf16 kernel, and d64 bf16 while its three-warpgroup
 // structure is new (192-row query tiles).
@@ -396,7 +397,8 @@ std::vector<Case> forward_cases() {
   return cases;
 }
 
-void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}) {
+void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {},
+                   const Overrides& overrides = test_overrides()) {
   FA4_SKIP_WITHOUT_HOPPER();
   SCOPED_TRACE(seed_note());
   SCOPED_TRACE(describe(c));
@@ -405,6 +407,7 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   poison_unused_rows(*setup);
   const Problem& p = setup->problem;
   DeviceRun run(*setup);
+  run.overrides = overrides;
   const Status can = can_implement(run.problem, Backend::kSm90, Pass::kForward);
   ASSERT_TRUE(can.ok()) << to_string(can.code) << ": " << can.message;
   ASSERT_CUDA(run.upload());
@@ -457,6 +460,84 @@ TEST_P(Sm90Forward, MatchesReference) { check_forward(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Sm90Forward, ::testing::ValuesIn(forward_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Each launch-plan path forced through Overrides on a few cases of every mask and layout, so that
+// the default test run covers them (scripts/gpu_check.sh reruns the whole matrix under each, through
+// the FA4_SM90_* variables).
+struct PlanPath {
+  const char* name;
+  Overrides overrides;
+};
+// GoogleTest prints a parameter by its name, not its bytes.
+void PrintTo(const PlanPath& path, std::ostream* os) { *os << path.name; }
+
+std::vector<PlanPath> plan_paths() {
+  auto with = [](auto set) {
+    Overrides o;
+    set(o);
+    return o;
+  };
+  return {
+      {"persistent_3ctas", with([](Overrides& o) {
+         o.persistent = Choice::kOn;
+         o.persistent_ctas = 3;
+       })},
+      {"persistent_3ctas_zigzag2", with([](Overrides& o) {
+         o.persistent = Choice::kOn;
+         o.persistent_ctas = 3;
+         o.zigzag_group = 2;
+       })},
+      {"per_tile", with([](Overrides& o) { o.persistent = Choice::kOff; })},
+      {"packed", with([](Overrides& o) { o.pack_gqa = Choice::kOn; })},
+      {"unpacked", with([](Overrides& o) { o.pack_gqa = Choice::kOff; })},
+      {"ordered", with([](Overrides& o) { o.longest_first = Choice::kOn; })},
+      {"split3", with([](Overrides& o) { o.splits = 3; })},
+      {"chunked", with([](Overrides& o) { o.chunked_kv = Choice::kOn; })},
+      {"everything", with([](Overrides& o) {
+         o.persistent = Choice::kOn;
+         o.persistent_ctas = 2;
+         o.pack_gqa = Choice::kOn;
+         o.longest_first = Choice::kOn;
+         o.splits = 3;
+         o.chunked_kv = Choice::kOn;
+       })},
+  };
+}
+
+// Of the matrix's cases, those whose names end in one of these: causal and windowed GQA tiles,
+// varlen batches with empty sequences and seqused_k, decode, and the d256 ones (the chunked kernel).
+bool plan_path_case(const Case& c) {
+  static const char* const kPicked[] = {"_q113_k203_causal_gqa4", "_varlen_decode_q1_gqa7_spiky",
+                                        "_varlen_chunks_causal_gqa7_headmajor",
+                                        "_q3_k700_windowL40R0_softcap20_gqa7",
+                                        "_q300_k333_causal_gqa7", "_varlen_used_gqa8"};
+  for (const char* end : kPicked) {
+    const std::string e(end);
+    if (c.name.size() >= e.size() && c.name.compare(c.name.size() - e.size(), e.size(), e) == 0)
+      return true;
+  }
+  return false;
+}
+
+class Sm90ForwardPlanPath : public ::testing::TestWithParam<PlanPath> {};
+
+TEST_P(Sm90ForwardPlanPath, MatchesReference) {
+  int checked = 0;
+  for (const Case& c : forward_cases()) {
+    if (!plan_path_case(c) && !(c.dim_qk == 256 && c.name.find("_q113_k203") != std::string::npos))
+      continue;
+    SCOPED_TRACE(c.name);
+    check_forward(c, {}, GetParam().overrides);
+    if (HasFatalFailure() || IsSkipped()) return;
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "none of the picked cases' kernels is built";
+}
+
+INSTANTIATE_TEST_SUITE_P(Overrides, Sm90ForwardPlanPath, ::testing::ValuesIn(plan_paths()),
+                         [](const ::testing::TestParamInfo<PlanPath>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // Rows of one (sequence, head) for a sampled check: `picked` (those outside [0, len) dropped) and
 // `random` more drawn from rng, each once, in order.

@@ -1,6 +1,6 @@
-"""bench/schedule_model.py, the list-scheduling model bench/NOTES.md quotes: the short first tile's
-key tiles, the grid numbering, the group rule (as GroupedOrder::dividing_group_for), and the
-model's figures for the rows NOTES compares with measurements."""
+"""bench/schedule_model.py, the list-scheduling model of the forward's causal schedules: the short
+first tile's key tiles, the grid numbering, the group rule (as GroupedOrder::dividing_group_for),
+and the model's figures for the rows that have been compared with measurements."""
 import importlib.util
 import os
 
