@@ -15,13 +15,14 @@
 namespace fa4 {
 
 // A forced yes / no, or the library's own choice.
-enum class Choice : int8_t { kAuto = -1, kOff = 0, kOn = 1 };
+enum class Choice : int { kAuto = -1, kOff = 0, kOn = 1 };
 
 struct Overrides {
   // sm90 forward.
   Choice persistent = Choice::kAuto;  // persistent CTAs (on) or one CTA per tile (off)
   int persistent_ctas = 0;            // > 0: that many persistent CTAs (else one per SM)
-  int zigzag_group = 0;               // > 0: persistent CTAs' zig-zag numbered in groups of this many (head, batch) pairs
+  // > 0: the persistent CTAs' zig-zag numbered in groups of this many (head, batch entry) pairs.
+  int zigzag_group = 0;
   Choice pack_gqa = Choice::kAuto;    // the query heads of a kv head share a query tile
   int splits = 0;                     // > 0: each tile's keys split this many ways (1: never split)
   Choice longest_first = Choice::kAuto;  // a varlen batch's tiles ordered longest-first

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 
 #include "fa4/fa4.h"
 #include "fa4/overrides.hpp"
@@ -49,5 +50,11 @@ inline constexpr CountField kCountFields[] = {
     {"bwd_group", "FA4_SM90_BWD_GROUP", &Overrides::bwd_group, &fa4_overrides::bwd_group},
     {"cpu_threads", "FA4_CPU_THREADS", &Overrides::cpu_threads, &fa4_overrides::cpu_threads},
 };
+
+// Every field of both structs is a row of the tables above.
+static_assert(sizeof(Overrides) ==
+              sizeof(int) * (std::size(kChoiceFields) + std::size(kCountFields)));
+static_assert(sizeof(fa4_overrides) ==
+              sizeof(int32_t) * (1 + std::size(kChoiceFields) + std::size(kCountFields)));
 
 }  // namespace fa4::detail

@@ -49,6 +49,19 @@ TEST(Sm90BackwardPlan, TilesAndWorkspace) {
   const BwdPlan plan = plan_backward(keys_only, kH200, {});
   EXPECT_FALSE(plan.empty()) << "dK = dV = 0 are still written";
   EXPECT_FALSE(plan.dq_counts);
+  // No keys: dQ = 0 is written, no main kernel runs, nothing to pair or group (no key tiles to
+  // divide by).
+  for (bool causal : {false, true}) {
+    Problem queries_only = fixed(2, 1000, 256, 256);
+    queries_only.seqlen_k = 0;
+    queries_only.causal = causal;
+    const BwdPlan q_plan = plan_backward(queries_only, kH200, {});
+    EXPECT_FALSE(q_plan.empty());
+    EXPECT_EQ(q_plan.n_blocks, 0);
+    EXPECT_FALSE(q_plan.pairs);
+    EXPECT_EQ(q_plan.group, 1);
+    EXPECT_FALSE(q_plan.dq_counts);
+  }
 }
 
 TEST(Sm90BackwardPlan, KeyTilePairs) {
@@ -72,6 +85,10 @@ TEST(Sm90BackwardPlan, KeyTilePairs) {
   Overrides off;
   off.bwd_pairs = Choice::kOff;
   EXPECT_FALSE(plan_backward(fixed(2, 1024, 256, 256), kH200, off).pairs);
+  Overrides on;
+  on.bwd_pairs = Choice::kOn;  // pairs only where they can run
+  EXPECT_FALSE(plan_backward(fixed(2, 960, 256, 256), kH200, on).pairs);
+  EXPECT_FALSE(plan_backward(fixed(2, 1024, 128, 128), kH200, on).pairs);
 }
 
 TEST(Sm90BackwardPlan, GroupsAndRotation) {
@@ -94,6 +111,18 @@ TEST(Sm90BackwardPlan, GroupsAndRotation) {
   Problem det = fixed(2, 4096, 256, 256);
   det.deterministic = true;
   EXPECT_FALSE(plan_backward(det, kH200, {}).rotate);
+  // Forced groups hold in every mode; the rule's own groups are causal and fixed-length only.
+  Overrides three;
+  three.bwd_group = 3;
+  EXPECT_EQ(plan_backward(det, kH200, three).group, 3);
+  Problem var = causal;
+  var.varlen.cu_seqlens_q = var.varlen.cu_seqlens_k = &kMarker;
+  var.varlen.total_q = var.varlen.total_k = 6000;
+  EXPECT_EQ(plan_backward(var, kH200, {}).group, 1);
+  EXPECT_EQ(plan_backward(var, kH200, three).group, 3);
+  Problem det_causal = causal;
+  det_causal.deterministic = true;
+  EXPECT_EQ(plan_backward(det_causal, kH200, {}).group, 1);
   // A group needs the device's L2: more of it, at least as large a group.
   EXPECT_LE(plan_backward(causal, {132, 10 << 20}, {}).group, plan.group);
 }

@@ -401,7 +401,8 @@ static void test_overrides(void) {
   o.splits = 0;
   o.struct_size = 4;
   s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
-  check(s == FA4_ERROR_INVALID_ARGUMENT, "fa4_overrides with a wrong struct_size: invalid argument");
+  check(s == FA4_ERROR_INVALID_ARGUMENT,
+        "fa4_overrides with a wrong struct_size: invalid argument");
   check(all_bytes(out, sizeof out, kPoisonByte) && all_bytes(lse, sizeof lse, kPoisonByte),
         "... and nothing was written");
 }

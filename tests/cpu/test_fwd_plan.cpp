@@ -325,6 +325,53 @@ TEST(Sm90ForwardPlan, DecodeSplits) {
   }
 }
 
+// The plan's limits: the ordered batch's size, the packed rows' 2^30, the splits' row cap and
+// kMaxSplits, forced splits without keys, and the workspace's layout without an order.
+TEST(Sm90ForwardPlan, Boundaries) {
+  Overrides order;
+  order.longest_first = Choice::kOn;
+  const Problem huge = varlen(kMaxOrderedBatch + 1, 100, (kMaxOrderedBatch + 1) * 50, 2);
+  EXPECT_EQ(FwdWorkspace::of(huge, order).order_bytes, 0u);
+  EXPECT_FALSE(plan_forward(huge, kH200, order).ordered) << "too many sequences to sort";
+  EXPECT_TRUE(plan_forward(varlen(kMaxOrderedBatch, 100, kMaxOrderedBatch * 50, 2), kH200, order)
+                  .ordered);
+
+  Overrides pack;
+  pack.pack_gqa = Choice::kOn;
+  Problem tall = fixed(1, (int64_t(1) << 27), 64, 8, 128);  // 2^30 packed rows
+  EXPECT_EQ(pack_group(tall, 128, Choice::kOn), 1);
+  tall.seqlen_q = tall.seqlen_k = (int64_t(1) << 27) - 1;
+  EXPECT_EQ(pack_group(tall, 128, Choice::kOn), 8);
+
+  Overrides many;
+  many.splits = 1000;
+  const Problem decode = [] {
+    Problem p = fixed(1, 1, 8, 8, 128);
+    p.seqlen_k = 100000;
+    return p;
+  }();
+  EXPECT_EQ(max_splits(decode, many), kMaxSplits) << "8 rows: the budget allows more";
+  EXPECT_EQ(plan_forward(decode, kH200, many).splits, kMaxSplits);
+  Problem no_keys = decode;
+  no_keys.seqlen_k = 0;
+  Overrides three;
+  three.splits = 3;
+  EXPECT_EQ(plan_forward(no_keys, kH200, three).splits, 1);
+  EXPECT_EQ(FwdWorkspace::of(no_keys, three).bytes, 0u);
+
+  Overrides no_order = three;
+  no_order.longest_first = Choice::kOff;
+  const Problem batch = varlen(4, 300, 900, 8);
+  EXPECT_EQ(FwdWorkspace::of(batch, no_order).partials, 0u) << "the partials come first";
+  EXPECT_GT(FwdWorkspace::of(batch, three).partials, 0u) << "after the order";
+
+  // A forced zig-zag group only where persistent CTAs walk the zig-zag.
+  Overrides zigzag;
+  zigzag.zigzag_group = 2;
+  zigzag.persistent = Choice::kOff;
+  EXPECT_EQ(plan_forward(fixed(4, 4096, 16, 16, 128), kH200, zigzag).group, 1);
+}
+
 // The causal schedule's choices reach the plan: one CTA per tile numbered in groups where the
 // grid exceeds the SMs, the model's zig-zag elsewhere.
 TEST(Sm90ForwardPlan, CausalGrids) {
@@ -333,10 +380,16 @@ TEST(Sm90ForwardPlan, CausalGrids) {
   const FwdPlan plan = plan_forward(p, kH200, {});
   ASSERT_EQ(plan.tiles, 64 * 8);
   EXPECT_TRUE(plan.heavy_last_rows);
-  if (!plan.persistent) {
-    EXPECT_EQ(plan.ctas, plan.tiles);
-    EXPECT_GT(plan.group, 1) << "one CTA per tile under a diagonal: numbered in groups";
-  }
+  // One CTA per tile forced on a causal grid larger than the device: numbered in groups.
+  Overrides per_tile;
+  per_tile.persistent = Choice::kOff;
+  const FwdPlan forced = plan_forward(p, kH200, per_tile);
+  EXPECT_EQ(forced.ctas, forced.tiles);
+  EXPECT_GT(forced.group, 1) << "one CTA per tile under a diagonal: numbered in groups";
+  // Without a mask the numbering stays head by head.
+  Problem plain = p;
+  plain.causal = false;
+  EXPECT_EQ(plan_forward(plain, kH200, per_tile).group, 1);
 }
 
 }  // namespace

@@ -91,7 +91,11 @@ TEST(Overrides, EveryCountVariable) {
       ScopedEnv three(c.name, "3");
       EXPECT_EQ(read_env().*c.member, 3);
     }
-    for (const char* bad : {"-1", "3x", "many", "99999999999"}) {
+    {
+      ScopedEnv largest(c.name, "2147483647");
+      EXPECT_EQ(read_env().*c.member, 2147483647);
+    }
+    for (const char* bad : {"-1", "3x", "many", "99999999999", "2147483648"}) {
       ScopedEnv e(c.name, bad);
       Overrides o;
       const Status s = overrides_from_env(&o);
@@ -118,19 +122,28 @@ TEST(Overrides, EntryPointsRefuseInvalidOverrides) {
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
   EXPECT_NE(s.message.find("bwd_group"), std::string::npos) << s.message;
   EXPECT_EQ(bytes, 77u);
-  o = Overrides{};
-  o.chunked_kv = Choice(5);
-  s = workspace_size(small_problem(), Backend::kCpu, Pass::kForward, o, &bytes);
-  EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message.find("chunked_kv"), std::string::npos) << s.message;
+  for (int bad : {5, -2, 255}) {
+    o = Overrides{};
+    o.chunked_kv = Choice(bad);
+    s = workspace_size(small_problem(), Backend::kCpu, Pass::kForward, o, &bytes);
+    EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message.find("chunked_kv"), std::string::npos) << s.message;
+  }
 }
 
 #if defined(FA4_WITH_CUDA)
 // The sm90 forward's workspace: the same whatever the environment says, and what the overrides
-// passed ask for (3 forced splits need partials, where 300 keys never split by themselves).
-// Needs the 128:bf16 kernel, which every CUDA build of the tests has (CI builds just it).
+// passed ask for (3 forced splits need partials, where 300 keys never split by themselves). On the
+// first head dim this build has a kernel for (workspace_size needs no GPU).
 TEST(Overrides, WorkspaceSizeFollowsTheOverridesNotTheEnvironment) {
-  const Problem p = small_problem();
+  Problem p = small_problem();
+  bool built = false;
+  for (int64_t dim : {128, 64, 96, 192, 256}) {
+    p.head_dim_qk = p.head_dim_v = dim;
+    size_t bytes = 0;
+    if ((built = workspace_size(p, Backend::kSm90, Pass::kForward, &bytes).ok())) break;
+  }
+  if (!built) GTEST_SKIP() << "this build has no sm90 forward kernel of these head dims";
   size_t plain = 1;
   ASSERT_TRUE(workspace_size(p, Backend::kSm90, Pass::kForward, &plain).ok());
   EXPECT_EQ(plain, 0u);
@@ -144,8 +157,8 @@ TEST(Overrides, WorkspaceSizeFollowsTheOverridesNotTheEnvironment) {
   o.splits = 3;
   size_t split = 0;
   ASSERT_TRUE(workspace_size(p, Backend::kSm90, Pass::kForward, o, &split).ok());
-  // 3 splits · 8 heads · 600 rows · (128 + 1) floats.
-  EXPECT_EQ(split, size_t(3 * 8 * 600 * 129 * 4 + 255) / 256 * 256);
+  // 3 splits · 8 heads · 600 rows · (head dim + 1) floats.
+  EXPECT_EQ(split, size_t(3 * 8 * 600 * (p.head_dim_v + 1) * 4 + 255) / 256 * 256);
 }
 #endif
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/status.hpp"
 #include "common/math_constants.hpp"
@@ -88,51 +90,40 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
   return Status::success();
 }
 
-// One kernel of this build's table (cmake/fa4_sm90.cmake), then an end marker with run = null.
-template <class Fn>
+// One kernel of this build's table (cmake/fa4_sm90.cmake): its forward and its backward launcher;
+// an end marker with null launchers closes the table.
 struct Kernel {
   int64_t head_dim_qk;
   int64_t head_dim_v;
   DType dtype;
-  Fn run;
+  Status (*forward)(const sm90::FwdPlan&, const Problem&, const ForwardTensors&, Workspace, void*);
+  Status (*backward)(const sm90::BwdPlan&, const Problem&, const BackwardTensors&, Workspace,
+                     void*);
 };
 
-using ForwardKernel = Kernel<Status (*)(const sm90::FwdPlan&, const Problem&,
-                                         const ForwardTensors&, Workspace, void*)>;
-using BackwardKernel = Kernel<Status (*)(const sm90::BwdPlan&, const Problem&,
-                                         const BackwardTensors&, Workspace, void*)>;
-
-constexpr ForwardKernel kForwardKernels[] = {
+constexpr Kernel kKernels[] = {
 #if defined(FA4_WITH_CUDA)
-#define FA4_SM90_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>},
+#define FA4_SM90_KERNEL(qk, v, dtype)                                                 \
+  {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>,                    \
+   &sm90::run_backward<qk, v, DType::dtype>},
 #include "sm90/sm90_kernels.inc"
 #undef FA4_SM90_KERNEL
 #endif
-    {0, 0, DType::kBF16, nullptr}};
+    {0, 0, DType::kBF16, nullptr, nullptr}};
 
-constexpr BackwardKernel kBackwardKernels[] = {
-#if defined(FA4_WITH_CUDA)
-#define FA4_SM90_KERNEL(qk, v, dtype) {qk, v, DType::dtype, &sm90::run_backward<qk, v, DType::dtype>},
-#include "sm90/sm90_kernels.inc"
-#undef FA4_SM90_KERNEL
-#endif
-    {0, 0, DType::kBF16, nullptr}};
-
-template <class Fn, size_t kCount>
-const Kernel<Fn>* find_kernel(const Kernel<Fn> (&table)[kCount], const Problem& p) {
-  for (const Kernel<Fn>& k : table)
-    if (k.run != nullptr && k.head_dim_qk == p.head_dim_qk && k.head_dim_v == p.head_dim_v &&
+const Kernel* find_kernel(const Problem& p) {
+  for (const Kernel& k : kKernels)
+    if (k.forward != nullptr && k.head_dim_qk == p.head_dim_qk && k.head_dim_v == p.head_dim_v &&
         k.dtype == p.dtype)
       return &k;
   return nullptr;
 }
 
 // kNotSupported naming the problem's head dims and dtype and what this build has.
-template <class Fn, size_t kCount>
-Status no_kernel(const char* pass, const Kernel<Fn> (&table)[kCount], const Problem& p) {
+Status no_kernel(const char* pass, const Problem& p) {
   std::string built;
-  for (const Kernel<Fn>& k : table) {
-    if (k.run == nullptr) continue;
+  for (const Kernel& k : kKernels) {
+    if (k.forward == nullptr) continue;
     if (!built.empty()) built += ", ";
     built += std::to_string(k.head_dim_qk);
     if (k.head_dim_v != k.head_dim_qk) built += "x" + std::to_string(k.head_dim_v);
@@ -155,7 +146,7 @@ constexpr int64_t kMaxGridYZ = 65535;
 
 // The backward's own limits, after the checks both passes share.
 Status can_implement_backward(const Problem& p) {
-  if (find_kernel(kBackwardKernels, p) == nullptr) return no_kernel("backward", kBackwardKernels, p);
+  if (find_kernel(p) == nullptr) return no_kernel("backward", p);
   // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key
   // tile (bwd_block_n keys: 64 above head dim 128) x query head x batch entry.
   const int64_t key_tile = sm90::bwd_block_n(int(p.head_dim_qk));
@@ -188,7 +179,7 @@ Status can_implement(const Problem& p, Pass pass) {
                      "this build of fa4cpp has no CUDA support (configure with FA4_WITH_CUDA=ON)");
 #endif
   if (pass == Pass::kBackward) return can_implement_backward(p);
-  if (find_kernel(kForwardKernels, p) == nullptr) return no_kernel("forward", kForwardKernels, p);
+  if (find_kernel(p) == nullptr) return no_kernel("forward", p);
   // Every extent below is one TMA dimension or one 32-bit index; the views' shift mode spans one
   // row more than the tensor has (gmem_layout.cuh).
   // Tiles are counted in 32 bits, one grid stride past the last included (tile_scheduler.cuh).
@@ -207,38 +198,38 @@ size_t workspace_size(const Problem& p, Pass pass, const Overrides& overrides) {
 }
 
 // The current device's facts for the launch plans, asked of the runtime once per device: they do
-// not change while the process runs. A failed query fails the call; the plans never guess.
+// not change while the process runs. A failed query fails the call, and is asked again by the
+// next one; the plans never guess.
 Status device_facts(sm90::DeviceFacts* facts) {
 #if defined(FA4_WITH_CUDA)
-  constexpr int kMaxDevices = 64;
-  struct Slot {
-    std::once_flag once;
-    sm90::DeviceFacts facts;
-    cudaError_t err = cudaSuccess;
-  };
-  static Slot slots[kMaxDevices];
+  static std::mutex mutex;
+  static std::vector<std::pair<int, sm90::DeviceFacts>> known;  // (device, its facts)
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess && (device < 0 || device >= kMaxDevices))
-    return make_status(StatusCode::kBackendUnavailable,
-                       "device %d: the sm90 backend plans for devices 0 to %d", device,
-                       kMaxDevices - 1);
   if (err == cudaSuccess) {
-    Slot& slot = slots[device];
-    std::call_once(slot.once, [&slot, device] {
-      slot.err = cudaDeviceGetAttribute(&slot.facts.sm_count, cudaDevAttrMultiProcessorCount,
-                                        device);
-      if (slot.err == cudaSuccess)
-        slot.err = cudaDeviceGetAttribute(&slot.facts.l2_bytes, cudaDevAttrL2CacheSize, device);
-    });
-    err = slot.err;
-    *facts = slot.facts;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& [d, f] : known)
+        if (d == device) {
+          *facts = f;
+          return Status::success();
+        }
+    }
+    sm90::DeviceFacts f;
+    err = cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, device);
+    if (err == cudaSuccess) {
+      std::lock_guard<std::mutex> lock(mutex);
+      known.emplace_back(device, f);
+      *facts = f;
+      return Status::success();
+    }
   }
-  if (err != cudaSuccess)
-    return make_status(StatusCode::kDeviceError,
-                       "querying the device's SM count and L2 size failed: %s",
-                       cudaGetErrorString(err));
-  return Status::success();
+  cudaGetLastError();  // the failed query's error is this call's, not the caller's next one's
+  return make_status(StatusCode::kDeviceError,
+                     "querying the device's SM count and L2 size failed: %s",
+                     cudaGetErrorString(err));
 #else
   *facts = {};
   return make_status(StatusCode::kBackendUnavailable,
@@ -320,7 +311,7 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
   if (s.ok()) s = device_facts(&facts);
   if (!s.ok()) return s;
   const sm90::FwdPlan plan = sm90::plan_forward(p, facts, overrides);
-  return find_kernel(kForwardKernels, p)->run(plan, p, t, workspace, stream);
+  return find_kernel(p)->forward(plan, p, t, workspace, stream);
 }
 
 Status run_backward(const Problem& p, const BackwardTensors& t, Workspace workspace,
@@ -353,7 +344,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
   if (s.ok()) s = device_facts(&facts);
   if (!s.ok()) return s;
   const sm90::BwdPlan plan = sm90::plan_backward(p, facts, overrides);
-  return find_kernel(kBackwardKernels, p)->run(plan, p, t, workspace, stream);
+  return find_kernel(p)->backward(plan, p, t, workspace, stream);
 }
 
 }  // namespace

@@ -42,13 +42,17 @@ BwdPlan plan_backward(const Problem& p, const DeviceFacts& device, const Overrid
   // Where no causal or window band cuts the key tiles: each CTA then waits for its reduce-adds to
   // land, which its dK / dV epilogue hides only where CTAs are long; causal ones lost up to 3 %.
   plan.dq_counts = plan.q_total > 0 && plan.k_total > 0 && !band.banded();
-  // Pairs where the config has them and both key tiles of every pair exist in every sequence:
-  // fixed-length batches without seqused_k (every sequence has all its key tiles), an even number
-  // of key tiles, and not in deterministic mode (whose turns order single key tiles).
-  plan.pairs = bwd_one_stage(int(p.head_dim_qk), int(p.head_dim_v)) &&
-               overrides.bwd_pairs != Choice::kOff && !p.deterministic && !p.is_varlen() &&
-               p.seqused_k == nullptr && plan.n_blocks % 2 == 0;
-  plan.group = backward_group(p, plan.n_blocks, device, overrides.bwd_group);
+  // The main kernel runs only where there are keys (without, dQ stays 0 and nothing is paired or
+  // grouped).
+  if (plan.k_total > 0) {
+    // Pairs where the config has them and both key tiles of every pair exist in every sequence:
+    // fixed-length batches without seqused_k (every sequence has all its key tiles), an even
+    // number of key tiles, and not in deterministic mode (whose turns order single key tiles).
+    plan.pairs = bwd_one_stage(int(p.head_dim_qk), int(p.head_dim_v)) &&
+                 overrides.bwd_pairs != Choice::kOff && !p.deterministic && !p.is_varlen() &&
+                 p.seqused_k == nullptr && plan.n_blocks % 2 == 0;
+    plan.group = backward_group(p, plan.n_blocks, device, overrides.bwd_group);
+  }
   // Where every key tile sees every query tile (no band) and the order of the adds is free (not in
   // deterministic mode); only the configs that rotate (BwdWideConfig::kRotateQueries) read it.
   plan.rotate = overrides.bwd_rotate != Choice::kOff && !band.banded() && !p.deterministic;

@@ -32,6 +32,7 @@ struct BwdPlan {
 };
 
 // The plan for a problem the backend's can_implement accepted.
-BwdPlan plan_backward(const Problem& problem, const DeviceFacts& device, const Overrides& overrides);
+BwdPlan plan_backward(const Problem& problem, const DeviceFacts& device,
+                      const Overrides& overrides);
 
 }  // namespace fa4::sm90

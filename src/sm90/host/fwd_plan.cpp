@@ -110,7 +110,8 @@ int pack_group(const Problem& p, int block_m, Choice forced) {
 // as asked for within the row budget.
 int max_splits(const Problem& p, const Overrides& overrides) {
   const int64_t cap = split_row_cap(p);
-  if (overrides.splits > 0) return int(std::max<int64_t>(1, std::min<int64_t>(overrides.splits, cap)));
+  if (overrides.splits > 0)
+    return int(std::max<int64_t>(1, std::min<int64_t>(overrides.splits, cap)));
   if (p.seqlen_k < kMinSplitKeys || p.heads_kv * p.batch <= 0) return 1;
   const int64_t most = std::min(cap, kMaxSms / (p.heads_kv * p.batch));
   return most < 2 ? 1 : int(most);
