@@ -155,7 +155,7 @@ def _put(s, name, t, words, rank, view):
     strides = _strides(t, rank)
     if len(strides) == rank:
         words.pack_into(s, getattr(type(s), name).offset, _ptr(t) or 0, *strides)
-    else:  # a tensor of another rank: assign the ctypes view (zeros or an error, as before)
+    else:  # a tensor of another rank: assign the ctypes view (zeros, or ctypes' own error)
         setattr(s, name, view(t))
 
 

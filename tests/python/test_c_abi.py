@@ -55,7 +55,7 @@ def test_packed_structs_equal_ctypes_views(lse_index):
 
 def test_other_ranks_behave_as_ctypes_views():
     lib = _library.library()
-    x = torch.randn(3, 4)  # too few strides: the view's missing fields stay 0, as before
+    x = torch.randn(3, 4)  # too few strides: the view's missing fields stay 0
     assert bytes(lib._forward_tensors(x, x, x, x, None)) == _plain(
         c_abi.ForwardTensors, lib.lib.fa4_forward_tensors_init, q=x, k=x, v=x, out=x)
     with pytest.raises(TypeError):  # too many: ctypes' own error
