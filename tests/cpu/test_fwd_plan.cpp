@@ -25,7 +25,7 @@ using namespace fa4::sm90::fwd_plan;
 
 // Devices of several sizes: H100 PCIe / SXM, H200, small partitions.
 const DeviceFacts kDevices[] = {{132, 50 << 20}, {114, 50 << 20}, {8, 50 << 20}, {1, 1 << 20},
-                                {78, 40 << 20}};
+                                {78, 40 << 20},  {0, 0}};
 
 // A varlen marker: the plan never reads the sequence arrays.
 const int32_t kMarker = 0;

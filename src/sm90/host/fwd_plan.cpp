@@ -207,7 +207,8 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
 
   plan.persistent = overrides.persistent == Choice::kAuto ? balanced_static_order
                                                           : overrides.persistent == Choice::kOn;
-  const int persistent_ctas = overrides.persistent_ctas > 0 ? overrides.persistent_ctas : sm_count;
+  const int persistent_ctas =
+      overrides.persistent_ctas > 0 ? overrides.persistent_ctas : std::max(sm_count, 1);
   plan.ctas = plan.persistent && persistent_ctas < plan.entries ? persistent_ctas : plan.entries;
   // One CTA per tile under a causal diagonal, more tiles than SMs: the grid numbered in groups of
   // a few heads, query tile by query tile (grouped_order.hpp), so that the hardware's greedy
