@@ -75,6 +75,53 @@ struct VarLen {
   int64_t total_k = 0;  // rows of the packed K / V tensors
 };
 
+// A KV cache as an inference engine keeps it (FlashAttention's flash_attn_with_kvcache). With a
+// cache, `k` and `v` are the cache: cache_batch rows of seqlen_k keys, (cache_batch, seqlen_k,
+// heads_kv, dim), or, paged, num_pages pages of page_size keys, (num_pages, page_size, heads_kv,
+// dim), their batch_stride then being the page stride. seqused_k holds each cache row's current
+// length (absolute rows, leftpad included; null: seqlen_k, a full cache). Queries are fixed-length
+// or varlen (cu_seqlens_q, with cu_seqlens_k null: the cache is not packed). Forward only.
+//
+// Sequence b reads cache row c = batch_idx[b] (b without batch_idx). Its keys are the cache rows
+// [leftpad[b], seqused_k[b] + n_b), n_b new rows appended first: k_new / v_new (ForwardTensors)
+// are written at rows seqused_k[b] … seqused_k[b] + n_b − 1 of cache row c — rotated, with a
+// rotary embedding — and then attended to with the rest. The causal / window alignment is over
+// those seqused_k[b] − leftpad[b] + n_b keys. Appending to one cache row (or one page) from two
+// batch entries leaves which write wins unspecified.
+struct KvCache {
+  // Paged: row r of cache row c is row r % page_size of page page_table[c·page_table_stride +
+  // r / page_size]; seqlen_k must be pages_per_seq · page_size. Pages may be shared between
+  // cache rows and appear in any order.
+  const int32_t* page_table = nullptr;  // non-null ⇒ paged: cache_batch rows of pages_per_seq
+  int64_t page_table_stride = 0;        // entries between two rows of the table (≥ pages_per_seq)
+  int64_t pages_per_seq = 0;
+  int64_t num_pages = 0;                // pages in k / v
+  int64_t page_size = 0;                // keys per page, ≥ 1
+  const int32_t* batch_idx = nullptr;   // the cache row of each batch entry; null: its own
+  int64_t cache_batch = 0;              // cache rows (page-table rows when paged); ≥ batch
+  const int32_t* leftpad = nullptr;     // each sequence's first valid cache row; null: 0
+  // Appended rows per sequence: seqlen_new, or cu_seqlens_new[b + 1] − cu_seqlens_new[b] when
+  // cu_seqlens_new is set (k_new / v_new then (total_new, heads_kv, dim)).
+  int64_t seqlen_new = 0;
+  const int32_t* cu_seqlens_new = nullptr;
+  int64_t total_new = 0;
+  // Rotary embedding, with tables cos / sin of (rotary_seqlen, rotary_dim / 2) in the problem's
+  // dtype (ForwardTensors::rotary): the first rotary_dim dims of each new key at position
+  // seqused_k[b] + j, and of each query at seqused_k[b] + i under a causal or window mask, at
+  // seqused_k[b] otherwise. Interleaved (GPT-J) rotates the pairs (2i, 2i + 1); otherwise
+  // (GPT-NeoX) the pairs (i, i + rotary_dim / 2). Needs appended rows.
+  int64_t rotary_dim = 0;  // 0: none; even, ≤ head_dim_qk
+  bool rotary_interleaved = false;
+  int64_t rotary_seqlen = 0;
+
+  bool enabled() const {
+    return page_table != nullptr || batch_idx != nullptr || leftpad != nullptr ||
+           seqlen_new > 0 || cu_seqlens_new != nullptr || rotary_dim > 0;
+  }
+  bool paged() const { return page_table != nullptr; }
+  bool appends() const { return seqlen_new > 0 || cu_seqlens_new != nullptr; }
+};
+
 // The user's problem. In varlen mode `batch` is the number of sequences and seqlen_q / seqlen_k are
 // the maximum sequence lengths (upper bounds the GPU uses to size its grid).
 struct Problem {
@@ -94,11 +141,18 @@ struct Problem {
 
   VarLen varlen{};
   const int32_t* seqused_k = nullptr;  // optional, batch entries, in varlen and fixed-length mode
+  KvCache kv_cache{};
+
+  // Split-KV (each query tile's keys shared out among CTAs, then combined): 0 the library's
+  // choice, 1 never, n at most n splits. The workspace holds the most any choice may use.
+  int64_t num_splits = 0;
 
   bool return_lse = false;
   bool deterministic = false;  // backward: bitwise-reproducible gradients
 
   bool is_varlen() const { return varlen.cu_seqlens_q != nullptr; }
+  // Keys and values in packed varlen rows (cu_seqlens_k), not in per-sequence rows or a cache.
+  bool is_varlen_k() const { return varlen.cu_seqlens_k != nullptr; }
   float scale() const;  // the effective softmax scale
 };
 
@@ -121,10 +175,19 @@ struct LseView {
   int64_t seq_stride = 1;
 };
 
+// Rotary tables: (rotary_seqlen, rotary_dim / 2) in the problem's dtype, elements contiguous.
+struct RotaryView {
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t row_stride = 0;  // elements between positions
+};
+
 struct ForwardTensors {
-  TensorView q, k, v;  // inputs
+  TensorView q, k, v;  // inputs (with a KV cache, k and v are the cache, written by appends)
   TensorView out;      // output, dtype of the problem, head_dim_v wide
   LseView lse;         // output, required when problem.return_lse
+  TensorView k_new, v_new;  // KV cache appends: (batch, seqlen_new, heads_kv, dim) or varlen
+  RotaryView rotary;        // KV cache rotary embedding
 };
 
 struct BackwardTensors {

@@ -1,7 +1,8 @@
 /* fa4cpp C ABI: exact scaled-dot-product attention for engines and other languages.
  *
  * Every struct starts with `struct_size`; fill it with sizeof(the struct) — the fa4_*_init functions
- * do that and set every default — so that later versions can append fields without breaking callers.
+ * do that and set every default — so that later versions can append fields without breaking callers:
+ * a struct_size of an earlier ABI version is accepted, the fields it lacks taking their defaults.
  * Every function returns an fa4_status; on failure fa4_last_error_message() (per thread) says why and
  * nothing was written to any output. Semantics are those of the C++ API (include/fa4/attention.hpp). */
 #ifndef FA4_FA4_H_
@@ -16,7 +17,9 @@
 extern "C" {
 #endif
 
-#define FA4_ABI_VERSION 1
+/* 2: fa4_problem gained the KV cache and num_splits, fa4_forward_tensors the appended rows and
+ * rotary tables; version-1 structs are still accepted. */
+#define FA4_ABI_VERSION 2
 
 typedef enum fa4_status {
   FA4_SUCCESS = 0,
@@ -55,6 +58,21 @@ typedef struct fa4_problem {
   const int32_t* seqused_k;   /* optional */
   int32_t return_lse;
   int32_t deterministic;
+  /* ABI version 2. The KV cache (attention.hpp's KvCache): paged k / v (page_table non-null),
+   * the cache row of each batch entry, left pads, appended rows and their rotary embedding. */
+  const int32_t* page_table;  /* (cache_batch, pages_per_seq), rows page_table_stride apart */
+  int64_t page_table_stride, pages_per_seq, num_pages, page_size;
+  const int32_t* cache_batch_idx; /* null: entry b uses cache row b */
+  int64_t cache_batch;            /* 0: batch */
+  const int32_t* cache_leftpad;   /* null: 0 */
+  int64_t seqlen_new;             /* appended rows per sequence (the most, with cu_seqlens_new) */
+  const int32_t* cu_seqlens_new;
+  int64_t total_new;
+  int64_t rotary_dim;             /* 0: none */
+  int32_t rotary_interleaved;     /* 1: GPT-J pairs; 0: GPT-NeoX halves */
+  int32_t reserved;               /* 0 */
+  int64_t rotary_seqlen;
+  int64_t num_splits;             /* 0: the library's choice, 1: none, n: at most n */
 } fa4_problem;
 
 /* A (batch, seq, head, dim) view — (total, head, dim) in varlen mode; strides in elements. */
@@ -73,6 +91,12 @@ typedef struct fa4_forward_tensors {
   uint32_t struct_size;
   fa4_tensor q, k, v, out;
   fa4_lse lse;
+  /* ABI version 2: the KV cache's appended rows and rotary tables ((rotary_seqlen, rotary_dim / 2)
+   * in the problem's dtype, rows rotary_stride elements apart). */
+  fa4_tensor k_new, v_new;
+  const void* rotary_cos;
+  const void* rotary_sin;
+  int64_t rotary_stride;
 } fa4_forward_tensors;
 
 typedef struct fa4_backward_tensors {

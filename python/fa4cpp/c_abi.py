@@ -1,7 +1,7 @@
 """ctypes binding of fa4cpp's C ABI (include/fa4/fa4.h) over torch tensors: no copies, work enqueued
 on torch's current CUDA stream, CPU tensors on the CPU backend.
 
-The struct layouts here must match fa4.h (FA4_ABI_VERSION 1); fa4_*_init fills struct_size and the
+The struct layouts here must match fa4.h (FA4_ABI_VERSION 2); fa4_*_init fills struct_size and the
 defaults. This file imports nothing from the fa4cpp package: bench/sweep.py loads it as a plain
 module (`import c_abi`) so that the sweep needs no package install."""
 import contextlib
@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # fa4_status
 SUCCESS = 0
@@ -52,6 +52,15 @@ class Problem(ctypes.Structure):
         ("total_q", ctypes.c_int64), ("total_k", ctypes.c_int64),
         ("seqused_k", ctypes.c_void_p),
         ("return_lse", ctypes.c_int32), ("deterministic", ctypes.c_int32),
+        # ABI version 2: the KV cache and num_splits.
+        ("page_table", ctypes.c_void_p), ("page_table_stride", ctypes.c_int64),
+        ("pages_per_seq", ctypes.c_int64), ("num_pages", ctypes.c_int64),
+        ("page_size", ctypes.c_int64), ("cache_batch_idx", ctypes.c_void_p),
+        ("cache_batch", ctypes.c_int64), ("cache_leftpad", ctypes.c_void_p),
+        ("seqlen_new", ctypes.c_int64), ("cu_seqlens_new", ctypes.c_void_p),
+        ("total_new", ctypes.c_int64), ("rotary_dim", ctypes.c_int64),
+        ("rotary_interleaved", ctypes.c_int32), ("reserved", ctypes.c_int32),
+        ("rotary_seqlen", ctypes.c_int64), ("num_splits", ctypes.c_int64),
     ]
 
 
@@ -68,7 +77,10 @@ class Lse(ctypes.Structure):
 
 class ForwardTensors(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("q", Tensor), ("k", Tensor), ("v", Tensor),
-                ("out", Tensor), ("lse", Lse)]
+                ("out", Tensor), ("lse", Lse),
+                # ABI version 2: the KV cache's appended rows and rotary tables.
+                ("k_new", Tensor), ("v_new", Tensor), ("rotary_cos", ctypes.c_void_p),
+                ("rotary_sin", ctypes.c_void_p), ("rotary_stride", ctypes.c_int64)]
 
 
 class BackwardTensors(ctypes.Structure):

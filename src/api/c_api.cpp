@@ -1,6 +1,8 @@
 // The C ABI: versioned structs converted to the C++ API, statuses and a per-thread error message.
 #include "fa4/fa4.h"
 
+#include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "api/override_fields.hpp"
@@ -22,16 +24,35 @@ fa4_status fail(const char* message) {
   return FA4_ERROR_INVALID_ARGUMENT;
 }
 
-// A struct whose struct_size differs from this library's comes from another ABI version: reject it
-// rather than read fields that are not there (or ignore fields we do not know).
+// The struct sizes of ABI version 1, which ended where version 2's fields begin.
+template <typename T>
+constexpr size_t kVersion1Size = sizeof(T);
+template <>
+constexpr size_t kVersion1Size<fa4_problem> = offsetof(fa4_problem, page_table);
+template <>
+constexpr size_t kVersion1Size<fa4_forward_tensors> = offsetof(fa4_forward_tensors, k_new);
+
+// A struct of this ABI version or of an earlier one; any other struct_size is a caller's mistake
+// (or a later version's struct), rejected rather than read past what is there.
 template <typename T>
 const char* check_struct(const T* s, const char* name) {
   if (s == nullptr) return name;
-  if (s->struct_size != sizeof(T)) return name;
+  if (s->struct_size != sizeof(T) && s->struct_size != kVersion1Size<T>) return name;
   return nullptr;
 }
 
-fa4::Problem to_cpp(const fa4_problem& c) {
+// The caller's struct as this version's: the fields an earlier version lacks at their defaults.
+template <typename T>
+T current(const T& s, void (*init)(T*)) {
+  T full;
+  init(&full);
+  std::memcpy(&full, &s, s.struct_size);
+  full.struct_size = sizeof(T);
+  return full;
+}
+
+fa4::Problem to_cpp(const fa4_problem& given) {
+  const fa4_problem c = current(given, fa4_problem_init);
   fa4::Problem p;
   p.batch = c.batch;
   p.seqlen_q = c.seqlen_q;
@@ -52,6 +73,22 @@ fa4::Problem to_cpp(const fa4_problem& c) {
   p.seqused_k = c.seqused_k;
   p.return_lse = c.return_lse != 0;
   p.deterministic = c.deterministic != 0;
+  fa4::KvCache& kc = p.kv_cache;
+  kc.page_table = c.page_table;
+  kc.page_table_stride = c.page_table_stride;
+  kc.pages_per_seq = c.pages_per_seq;
+  kc.num_pages = c.num_pages;
+  kc.page_size = c.page_size;
+  kc.batch_idx = c.cache_batch_idx;
+  kc.cache_batch = c.cache_batch;
+  kc.leftpad = c.cache_leftpad;
+  kc.seqlen_new = c.seqlen_new;
+  kc.cu_seqlens_new = c.cu_seqlens_new;
+  kc.total_new = c.total_new;
+  kc.rotary_dim = c.rotary_dim;
+  kc.rotary_interleaved = c.rotary_interleaved != 0;
+  kc.rotary_seqlen = c.rotary_seqlen;
+  p.num_splits = c.num_splits;
   return p;
 }
 
@@ -88,7 +125,7 @@ void to_c(const fa4::Overrides& o, fa4_overrides* c) {
   do {                                                                                  \
     if (check_struct(ptr, name))                                                        \
       return fail(name " is null or its struct_size is not sizeof(" name ") of this "   \
-                       "library's ABI version (use " name "_init)");                    \
+                       "library's ABI version or an earlier one (use " name "_init)"); \
   } while (0)
 
 // An optional struct: null is allowed, a wrong struct_size is not.
@@ -123,8 +160,9 @@ static fa4_lse empty_lse() { return fa4_lse{nullptr, 0, 0, 1}; }
 
 void fa4_forward_tensors_init(fa4_forward_tensors* t) {
   if (t == nullptr) return;
+  *t = fa4_forward_tensors{};
   t->struct_size = sizeof(fa4_forward_tensors);
-  t->q = t->k = t->v = t->out = empty_tensor();
+  t->q = t->k = t->v = t->out = t->k_new = t->v_new = empty_tensor();
   t->lse = empty_lse();
 }
 
@@ -177,12 +215,16 @@ fa4_status fa4_forward_with_overrides(const fa4_problem* problem,
   FA4_CHECK_STRUCT(problem, "fa4_problem");
   FA4_CHECK_STRUCT(tensors, "fa4_forward_tensors");
   FA4_OVERRIDES(overrides, o);
+  const fa4_forward_tensors c = current(*tensors, fa4_forward_tensors_init);
   fa4::ForwardTensors t;
-  t.q = to_cpp(tensors->q);
-  t.k = to_cpp(tensors->k);
-  t.v = to_cpp(tensors->v);
-  t.out = to_cpp(tensors->out);
-  t.lse = to_cpp(tensors->lse);
+  t.q = to_cpp(c.q);
+  t.k = to_cpp(c.k);
+  t.v = to_cpp(c.v);
+  t.out = to_cpp(c.out);
+  t.lse = to_cpp(c.lse);
+  t.k_new = to_cpp(c.k_new);
+  t.v_new = to_cpp(c.v_new);
+  t.rotary = {c.rotary_cos, c.rotary_sin, c.rotary_stride};
   return record(fa4::forward(to_cpp(*problem), t, {workspace, workspace_bytes}, stream,
                              static_cast<fa4::Backend>(backend), o));
 }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "api/override_fields.hpp"
+#include "common/seq_layout.hpp"
 
 namespace fa4::detail {
 
@@ -119,6 +120,78 @@ Status check_lse(const Extent& e, bool output) {
   return s;
 }
 
+// Rows of the cache (of the page table, when paged): cache_batch, or one per batch entry.
+int64_t cache_rows(const Problem& p) {
+  return p.kv_cache.cache_batch > 0 ? p.kv_cache.cache_batch : p.batch;
+}
+
+// Bytes of a tensor of these extents overflow int64.
+bool bytes_overflow(int64_t outer, int64_t rows, int64_t heads, int64_t dim) {
+  int64_t n = outer;
+  return __builtin_mul_overflow(n, rows, &n) || __builtin_mul_overflow(n, heads, &n) ||
+         __builtin_mul_overflow(n, dim, &n) || __builtin_mul_overflow(n, int64_t(8), &n);
+}
+
+Status validate_kv_cache(const Problem& p) {
+  const KvCache& c = p.kv_cache;
+  if (p.varlen.cu_seqlens_k != nullptr)
+    return invalid("varlen.cu_seqlens_k is set with a KV cache, whose rows are not packed: keys "
+                   "are the cache rows (seqused_k gives their lengths)");
+  if (c.cache_batch < 0)
+    return invalid("kv_cache.cache_batch is %lld; it must be >= 0 (0: batch)",
+                   (long long)c.cache_batch);
+  if (c.batch_idx == nullptr && cache_rows(p) < p.batch)
+    return invalid("kv_cache.cache_batch is %lld, fewer than the batch's %lld entries, and "
+                   "kv_cache.batch_idx is null (entry b reads cache row b)",
+                   (long long)c.cache_batch, (long long)p.batch);
+  if (c.paged()) {
+    if (c.page_size < 1)
+      return invalid("kv_cache.page_size is %lld; it must be >= 1", (long long)c.page_size);
+    if (c.pages_per_seq < 0 || c.num_pages < 0)
+      return invalid("kv_cache.pages_per_seq (%lld) and kv_cache.num_pages (%lld) must be >= 0",
+                     (long long)c.pages_per_seq, (long long)c.num_pages);
+    if (c.page_table_stride < c.pages_per_seq)
+      return invalid("kv_cache.page_table_stride is %lld, less than pages_per_seq = %lld",
+                     (long long)c.page_table_stride, (long long)c.pages_per_seq);
+    int64_t capacity = 0;
+    if (__builtin_mul_overflow(c.pages_per_seq, c.page_size, &capacity) || capacity != p.seqlen_k)
+      return invalid("seqlen_k is %lld; with a page table it must be pages_per_seq · page_size "
+                     "(%lld · %lld), each cache row's capacity",
+                     (long long)p.seqlen_k, (long long)c.pages_per_seq, (long long)c.page_size);
+    if (bytes_overflow(c.num_pages, c.page_size, p.heads_kv, std::max(p.head_dim_qk, p.head_dim_v)))
+      return invalid("sizes overflow: num_pages·page_size·heads_kv·head_dim (in bytes) exceeds int64");
+  } else if (c.page_size != 0 || c.pages_per_seq != 0 || c.num_pages != 0 ||
+             c.page_table_stride != 0) {
+    return invalid("kv_cache page sizes are set but kv_cache.page_table is null");
+  } else if (bytes_overflow(cache_rows(p), p.seqlen_k, p.heads_kv,
+                            std::max(p.head_dim_qk, p.head_dim_v))) {
+    return invalid("sizes overflow: cache_batch·seqlen_k·heads_kv·head_dim (in bytes) exceeds int64");
+  }
+  if (c.seqlen_new < 0 || c.total_new < 0)
+    return invalid("kv_cache.seqlen_new (%lld) and kv_cache.total_new (%lld) must be >= 0",
+                   (long long)c.seqlen_new, (long long)c.total_new);
+  if (c.cu_seqlens_new == nullptr && c.total_new != 0)
+    return invalid("kv_cache.total_new is set but kv_cache.cu_seqlens_new is null");
+  if (bytes_overflow(p.batch, c.seqlen_new, p.heads_kv, std::max(p.head_dim_qk, p.head_dim_v)) ||
+      bytes_overflow(1, c.total_new, p.heads_kv, std::max(p.head_dim_qk, p.head_dim_v)))
+    return invalid("sizes overflow: the appended rows (in bytes) exceed int64");
+  if (c.rotary_dim != 0) {
+    if (c.rotary_dim < 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > p.head_dim_qk)
+      return invalid("kv_cache.rotary_dim is %lld; it must be even and in [2, head_dim_qk = %lld] "
+                     "(0: no rotary embedding)",
+                     (long long)c.rotary_dim, (long long)p.head_dim_qk);
+    if (!c.appends())
+      return invalid("kv_cache.rotary_dim is set without appended rows: the rotary embedding "
+                     "applies to new keys (kv_cache.seqlen_new or cu_seqlens_new) and the queries");
+    if (c.rotary_seqlen < 1)
+      return invalid("kv_cache.rotary_seqlen is %lld; the rotary tables need >= 1 position",
+                     (long long)c.rotary_seqlen);
+  } else if (c.rotary_seqlen != 0) {
+    return invalid("kv_cache.rotary_seqlen is set but kv_cache.rotary_dim is 0");
+  }
+  return Status::success();
+}
+
 }  // namespace
 
 Status validate_problem(const Problem& p) {
@@ -151,11 +224,18 @@ Status validate_problem(const Problem& p) {
   if (p.varlen.cu_seqlens_k != nullptr && p.varlen.cu_seqlens_q == nullptr)
     return invalid("varlen.cu_seqlens_k is set but varlen.cu_seqlens_q is null; varlen mode needs both");
   if (p.is_varlen()) {
-    if (p.varlen.cu_seqlens_k == nullptr)
+    if (p.varlen.cu_seqlens_k == nullptr && !p.kv_cache.enabled())
       return invalid("varlen.cu_seqlens_q is set but varlen.cu_seqlens_k is null; varlen mode needs both");
     if (p.varlen.total_q < 0 || p.varlen.total_k < 0)
       return invalid("varlen.total_q (%lld) and varlen.total_k (%lld) must be >= 0",
                      (long long)p.varlen.total_q, (long long)p.varlen.total_k);
+  }
+  if (p.num_splits < 0)
+    return invalid("num_splits is %lld; it must be >= 0 (0: the library's choice, 1: none)",
+                   (long long)p.num_splits);
+  if (p.kv_cache.enabled()) {
+    Status s = validate_kv_cache(p);
+    if (!s.ok()) return s;
   }
   // Every tensor's byte count must fit in int64, so that no size derived from the problem
   // (workspace, grid, offsets) can wrap.
@@ -176,37 +256,87 @@ Status validate_problem(const Problem& p) {
   return Status::success();
 }
 
+namespace {
+
+// cu_seqlens-style offsets: arr[0] = 0, non-decreasing, each length ≤ max_len, arr[batch] ≤ total.
+Status check_offsets(const char* name, const int32_t* cu, int64_t batch, int64_t total,
+                     const char* total_name, int64_t max_len, const char* max_name) {
+  if (cu[0] != 0) return invalid("%s[0] is %d; it must be 0", name, cu[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = int64_t(cu[b + 1]) - cu[b];
+    if (len < 0)
+      return invalid("%s decreases at %lld (%d > %d)", name, (long long)b, cu[b], cu[b + 1]);
+    if (len > max_len)
+      return invalid("sequence %lld has length %lld in %s, more than %s = %lld (the maximum)",
+                     (long long)b, (long long)len, name, max_name, (long long)max_len);
+  }
+  if (cu[batch] > total)
+    return invalid("%s[batch] = %d exceeds the tensor's rows (%s = %lld)", name, cu[batch],
+                   total_name, (long long)total);
+  return Status::success();
+}
+
+// The KV cache's arrays, sequence by sequence: cache rows, left pads, appends within the capacity,
+// the pages read and written, the rotary positions.
+Status validate_kv_cache_arrays(const Problem& p) {
+  const KvCache& c = p.kv_cache;
+  if (c.cu_seqlens_new != nullptr) {
+    Status s = check_offsets("kv_cache.cu_seqlens_new", c.cu_seqlens_new, p.batch, c.total_new,
+                             "kv_cache.total_new", c.seqlen_new, "kv_cache.seqlen_new");
+    if (!s.ok()) return s;
+  }
+  const bool banded = p.causal || p.window.left >= 0 || p.window.right >= 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const SeqSpan s = seq_span(p, b);
+    if (s.cache_row < 0 || s.cache_row >= cache_rows(p))
+      return invalid("kv_cache.batch_idx[%lld] is %lld; it must be in [0, %lld) (the cache's rows)",
+                     (long long)b, (long long)s.cache_row, (long long)cache_rows(p));
+    if (s.k_first < 0 || s.k_first > s.cache_len)
+      return invalid("kv_cache.leftpad[%lld] is %lld; it must be in [0, %lld] (the sequence's "
+                     "cache length, seqused_k)",
+                     (long long)b, (long long)s.k_first, (long long)s.cache_len);
+    if (s.cache_len + s.new_rows > p.seqlen_k)
+      return invalid("sequence %lld appends %lld rows to a cache row holding %lld of %lld: the "
+                     "append runs past the cache's capacity (seqlen_k)",
+                     (long long)b, (long long)s.new_rows, (long long)s.cache_len,
+                     (long long)p.seqlen_k);
+    if (c.paged() && s.k_first < s.cache_len + s.new_rows) {
+      const int32_t* row = c.page_table + s.cache_row * c.page_table_stride;
+      for (int64_t i = s.k_first / c.page_size; i <= (s.cache_len + s.new_rows - 1) / c.page_size;
+           ++i)
+        if (row[i] < 0 || row[i] >= c.num_pages)
+          return invalid("kv_cache.page_table[%lld][%lld] is %d; it must be in [0, %lld) (the "
+                         "cache's pages)",
+                         (long long)s.cache_row, (long long)i, row[i], (long long)c.num_pages);
+    }
+    if (c.rotary_dim > 0) {
+      int64_t last = s.new_rows > 0 ? s.cache_len + s.new_rows - 1 : -1;
+      if (s.seqlen_q > 0) last = std::max(last, s.cache_len + (banded ? s.seqlen_q - 1 : 0));
+      if (last >= c.rotary_seqlen)
+        return invalid("sequence %lld needs rotary position %lld, but the tables hold %lld "
+                       "(kv_cache.rotary_seqlen)",
+                       (long long)b, (long long)last, (long long)c.rotary_seqlen);
+    }
+  }
+  return Status::success();
+}
+
+}  // namespace
+
 Status validate_sequence_arrays(const Problem& p) {
   if (p.is_varlen()) {
-    const struct {
-      const char* name;
-      const int32_t* cu;
-      int64_t total, max_len;
-      const char* total_name;
-      const char* max_name;
-    } arrays[] = {{"cu_seqlens_q", p.varlen.cu_seqlens_q, p.varlen.total_q, p.seqlen_q, "total_q",
-                   "seqlen_q"},
-                  {"cu_seqlens_k", p.varlen.cu_seqlens_k, p.varlen.total_k, p.seqlen_k, "total_k",
-                   "seqlen_k"}};
-    for (const auto& a : arrays) {
-      if (a.cu[0] != 0) return invalid("%s[0] is %d; it must be 0", a.name, a.cu[0]);
-      for (int64_t b = 0; b < p.batch; ++b) {
-        const int64_t len = int64_t(a.cu[b + 1]) - a.cu[b];
-        if (len < 0)
-          return invalid("%s decreases at %lld (%d > %d)", a.name, (long long)b, a.cu[b],
-                         a.cu[b + 1]);
-        if (len > a.max_len)
-          return invalid("sequence %lld has length %lld in %s, more than %s = %lld (the maximum)",
-                         (long long)b, (long long)len, a.name, a.max_name, (long long)a.max_len);
-      }
-      if (a.cu[p.batch] > a.total)
-        return invalid("%s[batch] = %d exceeds the tensor's rows (varlen.%s = %lld)", a.name,
-                       a.cu[p.batch], a.total_name, (long long)a.total);
-    }
+    Status s = check_offsets("cu_seqlens_q", p.varlen.cu_seqlens_q, p.batch, p.varlen.total_q,
+                             "varlen.total_q", p.seqlen_q, "seqlen_q");
+    if (!s.ok()) return s;
+  }
+  if (p.is_varlen_k()) {
+    Status s = check_offsets("cu_seqlens_k", p.varlen.cu_seqlens_k, p.batch, p.varlen.total_k,
+                             "varlen.total_k", p.seqlen_k, "seqlen_k");
+    if (!s.ok()) return s;
   }
   if (p.seqused_k != nullptr) {
     for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t len = p.is_varlen()
+      const int64_t len = p.is_varlen_k()
                               ? int64_t(p.varlen.cu_seqlens_k[b + 1]) - p.varlen.cu_seqlens_k[b]
                               : p.seqlen_k;
       if (p.seqused_k[b] < 0 || p.seqused_k[b] > len)
@@ -214,7 +344,7 @@ Status validate_sequence_arrays(const Problem& p) {
                        (long long)b, p.seqused_k[b], (long long)len);
     }
   }
-  return Status::success();
+  return p.kv_cache.enabled() ? validate_kv_cache_arrays(p) : Status::success();
 }
 
 namespace {
@@ -232,10 +362,84 @@ Views input_extents(const Problem& p, const TensorView& q, const TensorView& k,
 
 }  // namespace
 
+namespace {
+
+// The KV cache's views: the cache (pages or rows; written where rows are appended), the appended
+// rows, the rotary tables.
+Status validate_kv_cache_tensors(const Problem& p, const ForwardTensors& t) {
+  const KvCache& c = p.kv_cache;
+  const int64_t elem = int64_t(p.dtype == DType::kFP32 ? 4 : 2);
+  const int64_t outer = c.paged() ? c.num_pages : cache_rows(p);
+  const int64_t rows = c.paged() ? c.page_size : p.seqlen_k;
+  const struct {
+    const char* name;
+    const TensorView& view;
+    int64_t dim;
+  } caches[] = {{"k", t.k, p.head_dim_qk}, {"v", t.v, p.head_dim_v}};
+  for (const auto& x : caches) {
+    const Extent e{x.name,
+                   x.view.data,
+                   elem,
+                   {{outer, x.view.batch_stride}, {rows, x.view.seq_stride},
+                    {p.heads_kv, x.view.head_stride}, {x.dim, x.view.dim_stride}},
+                   4};
+    Status s = c.appends() ? check_output(e) : check_input(e);
+    if (!s.ok()) return s;
+  }
+  if (c.appends()) {
+    const struct {
+      const char* name;
+      const TensorView& view;
+      int64_t dim;
+    } news[] = {{"k_new", t.k_new, p.head_dim_qk}, {"v_new", t.v_new, p.head_dim_v}};
+    for (const auto& x : news) {
+      const Extent e =
+          c.cu_seqlens_new != nullptr
+              ? Extent{x.name,
+                       x.view.data,
+                       elem,
+                       {{c.total_new, x.view.seq_stride}, {p.heads_kv, x.view.head_stride},
+                        {x.dim, x.view.dim_stride}},
+                       3}
+              : Extent{x.name,
+                       x.view.data,
+                       elem,
+                       {{p.batch, x.view.batch_stride}, {c.seqlen_new, x.view.seq_stride},
+                        {p.heads_kv, x.view.head_stride}, {x.dim, x.view.dim_stride}},
+                       4};
+      Status s = check_input(e);
+      if (!s.ok()) return s;
+    }
+  }
+  if (c.rotary_dim > 0) {
+    if (t.rotary.row_stride < c.rotary_dim / 2)
+      return invalid("rotary.row_stride is %lld; it must be at least rotary_dim / 2 = %lld",
+                     (long long)t.rotary.row_stride, (long long)(c.rotary_dim / 2));
+    for (const auto& [name, data] : {std::pair<const char*, const void*>{"rotary.cos", t.rotary.cos},
+                                     {"rotary.sin", t.rotary.sin}}) {
+      const Extent e{name,
+                     data,
+                     elem,
+                     {{c.rotary_seqlen, t.rotary.row_stride}, {c.rotary_dim / 2, 1}},
+                     2};
+      Status s = check_input(e);
+      if (!s.ok()) return s;
+    }
+  }
+  return Status::success();
+}
+
+}  // namespace
+
 Status validate_forward_tensors(const Problem& p, const ForwardTensors& t) {
   const Views in = input_extents(p, t.q, t.k, t.v);
   for (const Extent* e : {&in.q, &in.k, &in.v}) {
+    if (p.kv_cache.enabled() && e != &in.q) continue;  // the cache's own views, below
     Status s = check_input(*e);
+    if (!s.ok()) return s;
+  }
+  if (p.kv_cache.enabled()) {
+    Status s = validate_kv_cache_tensors(p, t);
     if (!s.ok()) return s;
   }
   Status s = check_output(

@@ -48,7 +48,15 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
                   {"dv.data", b ? b->dv.data : nullptr},
                   {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
                   {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
-                  {"seqused_k", p.seqused_k}};
+                  {"seqused_k", p.seqused_k},
+                  {"k_new.data", f ? f->k_new.data : nullptr},
+                  {"v_new.data", f ? f->v_new.data : nullptr},
+                  {"rotary.cos", f ? f->rotary.cos : nullptr},
+                  {"rotary.sin", f ? f->rotary.sin : nullptr},
+                  {"kv_cache.page_table", p.kv_cache.page_table},
+                  {"kv_cache.batch_idx", p.kv_cache.batch_idx},
+                  {"kv_cache.leftpad", p.kv_cache.leftpad},
+                  {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new}};
   for (const auto& ptr : pointers) {
     Status s = check_host(ptr.name, ptr.data);
     if (!s.ok()) return s;

@@ -9,6 +9,7 @@
 
 #include "common/mask.hpp"
 #include "common/numeric.hpp"
+#include "common/rotary.hpp"
 #include "common/seq_layout.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/tiles.hpp"
@@ -21,7 +22,7 @@ namespace {
 struct Scratch {
   Scratch(int64_t dim_qk, int64_t dim_v)
       : q(kTileQ * dim_qk), kt(dim_qk * kTileK), v(kTileK * dim_v), s(kTileQ * kTileK),
-        acc(kTileQ * dim_v), m(kTileQ), l(kTileQ) {}
+        acc(kTileQ * dim_v), m(kTileQ), l(kTileQ), rotary(dim_qk) {}
   std::vector<float> q;    // [kTileQ][dqk]
   std::vector<float> kt;   // [dqk][kTileK]: K transposed, so that S = Q·Kt is a row update
   std::vector<float> v;    // [kTileK][dv]
@@ -29,6 +30,7 @@ struct Scratch {
   std::vector<float> acc;  // [kTileQ][dv]: unnormalised output
   std::vector<float> m;    // running row max, log2 units
   std::vector<float> l;    // running row sum of exp2(s - m)
+  std::vector<float> rotary;  // a position's cos and sin (KV cache rotary)
 };
 
 // Scores of keys row i may not see become −inf; the tile holds keys [k0, k0 + n).
@@ -65,6 +67,56 @@ void online_softmax_step(float* s, int64_t n, float& m, float& l, float* acc_row
   m = m_new;
 }
 
+// The KV cache's rotary embedding of one row (fp32, in place) at cache position `pos`.
+template <typename T>
+void rotate(const Problem& p, const RotaryView& r, int64_t pos, float* x, float* table) {
+  const int64_t half = p.kv_cache.rotary_dim / 2;
+  const T* cos = static_cast<const T*>(r.cos) + pos * r.row_stride;
+  const T* sin = static_cast<const T*>(r.sin) + pos * r.row_stride;
+  for (int64_t i = 0; i < half; ++i) {
+    table[i] = to_float(cos[i]);
+    table[half + i] = to_float(sin[i]);
+  }
+  rotate_row(x, p.kv_cache.rotary_dim, table, table + half, p.kv_cache.rotary_interleaved);
+}
+
+// A query's rotary position: its own under a causal or window mask (the new tokens attend
+// causally, each at its place after the cache), else the cache's end for every query.
+int64_t query_position(const Problem& p, const SeqSpan& span, int64_t i) {
+  const bool banded = p.causal || p.window.left >= 0 || p.window.right >= 0;
+  return span.cache_len + (banded ? i : 0);
+}
+
+// The appends of every sequence, before any attention reads the cache: k_new (rotated) and v_new
+// written at cache positions cache_len … cache_len + new_rows − 1. One thread, in batch order: two
+// sequences appending to one cache row or page write in that order.
+template <typename T>
+void append_to_cache(const Problem& p, const ForwardTensors& t) {
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  std::vector<float> row(static_cast<size_t>(dqk));
+  std::vector<float> table(static_cast<size_t>(p.kv_cache.rotary_dim));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const SeqSpan span = seq_span(p, b);
+    for (int64_t j = 0; j < span.new_rows; ++j) {
+      const int64_t pos = span.cache_len + j;
+      for (int64_t h = 0; h < p.heads_kv; ++h) {
+        const T* k_new = element<T>(t.k_new, new_offset(t.k_new, p, span, j, h));
+        const T* v_new = element<T>(t.v_new, new_offset(t.v_new, p, span, j, h));
+        T* k = static_cast<T*>(t.k.data) + cache_offset(t.k, p, span, pos, h);
+        T* v = static_cast<T*>(t.v.data) + cache_offset(t.v, p, span, pos, h);
+        if (p.kv_cache.rotary_dim > 0) {
+          for (int64_t c = 0; c < dqk; ++c) row[size_t(c)] = to_float(k_new[c]);
+          rotate<T>(p, t.rotary, pos, row.data(), table.data());
+          for (int64_t c = 0; c < dqk; ++c) k[c] = from_float<T>(row[size_t(c)]);
+        } else {
+          std::copy(k_new, k_new + dqk, k);
+        }
+        std::copy(v_new, v_new + dv, v);
+      }
+    }
+  }
+}
+
 template <typename T>
 void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod, const Task& task,
                   Scratch& w) {
@@ -76,15 +128,29 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
 
   load_rows(element<T>(t.q, q_offset(t.q, span, q0, task.head)), t.q.seq_stride, rows, dqk,
             w.q.data());
+  if (p.kv_cache.rotary_dim > 0)
+    for (int64_t r = 0; r < rows; ++r)
+      rotate<T>(p, t.rotary, query_position(p, span, q0 + r), w.q.data() + r * dqk,
+                w.rotary.data());
   std::fill(w.m.begin(), w.m.end(), -kInf);
   std::fill(w.l.begin(), w.l.end(), 0.0f);
   std::fill(w.acc.begin(), w.acc.end(), 0.0f);
 
   for_each_key_tile(mask, q0, rows, [&](int64_t k0, int64_t cols) {
-    load_rows_transposed(element<T>(t.k, k_offset(t.k, span, k0, kv_head)), t.k.seq_stride, cols,
-                         dqk, w.kt.data(), kTileK);
-    load_rows(element<T>(t.v, k_offset(t.v, span, k0, kv_head)), t.v.seq_stride, cols, dv,
-              w.v.data());
+    if (p.kv_cache.enabled()) {
+      // Row by row: a tile's keys may span pages.
+      for (int64_t j = 0; j < cols; ++j) {
+        load_rows_transposed(element<T>(t.k, key_offset(t.k, p, span, k0 + j, kv_head)), 0, 1,
+                             dqk, w.kt.data() + j, kTileK);
+        load_rows(element<T>(t.v, key_offset(t.v, p, span, k0 + j, kv_head)), 0, 1, dv,
+                  w.v.data() + j * dv);
+      }
+    } else {
+      load_rows_transposed(element<T>(t.k, k_offset(t.k, span, k0, kv_head)), t.k.seq_stride,
+                           cols, dqk, w.kt.data(), kTileK);
+      load_rows(element<T>(t.v, k_offset(t.v, span, k0, kv_head)), t.v.seq_stride, cols, dv,
+                w.v.data());
+    }
 
     // S = Q Kᵀ
     std::fill(w.s.begin(), w.s.end(), 0.0f);
@@ -124,6 +190,7 @@ Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace,
   std::vector<Scratch> scratch = make_scratch<Scratch>(tasks, problem, threads);
   visit_dtype(problem.dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (problem.kv_cache.appends()) append_to_cache<T>(problem, tensors);
     run_tasks(tasks, scratch, [&](const Task& task, Scratch& w) {
       forward_task<T>(problem, tensors, mod, task, w);
     });

@@ -220,9 +220,36 @@ class RowSelection {
 
 }  // namespace
 
+namespace {
+
+// Rotates query row `x` of sequence b, row i, as `r` says: in double, or (low) in fp32 with the
+// result rounded to the dtype.
+void rotate_query(const Problem& p, const QueryRotary& r, int64_t b, int64_t i, bool low,
+                  std::vector<double>& x) {
+  const int64_t pos = r.position[size_t(b)] + (r.per_row ? i : 0);
+  const int64_t half = r.dim / 2;
+  for (int64_t n = 0; n < half; ++n) {
+    const double c = load(r.cos, p.dtype, pos * r.row_stride + n);
+    const double sn = load(r.sin, p.dtype, pos * r.row_stride + n);
+    const size_t a = size_t(r.interleaved ? 2 * n : n);
+    const size_t z = size_t(r.interleaved ? 2 * n + 1 : n + half);
+    if (low) {
+      const float xa = float(x[a]), xz = float(x[z]), c32 = float(c), s32 = float(sn);
+      x[a] = round_to(p.dtype, xa * c32 - xz * s32);
+      x[z] = round_to(p.dtype, xa * s32 + xz * c32);
+    } else {
+      const double xa = x[a], xz = x[z];
+      x[a] = xa * c - xz * sn;
+      x[z] = xa * sn + xz * c;
+    }
+  }
+}
+
+}  // namespace
+
 ForwardResult forward(const Problem& p, const TensorView& q, const TensorView& k,
                       const TensorView& v, Precision precision,
-                      const std::vector<RowSample>& rows) {
+                      const std::vector<RowSample>& rows, const QueryRotary* rotary) {
   const bool exact = precision == Precision::kExact;
   const int64_t d = p.head_dim_qk, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
   const size_t lse_size = size_t(rows_q_total(p) * p.heads_q);
@@ -246,7 +273,8 @@ ForwardResult forward(const Problem& p, const TensorView& q, const TensorView& k
       const std::vector<float> values32 = exact ? std::vector<float>{} : to_fp32(values);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         for (int64_t i : selection.rows(b, h, s.len_q)) {
-          const std::vector<double> qrow = gather(q, p.dtype, s.batch, s.first_q + i, 1, h, d);
+          std::vector<double> qrow = gather(q, p.dtype, s.batch, s.first_q + i, 1, h, d);
+          if (rotary != nullptr) rotate_query(p, *rotary, b, i, !exact, qrow);
           double* out = &r.out[size_t((dense_q_row(p, s, i) * p.heads_q + h) * dv)];
           const size_t li = size_t(lse_index(p, s, h, i));
           if (exact) {

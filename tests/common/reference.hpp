@@ -64,9 +64,24 @@ struct RowSample {
   int64_t batch, head, row;
 };
 
+// A rotary embedding of the queries (a KV cache's, Problem::kv_cache), applied to each query row
+// before its scores: in double (exact mode), or in fp32 and rounded to the problem's dtype
+// (low-precision mode: a kernel holds the rotated Q in its dtype). The tables hold `dim` / 2
+// values per position, in the problem's dtype; interleaved pairs (2i, 2i + 1), else (i, i + dim/2).
+struct QueryRotary {
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t row_stride = 0;
+  int64_t dim = 0;
+  bool interleaved = false;
+  std::vector<int64_t> position;  // per batch entry: the position of its query 0
+  bool per_row = false;           // query i at position[b] + i; else every query at position[b]
+};
+
 ForwardResult forward(const Problem& problem, const TensorView& q, const TensorView& k,
                       const TensorView& v, Precision precision = Precision::kExact,
-                      const std::vector<RowSample>& rows = {});
+                      const std::vector<RowSample>& rows = {},
+                      const QueryRotary* rotary = nullptr);
 
 // Gradients of sum(out ∘ dout) w.r.t. q, k, v. Exact mode: in double, from the given inputs (O is
 // recomputed exactly, so the result is the true gradient of the function the inputs define).

@@ -3,6 +3,7 @@
  * at the end; exits non-zero on any failure. */
 #define _POSIX_C_SOURCE 200112L /* setenv, unsetenv */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -407,8 +408,83 @@ static void test_overrides(void) {
         "... and nothing was written");
 }
 
+/* ABI version 2's KV cache through C: the small problem with its keys and values in pages of one
+ * row, in reverse order, computes the very output of the contiguous one; and a caller of ABI
+ * version 1 (its struct sizes) is served with the defaults of the fields it does not know. */
+static void test_kv_cache_and_versions(void) {
+  enum { kPages = kBatch * kSeqK };
+  static float k_pages[kPages * kHeadsKV * kDimQK], v_pages[kPages * kHeadsKV * kDimV];
+  static float out_plain[sizeof out / sizeof out[0]];
+  int32_t table[kBatch * kSeqK];
+  fa4_problem p;
+  fa4_forward_tensors f;
+  fa4_status s;
+  size_t i;
+  int b, r, same = 1;
+
+  fill(q, sizeof q / sizeof q[0], 5u);
+  fill(k, sizeof k / sizeof k[0], 6u);
+  fill(v, sizeof v / sizeof v[0], 7u);
+  small_problem(&p);
+  forward_views(&f);
+  check(p.page_table == NULL && p.num_splits == 0 && p.rotary_dim == 0 && f.k_new.data == NULL &&
+            f.k_new.dim_stride == 1 && f.rotary_cos == NULL,
+        "fa4_problem_init / fa4_forward_tensors_init: no KV cache, no splits bound");
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "the contiguous forward");
+  memcpy(out_plain, out, sizeof out);
+
+  /* Key row r of sequence b in page kPages - 1 - (b * kSeqK + r). */
+  for (b = 0; b < kBatch; ++b)
+    for (r = 0; r < kSeqK; ++r) {
+      const int page = kPages - 1 - (b * kSeqK + r);
+      table[b * kSeqK + r] = page;
+      memcpy(&k_pages[page * kHeadsKV * kDimQK], &k[(b * kSeqK + r) * kHeadsKV * kDimQK],
+             sizeof(float) * kHeadsKV * kDimQK);
+      memcpy(&v_pages[page * kHeadsKV * kDimV], &v[(b * kSeqK + r) * kHeadsKV * kDimV],
+             sizeof(float) * kHeadsKV * kDimV);
+    }
+  p.page_table = table;
+  p.page_table_stride = kSeqK;
+  p.pages_per_seq = kSeqK;
+  p.num_pages = kPages;
+  p.page_size = 1;
+  f.k = view(k_pages, 1, kHeadsKV, kDimQK);
+  f.v = view(v_pages, 1, kHeadsKV, kDimV);
+  for (i = 0; i < sizeof out / sizeof out[0]; ++i) out[i] = NAN;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "the paged forward (pages of one row, in reverse order)");
+  if (s != FA4_SUCCESS) printf("  message: %s\n", fa4_last_error_message());
+  for (i = 0; i < sizeof out / sizeof out[0]; ++i)
+    if (memcmp(&out[i], &out_plain[i], sizeof(float)) != 0) same = 0;
+  check(same, "... computes the contiguous forward's output bit for bit");
+
+  p.page_size = 0;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_ERROR_INVALID_ARGUMENT && strstr(fa4_last_error_message(), "page_size"),
+        "a page table with page_size 0: invalid argument naming it");
+
+  /* A version-1 caller: the structs end before the KV cache. */
+  small_problem(&p);
+  forward_views(&f);
+  p.struct_size = (uint32_t)offsetof(fa4_problem, page_table);
+  f.struct_size = (uint32_t)offsetof(fa4_forward_tensors, k_new);
+  /* Whatever lies past a version-1 struct is not read. */
+  p.page_table = table;
+  p.page_size = -5;
+  f.k_new.data = k_pages;
+  for (i = 0; i < sizeof out / sizeof out[0]; ++i) out[i] = NAN;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "structs of ABI version 1 are accepted");
+  same = 1;
+  for (i = 0; i < sizeof out / sizeof out[0]; ++i)
+    if (memcmp(&out[i], &out_plain[i], sizeof(float)) != 0) same = 0;
+  check(same, "... with the fields they lack at their defaults");
+}
+
 int main(void) {
   test_versions();
+  test_kv_cache_and_versions();
   test_init_defaults();
   test_forward_and_backward();
   test_errors();

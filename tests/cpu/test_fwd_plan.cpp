@@ -306,6 +306,25 @@ TEST(Sm90ForwardPlan, ForcedSplits) {
   EXPECT_EQ(max_splits(big, o), 1) << "2^19 rows leave no room for a second split";
 }
 
+// The problem's num_splits bounds the splits (1: none) and with them the workspace.
+TEST(Sm90ForwardPlan, NumSplitsBoundsTheSplits) {
+  Problem p = fixed(1, 1, 32, 8, 128);
+  p.seqlen_k = 262144;
+  ASSERT_EQ(plan_forward(p, kH200, {}).splits, 16);
+  p.num_splits = 5;
+  EXPECT_EQ(plan_forward(p, kH200, {}).splits, 5);
+  EXPECT_EQ(FwdWorkspace::of(p, {}).max_splits, 5);
+  p.num_splits = 1;
+  EXPECT_EQ(plan_forward(p, kH200, {}).splits, 1);
+  EXPECT_EQ(FwdWorkspace::of(p, {}).bytes, 0u);
+  p.num_splits = 1000;  // a bound, not a demand
+  EXPECT_EQ(plan_forward(p, kH200, {}).splits, 16);
+  Overrides forced;
+  forced.splits = 8;
+  p.num_splits = 3;
+  EXPECT_EQ(plan_forward(p, kH200, forced).splits, 3) << "forced within the caller's bound";
+}
+
 // The decode shapes of bench/gqa_short.py split as docs/sm90_forward.md says.
 TEST(Sm90ForwardPlan, DecodeSplits) {
   struct Shape {

@@ -99,3 +99,16 @@ def test_calls_pass_the_overrides():
     with pytest.raises(c_abi.Fa4Error, match="splits"):
         lib.forward(q, k, v, out2, lse1, c_abi.Params(causal=True))
     assert torch.isnan(out2).all()
+
+
+def test_struct_layouts_match_the_library():
+    """fa4_*_init writes sizeof(the C struct) into struct_size: the ctypes layouts must be as large,
+    or the library would write past them."""
+    lib = _library.library()
+    for cls, init in ((c_abi.Problem, lib.lib.fa4_problem_init),
+                      (c_abi.ForwardTensors, lib.lib.fa4_forward_tensors_init),
+                      (c_abi.BackwardTensors, lib.lib.fa4_backward_tensors_init),
+                      (c_abi.Overrides, lib.lib.fa4_overrides_init)):
+        s = cls()
+        init(ctypes.byref(s))
+        assert s.struct_size == ctypes.sizeof(cls), cls.__name__

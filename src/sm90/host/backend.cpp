@@ -74,6 +74,8 @@ Status check_tma_view(const char* name, const TensorView& t, const Problem& p, b
 }
 
 Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTensors* b) {
+  // A KV cache's views are refused by can_implement, whatever they are.
+  if (p.kv_cache.enabled()) return Status::success();
   const struct {
     const char* name;
     const TensorView* view;
@@ -162,6 +164,9 @@ Status can_implement_backward(const Problem& p) {
 }
 
 Status can_implement(const Problem& p, Pass pass) {
+  if (p.kv_cache.enabled())
+    return not_supported("the sm90 backend has no KV cache kernels yet (pages, cache rows, "
+                         "appends, rotary); the CPU backend computes them");
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the

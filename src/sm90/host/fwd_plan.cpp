@@ -106,10 +106,11 @@ int pack_group(const Problem& p, int block_m, Choice forced) {
 }
 
 // A tile holds at least one query position of one kv head per sequence, so there are at least
-// heads_kv · batch tiles: beyond kMaxSms / that, splitting would not fill idle SMs. Forced, as many
-// as asked for within the row budget.
+// heads_kv · batch tiles: beyond kMaxSms / that, splitting would not fill idle SMs. Never more than
+// the problem's num_splits (when set); forced, as many as asked for within those bounds.
 int max_splits(const Problem& p, const Overrides& overrides) {
-  const int64_t cap = split_row_cap(p);
+  int64_t cap = split_row_cap(p);
+  if (p.num_splits > 0) cap = std::min(cap, p.num_splits);  // the caller's bound
   if (overrides.splits > 0)
     return int(std::max<int64_t>(1, std::min<int64_t>(overrides.splits, cap)));
   if (p.seqlen_k < kMinSplitKeys || p.heads_kv * p.batch <= 0) return 1;
