@@ -13,7 +13,7 @@ from . import _library, modes, ops, reference
 from .c_abi import Fa4Error
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
-                        flash_attn_varlen_qkvpacked_func)
+                        flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 from .modes import FallbackWarning, VerificationError, get_mode, mode, set_mode
 
 __version__ = _library.library().version()
@@ -24,6 +24,7 @@ if _importlib_util.find_spec(__name__ + ".sdpa") is not None:
 __all__ = [
     "Fa4Error", "FallbackWarning", "VerificationError", "__version__", "flash_attn_func",
     "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "get_mode", "mode",
+    "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache", "get_mode", "mode",
     "modes", "ops", "reference", "set_mode",
 ]

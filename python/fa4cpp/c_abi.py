@@ -123,10 +123,27 @@ class Params:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     seqused_k: Optional[torch.Tensor] = None
+    kv: Optional["KvCache"] = None  # k / v are a KV cache (flash_attn_with_kvcache)
+    num_splits: int = 0
 
     @property
     def varlen(self):
         return self.cu_seqlens_q is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class KvCache:
+    """A KV cache's own parameters (fa4_problem's KV-cache fields); the cache lengths travel as
+    Params.seqused_k. Tensors as the library reads them: int32, contiguous."""
+    page_table: Optional[torch.Tensor] = None       # (cache_batch, pages_per_seq)
+    cache_batch_idx: Optional[torch.Tensor] = None  # (batch,)
+    cache_leftpad: Optional[torch.Tensor] = None    # (batch,)
+    cu_seqlens_new: Optional[torch.Tensor] = None   # (batch + 1,): varlen appends
+    seqlen_new: int = 0                             # appended rows (the most, when varlen)
+    total_new: int = 0
+    rotary_dim: int = 0
+    rotary_interleaved: bool = False
+    rotary_seqlen: int = 0
 
 
 def _ptr(t):
@@ -293,18 +310,21 @@ class Library:
         problem without touching tensor memory (for can_implement on fake or meta tensors)."""
         p = self._new(Problem)
         q_shape, k_shape = q.shape, k.shape
+        marker = ctypes.addressof(_VARLEN_MARKER)
         if params.varlen:
             p.batch = int(params.cu_seqlens_q.shape[0]) - 1
             p.seqlen_q, p.seqlen_k = int(params.max_seqlen_q), int(params.max_seqlen_k)
-            p.total_q, p.total_k = int(q_shape[0]), int(k_shape[0])
-            if pointers:
-                p.cu_seqlens_q = params.cu_seqlens_q.data_ptr()
-                p.cu_seqlens_k = params.cu_seqlens_k.data_ptr()
-            else:
-                p.cu_seqlens_q = p.cu_seqlens_k = ctypes.addressof(_VARLEN_MARKER)
+            p.total_q = int(q_shape[0])
+            p.cu_seqlens_q = params.cu_seqlens_q.data_ptr() if pointers else marker
+            if params.kv is None:
+                p.total_k = int(k_shape[0])
+                p.cu_seqlens_k = params.cu_seqlens_k.data_ptr() if pointers else marker
         else:
             p.batch, p.seqlen_q = int(q_shape[0]), int(q_shape[1])
             p.seqlen_k = int(k_shape[1])
+        p.num_splits = int(params.num_splits)
+        if params.kv is not None:
+            self._put_kv_cache(p, k_shape, params.kv, pointers)
         p.heads_q, p.heads_kv = int(q_shape[-2]), int(k_shape[-2])
         p.head_dim_qk, p.head_dim_v = int(q_shape[-1]), int(v.shape[-1])
         p.dtype = DTYPES[q.dtype]
@@ -318,6 +338,30 @@ class Library:
         p.return_lse = 1
         p.deterministic = int(params.deterministic)
         return p
+
+    @staticmethod
+    def _put_kv_cache(p, k_shape, kv, pointers):
+        """The KV-cache fields of p; k_shape is the cache's (rows or pages, keys, heads, dim)."""
+        def address(t):
+            if t is None:
+                return None
+            return t.data_ptr() if pointers else ctypes.addressof(_VARLEN_MARKER)
+        p.cache_batch = int(k_shape[0])
+        p.seqlen_k = int(k_shape[1])
+        if kv.page_table is not None:
+            pt = kv.page_table
+            p.page_table = address(pt)
+            p.page_table_stride = int(pt.stride(0)) if pt.shape[0] > 1 else int(pt.shape[1])
+            p.pages_per_seq = int(pt.shape[1])
+            p.num_pages, p.page_size = int(k_shape[0]), int(k_shape[1])
+            p.cache_batch = int(pt.shape[0])
+            p.seqlen_k = p.pages_per_seq * p.page_size
+        p.cache_batch_idx = address(kv.cache_batch_idx)
+        p.cache_leftpad = address(kv.cache_leftpad)
+        p.seqlen_new, p.total_new = int(kv.seqlen_new), int(kv.total_new)
+        p.cu_seqlens_new = address(kv.cu_seqlens_new)
+        p.rotary_dim, p.rotary_seqlen = int(kv.rotary_dim), int(kv.rotary_seqlen)
+        p.rotary_interleaved = int(kv.rotary_interleaved)
 
     def can_implement(self, pass_, q, k, v, params, backend):
         """(status, message) of fa4_can_implement for the problem of q/k/v; shapes only."""
@@ -343,12 +387,20 @@ class Library:
             return None
         return torch.cuda.current_stream(device).cuda_stream
 
-    def _forward_tensors(self, q, k, v, out, lse):
+    def _forward_tensors(self, q, k, v, out, lse, k_new=None, v_new=None, rotary=None):
+        """rotary: (cos, sin) of a KV cache's rotary embedding, or None."""
         t = self._new(ForwardTensors)
         for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
             _put_tensor(t, name, x)
         if lse is not None:
             _put_lse(t, "lse", lse)
+        if k_new is not None:
+            _put_tensor(t, "k_new", k_new)
+            _put_tensor(t, "v_new", v_new)
+        if rotary is not None:
+            cos, sin = rotary
+            t.rotary_cos, t.rotary_sin = cos.data_ptr(), sin.data_ptr()
+            t.rotary_stride = int(cos.stride(0))
         return t
 
     def _backward_tensors(self, dout, q, k, v, out, lse, dq, dk, dv):
@@ -360,15 +412,16 @@ class Library:
             _put_tensor(t, name, x)
         return t
 
-    def forward(self, q, k, v, out, lse, params):
+    def forward(self, q, k, v, out, lse, params, k_new=None, v_new=None, rotary=None):
         """Runs the forward on the backend of q's device, on torch's current stream; raises
-        Fa4Error with the library's message. out and lse are written."""
+        Fa4Error with the library's message. out and lse are written (and, with a KV cache's
+        appends, k and v)."""
         device = q.device  # each .device builds a new torch.device
         backend = backend_of(device)
         if backend is None:
             raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % device.type)
         p = self.problem(q, k, v, params)
-        t = self._forward_tensors(q, k, v, out, lse)
+        t = self._forward_tensors(q, k, v, out, lse, k_new, v_new, rotary)
         with _device_scope(device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, device)
             self._check(self.lib.fa4_forward_with_overrides(

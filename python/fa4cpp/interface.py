@@ -8,7 +8,8 @@ block_table (paged KV) raise ValueError naming the argument; so does an explicit
 (out, softmax_lse, S_dmask) where S_dmask is an empty tensor of shape (0,): what flash_attn 2.7 and
 later return whenever dropout_p is 0 (the only case fa4cpp runs; flash_attn computes the
 probabilities only with dropout, and versions up to 2.6 returned None there).
-flash_attn_varlen_func takes seqused_k as an extra keyword (flash_attn 3's name)."""
+flash_attn_varlen_func takes seqused_k as an extra keyword (flash_attn 3's name).
+flash_attn_with_kvcache has FlashAttention-3's signature (hopper/flash_attn_interface.py)."""
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.fa4cpp.*)
@@ -131,3 +132,53 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+# FlashAttention-3 arguments fa4cpp does not compute: given anything but their default, they raise.
+_KVCACHE_UNSUPPORTED = (("qv", None), ("rotary_seqlens", None), ("q_descale", None),
+                        ("k_descale", None), ("v_descale", None), ("attention_chunk", 0),
+                        ("scheduler_metadata", None), ("sm_margin", 0))
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, page_table=None, cu_seqlens_q=None,
+                            cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                            rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+    """Attention over a KV cache, FlashAttention-3's flash_attn_with_kvcache. q (batch, seqlen_q,
+    nheads, headdim), or (total_q, nheads, headdim) with cu_seqlens_q and max_seqlen_q.
+    k_cache / v_cache (batch_cache, seqlen_cache, nheads_k, headdim[_v]), or with page_table
+    (batch, max_pages) int32: (num_pages, page_size, nheads_k, headdim[_v]), any page size.
+    cache_seqlens (int, or (batch,) int32): each cache row's current length. k / v (batch,
+    seqlen_new, nheads_k, headdim[_v]), or (total_new, ...) with cu_seqlens_k_new: written into
+    the cache (in place) at cache_seqlens, k rotated there by rotary_cos / rotary_sin
+    ((seqlen_ro, rotary_dim / 2)) when given, then attended to with the rest. Queries are rotated
+    too: at cache_seqlens + i under a causal or window mask, all at cache_seqlens otherwise.
+    cache_batch_idx (batch,) picks the cache row (or page-table row) of each batch entry;
+    cache_leftpad (batch,) the first valid key of each. Masks are aligned bottom-right over each
+    sequence's keys. num_splits: 0 the library's choice, 1 none, n at most n. pack_gqa is a
+    performance hint the library decides by itself (ignored). Returns out (q's shape with
+    headdim_v), or (out, softmax_lse) with return_softmax_lse ((batch, nheads, seqlen_q), or
+    (nheads, total_q) when varlen). Forward only."""
+    given = dict(qv=qv, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
+                 v_descale=v_descale, attention_chunk=attention_chunk,
+                 scheduler_metadata=scheduler_metadata, sm_margin=sm_margin)
+    for name, default in _KVCACHE_UNSUPPORTED:
+        if given[name] is not default and given[name] != default:
+            raise ValueError("fa4cpp: %s is not supported by flash_attn_with_kvcache (pass %r)"
+                             % (name, default))
+    if cu_seqlens_q is not None and max_seqlen_q is None:
+        raise ValueError("fa4cpp: max_seqlen_q must be given with cu_seqlens_q")
+    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    left, right = _window(window_size)
+    out, lse = torch.ops.fa4cpp.fwd_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+        _length(max_seqlen_q) if max_seqlen_q is not None else 0, _scale(softmax_scale),
+        bool(causal), left, right, _softcap(softcap), bool(rotary_interleaved), int(num_splits))
+    return (out, lse) if return_softmax_lse else out

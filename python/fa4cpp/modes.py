@@ -287,3 +287,18 @@ def verify_backward(dout, q, k, v, dq, dk, dv, params):
         for what, got, want, size in (("dk", dk, grads[1], sizes[1]),
                                       ("dv", dv, grads[2], sizes[2])):
             _compare("the backward's " + what, got, want, c * size + floor, key_names, key_rows)
+
+
+def verify_kvcache(q, v_cache, out, lse, ref_out, ref_lse):
+    """Checks a library KV-cache forward's out / lse against the reference's (computed on the cache
+    the call left: every row); raises VerificationError."""
+    used = torch.nan_to_num(v_cache.detach().abs().float(), nan=0.0, posinf=0.0)
+    out_tol = OUT_TOLERANCE[q.dtype] * max(float(used.max()) if used.numel() else 0.0, 1e-30)
+    varlen = q.dim() == 3
+    rows = range(q.shape[0] if varlen else q.shape[1])
+    _compare("the forward's output", out, ref_out, out_tol,
+             ("token row", "head", "dim") if varlen else ("batch", "query row", "head", "dim"),
+             rows)
+    lse_tol = LSE_TOLERANCE * (1.0 + torch.nan_to_num(ref_lse.abs(), posinf=0.0))
+    _compare("the forward's LSE", lse, ref_lse, lse_tol,
+             ("head", "token row") if varlen else ("batch", "head", "query row"), rows)

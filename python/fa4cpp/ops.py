@@ -17,6 +17,14 @@ and autograd formulas, and support(): whether the library runs a problem.
                                 max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                                 window_left, window_right, softcap, deterministic) -> (dq, dk, dv)
 
+    torch.ops.fa4cpp.fwd_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                                 cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                                 cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale,
+                                 causal, window_left, window_right, softcap, rotary_interleaved,
+                                 num_splits) -> (out, lse)
+        attention over a KV cache (flash_attn_with_kvcache), appending k_new / v_new to it in
+        place first; forward only.
+
 fwd's autograd formula calls bwd (varlen_fwd's calls varlen_bwd); lse is not differentiable.
 Tensors may have any strides (the library takes them); one whose last dimension is not contiguous
 is copied. CUDA tensors run on the sm90 backend on torch's current stream, CPU tensors on the CPU
@@ -442,3 +450,202 @@ def _varlen_fwd_backward(ctx, dout, _dlse):
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
+
+
+# -- KV cache op ----------------------------------------------------------------------------------
+
+def _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q):
+    """Shapes, dtypes and devices of a KV-cache call (the library checks sizes and contents)."""
+    varlen = cu_seqlens_q is not None
+    if q.dim() != (3 if varlen else 4):
+        _fail("q has shape %s; expected %s", tuple(q.shape),
+              "(total_q, heads, head_dim) with cu_seqlens_q" if varlen
+              else "(batch, seqlen_q, heads, head_dim)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            _fail("%s has shape %s; expected (batch_cache, seqlen_cache, heads_k, head_dim), or "
+                  "(num_pages, page_size, heads_k, head_dim) with page_table", name,
+                  tuple(t.shape))
+        if t.dtype != q.dtype or t.device != q.device:
+            _fail("%s must be a %s tensor on %s like q (got %s on %s)", name, q.dtype, q.device,
+                  t.dtype, t.device)
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            _fail("%s's last dimension must be contiguous (the cache is read and written in "
+                  "place)", name)
+    if tuple(k_cache.shape[:3]) != tuple(v_cache.shape[:3]):
+        _fail("k_cache %s and v_cache %s must have the same rows and heads", tuple(k_cache.shape),
+              tuple(v_cache.shape))
+    if q.shape[-1] != k_cache.shape[-1] or q.shape[-2] % k_cache.shape[-2] != 0:
+        _fail("q %s and k_cache %s: one head dim, and q's heads a multiple of the cache's",
+              tuple(q.shape), tuple(k_cache.shape))
+    batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    if (k_new is None) != (v_new is None):
+        _fail("k and v (the new rows) go together: give both or neither")
+    if k_new is not None:
+        rank = 3 if cu_seqlens_k_new is not None else 4
+        for name, t, cache in (("k", k_new, k_cache), ("v", v_new, v_cache)):
+            if (t.dim() != rank or t.shape[-2:] != cache.shape[-2:] or t.dtype != q.dtype
+                    or t.device != q.device or (rank == 4 and t.shape[0] != batch)):
+                _fail("%s has shape %s %s; expected %s of %s on %s", name, tuple(t.shape),
+                      t.dtype, "(total_new, heads_k, head_dim) with cu_seqlens_k_new"
+                      if rank == 3 else "(batch, seqlen_new, heads_k, head_dim)", q.dtype,
+                      q.device)
+    elif cu_seqlens_k_new is not None:
+        _fail("cu_seqlens_k_new is given without k and v")
+    if (rotary_cos is None) != (rotary_sin is None):
+        _fail("rotary_cos and rotary_sin go together: give both or neither")
+    if rotary_cos is not None:
+        if k_new is None:
+            _fail("rotary_cos / rotary_sin need k and v: the rotary embedding applies to the new "
+                  "keys and the queries")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if (t.dim() != 2 or t.shape != rotary_cos.shape or t.dtype != q.dtype
+                    or t.device != q.device):
+                _fail("%s must be a (seqlen_ro, rotary_dim / 2) %s tensor on %s like rotary_cos "
+                      "(got %s %s)", name, q.dtype, q.device, t.dtype, tuple(t.shape))
+    for name, t, n in (("cache_seqlens", cache_seqlens, batch),
+                       ("cache_batch_idx", cache_batch_idx, batch),
+                       ("cache_leftpad", cache_leftpad, batch),
+                       ("cu_seqlens_q", cu_seqlens_q, batch + 1),
+                       ("cu_seqlens_k_new", cu_seqlens_k_new, batch + 1)):
+        if t is not None:
+            _check_index(name, t, n, q.device)
+    if page_table is not None and (page_table.dim() != 2 or page_table.dtype != torch.int32
+                                   or page_table.device != q.device):
+        _fail("page_table must be a 2-D int32 tensor (batch_cache, max_pages) on %s (got %s %s "
+              "on %s)", q.device, page_table.dtype, tuple(page_table.shape), page_table.device)
+    if varlen and max_seqlen_q < 0:
+        _fail("max_seqlen_q is %d; it must be >= 0", max_seqlen_q)
+
+
+def _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
+                    page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal,
+                    window_left, window_right, softcap, rotary_interleaved, num_splits):
+    def contiguous(t):
+        return t if t is None or t.is_contiguous() else t.contiguous()
+    appends = k_new is not None
+    kv = c_abi.KvCache(
+        page_table=None if page_table is None else (
+            page_table if page_table.stride(-1) == 1 else page_table.contiguous()),
+        cache_batch_idx=contiguous(cache_batch_idx), cache_leftpad=contiguous(cache_leftpad),
+        cu_seqlens_new=contiguous(cu_seqlens_k_new),
+        # Varlen appends: their total bounds every sequence's rows (no device read for the max).
+        seqlen_new=(k_new.shape[0] if cu_seqlens_k_new is not None else k_new.shape[1])
+        if appends else 0,
+        total_new=k_new.shape[0] if appends and cu_seqlens_k_new is not None else 0,
+        rotary_dim=2 * rotary_cos.shape[1] if rotary_cos is not None else 0,
+        rotary_interleaved=bool(rotary_interleaved) if rotary_cos is not None else False,
+        rotary_seqlen=rotary_cos.shape[0] if rotary_cos is not None else 0)
+    return Params(softmax_scale, causal, window_left, window_right, softcap, False,
+                  contiguous(cu_seqlens_q), None, int(max_seqlen_q), 0, contiguous(cache_seqlens),
+                  kv, int(num_splits))
+
+
+def _kvcache_out_shapes(q, v_cache, params):
+    out = tuple(q.shape[:-1]) + (v_cache.shape[-1],)
+    lse = (q.shape[1], q.shape[0]) if params.varlen else (q.shape[0], q.shape[2], q.shape[1])
+    return out, lse
+
+
+def _kvcache_key_lens(q, k_cache, k_new, params):
+    """Each sequence's cache length before and after the appends (the reference's key ends)."""
+    kv = params.kv
+    batch = (params.cu_seqlens_q.shape[0] - 1) if params.varlen else q.shape[0]
+    lens = params.seqused_k
+    if lens is None:  # a full cache
+        capacity = (kv.page_table.shape[1] * k_cache.shape[1] if kv.page_table is not None
+                    else k_cache.shape[1])
+        lens = torch.full((batch,), capacity, dtype=torch.int32, device=k_cache.device)
+    if k_new is None:
+        return lens, lens
+    if kv.cu_seqlens_new is not None:
+        added = kv.cu_seqlens_new[1:] - kv.cu_seqlens_new[:-1]
+    else:
+        added = torch.full_like(lens, k_new.shape[1])
+    return lens, lens + added
+
+
+def _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params, append):
+    kv = params.kv
+    before, after = _kvcache_key_lens(q, k_cache, k_new, params)
+    cos, sin = rotary if rotary is not None else (None, None)
+    if append and k_new is not None:
+        reference.kvcache_append(k_cache, v_cache, k_new, v_new, before,
+                                 page_table=kv.page_table, cache_batch_idx=kv.cache_batch_idx,
+                                 cu_seqlens_new=kv.cu_seqlens_new, rotary_cos=cos,
+                                 rotary_sin=sin, rotary_interleaved=kv.rotary_interleaved)
+    return reference.kvcache_attention(
+        q, k_cache, v_cache, after, cache_seqlens=before, page_table=kv.page_table,
+        cache_batch_idx=kv.cache_batch_idx, cache_leftpad=kv.cache_leftpad,
+        cu_seqlens_q=params.cu_seqlens_q, rotary_cos=cos, rotary_sin=sin,
+        rotary_interleaved=kv.rotary_interleaved, softmax_scale=params.softmax_scale,
+        causal=params.causal, window=(params.window_left, params.window_right),
+        softcap=params.softcap)
+
+
+def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
+    q = _last_dim_contiguous(q)
+    if k_new is not None:
+        k_new, v_new = _last_dim_contiguous(k_new), _last_dim_contiguous(v_new)
+    if rotary is not None:
+        rotary = tuple(t if t.stride(-1) == 1 else t.contiguous() for t in rotary)
+    code = c_abi.backend_of(q.device)
+    reason = ("tensors on device %s: the library runs on cpu and cuda tensors" % q.device
+              if code is None else None)
+    if reason is None:
+        status, message = _library.library().can_implement(c_abi.PASS_FORWARD, q, k_cache,
+                                                           v_cache, params, code)
+        reason = None if status == c_abi.SUCCESS else message
+    if reason is not None:
+        modes.unsupported("forward", reason)
+        out, lse = _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params, True)
+        return out.to(q.dtype), lse.to(torch.float32)
+    out_shape, lse_shape = _kvcache_out_shapes(q, v_cache, params)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    _library.library().forward(q, k_cache, v_cache, out, lse, params, k_new, v_new, rotary)
+    if modes.get_mode().verify > 0:
+        ref_out, ref_lse = _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params,
+                                              False)
+        modes.verify_kvcache(q, v_cache, out, lse, ref_out, ref_lse)
+    return out, lse
+
+
+@torch.library.custom_op("fa4cpp::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor],
+                v_new: Optional[Tensor], rotary_cos: Optional[Tensor],
+                rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                page_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                cu_seqlens_k_new: Optional[Tensor], max_seqlen_q: int, softmax_scale: float,
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                rotary_interleaved: bool, num_splits: int) -> tuple[Tensor, Tensor]:
+    """Attention of q over a KV cache, the new rows k_new / v_new appended to it first (in place:
+    the op mutates k_cache and v_cache), flash_attn_with_kvcache's semantics (docs/semantics.md).
+    Forward only."""
+    _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q)
+    params = _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
+                             page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
+                             softmax_scale, causal, window_left, window_right, softcap,
+                             rotary_interleaved, num_splits)
+    _check_params(params)
+    rotary = (rotary_cos, rotary_sin) if rotary_cos is not None else None
+    return _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params)
+
+
+@fwd_kvcache.register_fake
+def _fwd_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                      max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
+                      rotary_interleaved, num_splits):
+    _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q)
+    varlen = cu_seqlens_q is not None
+    out = tuple(q.shape[:-1]) + (v_cache.shape[-1],)
+    lse = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    return q.new_empty(out), q.new_empty(lse, dtype=torch.float32)

@@ -337,3 +337,121 @@ def varlen_attention_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, *, soft
         for result, part in zip(results, parts if magnitudes else [parts]):
             result[0][where], result[1][keys], result[2][keys] = part
     return _backward_result(results, rows, magnitudes)
+
+
+# -- KV caches (flash_attn_with_kvcache's semantics, docs/semantics.md) -------------------------------
+
+def _cache_index(k_cache, rows, positions, page_table):
+    """Indices (first, second) into a cache's two leading dimensions of cache row `rows[i]`'s
+    position `positions[i]`: (row, position), or (page, row in page) through the page table."""
+    if page_table is None:
+        return rows, positions
+    page_size = k_cache.shape[1]
+    return page_table[rows, positions // page_size].long(), positions % page_size
+
+
+def rotate(x, cos, sin, positions, interleaved):
+    """x (n, heads, d) with its first 2·cos.shape[1] dims rotated at positions (n,), in fp32 (the
+    library's precision); returns fp32. Interleaved (GPT-J) pairs (2i, 2i+1), else (GPT-NeoX)
+    (i, i + half)."""
+    half = cos.shape[1]
+    y = x.float().clone()
+    c = cos.float()[positions][:, None, :]
+    s = sin.float()[positions][:, None, :]
+    if interleaved:
+        a, b = y[..., 0:2 * half:2].clone(), y[..., 1:2 * half:2].clone()
+        y[..., 0:2 * half:2] = a * c - b * s
+        y[..., 1:2 * half:2] = a * s + b * c
+    else:
+        a, b = y[..., :half].clone(), y[..., half:2 * half].clone()
+        y[..., :half] = a * c - b * s
+        y[..., half:2 * half] = a * s + b * c
+    return y
+
+
+def _new_counts(k_new, cu_seqlens_new, batch):
+    if k_new is None:
+        return [0] * batch
+    if cu_seqlens_new is not None:
+        cu = [int(x) for x in cu_seqlens_new.tolist()]
+        return [cu[b + 1] - cu[b] for b in range(batch)]
+    return [k_new.shape[1]] * batch
+
+
+@torch.no_grad()
+def kvcache_append(k_cache, v_cache, k_new, v_new, cache_seqlens, *, page_table=None,
+                   cache_batch_idx=None, cu_seqlens_new=None, rotary_cos=None, rotary_sin=None,
+                   rotary_interleaved=False):
+    """Writes the new rows into the cache in place, as the library does: sequence b's rows at
+    positions cache_seqlens[b] … (through the page table when paged), k rotated there when the
+    tables are given. Batch entries in order (a later one's write to a shared row wins)."""
+    batch = cache_seqlens.shape[0]
+    counts = _new_counts(k_new, cu_seqlens_new, batch)
+    lens = [int(x) for x in cache_seqlens.tolist()]
+    starts = [int(x) for x in cu_seqlens_new.tolist()] if cu_seqlens_new is not None else None
+    for b in range(batch):
+        n = counts[b]
+        if n == 0:
+            continue
+        kb = k_new[starts[b]:starts[b] + n] if starts is not None else k_new[b, :n]
+        vb = v_new[starts[b]:starts[b] + n] if starts is not None else v_new[b, :n]
+        positions = torch.arange(lens[b], lens[b] + n, device=k_cache.device)
+        if rotary_cos is not None:
+            kb = rotate(kb, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+        first, second = _cache_index(k_cache, torch.full_like(positions, row), positions,
+                                     page_table)
+        k_cache[first, second] = kb.to(k_cache.dtype)
+        v_cache[first, second] = vb.to(v_cache.dtype)
+
+
+@torch.no_grad()
+@_exact_matmul
+def kvcache_attention(q, k_cache, v_cache, key_lens, *, cache_seqlens, page_table=None,
+                      cache_batch_idx=None, cache_leftpad=None, cu_seqlens_q=None,
+                      rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                      softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0):
+    """Attention of q over a KV cache the appends have already been written to: sequence b's keys
+    are cache positions [leftpad[b], key_lens[b]) of its cache row; with rotary tables, q rotated
+    at cache_seqlens[b] + i (causal or window) or cache_seqlens[b]. q (b, sq, hq, d) or, with
+    cu_seqlens_q, (total, hq, d). Returns O and LSE in fp32, in q's layout and (b, hq, sq) /
+    (hq, total)."""
+    varlen = cu_seqlens_q is not None
+    batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    cu_q = [int(x) for x in cu_seqlens_q.tolist()] if varlen else None
+    lens = [int(x) for x in key_lens.tolist()]
+    base = [int(x) for x in cache_seqlens.tolist()]
+    pads = [int(x) for x in cache_leftpad.tolist()] if cache_leftpad is not None else [0] * batch
+    banded = causal or window[0] >= 0 or window[1] >= 0
+    rows_q, keys, values, cu_k = [], [], [], [0]
+    for b in range(batch):
+        qb = q[cu_q[b]:cu_q[b + 1]] if varlen else q[b]
+        if rotary_cos is not None:
+            i = torch.arange(qb.shape[0], device=q.device)
+            qb = rotate(qb, rotary_cos, rotary_sin, base[b] + (i if banded else 0 * i),
+                        rotary_interleaved)
+        rows_q.append(qb.float())
+        positions = torch.arange(pads[b], lens[b], device=q.device)
+        row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+        first, second = _cache_index(k_cache, torch.full_like(positions, row), positions,
+                                     page_table)
+        keys.append(k_cache[first, second].float())
+        values.append(v_cache[first, second].float())
+        cu_k.append(cu_k[-1] + positions.shape[0])
+    dev = q.device
+    qq = torch.cat(rows_q) if rows_q else q.new_zeros((0,) + q.shape[-2:], dtype=torch.float32)
+    cu_q_t = torch.tensor([0] + [sum(r.shape[0] for r in rows_q[:b + 1]) for b in range(batch)],
+                          dtype=torch.int32, device=dev)
+    kk = (torch.cat(keys) if keys
+          else k_cache.new_zeros((0,) + k_cache.shape[2:], dtype=torch.float32))
+    vv = (torch.cat(values) if values
+          else v_cache.new_zeros((0,) + v_cache.shape[2:], dtype=torch.float32))
+    cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=dev)
+    scale = softmax_scale if softmax_scale != 0 else effective_scale(0.0, q.shape[-1])
+    out, lse = varlen_attention(qq, kk, vv, cu_q_t, cu_k_t, softmax_scale=scale, causal=causal,
+                                window=window, softcap=softcap)
+    if varlen:
+        return out, lse
+    sq = q.shape[1]
+    return (out.reshape(batch, sq, *out.shape[1:]),
+            lse.reshape(lse.shape[0], batch, sq).transpose(0, 1))
