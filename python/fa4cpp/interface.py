@@ -2,8 +2,8 @@
 flash_attn 2's flash_attn_interface, over fa4cpp's custom ops. Porting code is one import:
 `from fa4cpp import flash_attn_func` for `from flash_attn import flash_attn_func`.
 
-Differences, each an error rather than a silent change: dropout_p > 0, alibi_slopes and
-block_table (paged KV) raise ValueError naming the argument; so does an explicit softmax_scale of 0
+Differences, each an error rather than a silent change: dropout_p > 0 and alibi_slopes raise
+ValueError naming the argument; so does an explicit softmax_scale of 0
 (the library reads 0 as "default"). With return_attn_probs=True the result is
 (out, softmax_lse, S_dmask) where S_dmask is an empty tensor of shape (0,): what flash_attn 2.7 and
 later return whenever dropout_p is 0 (the only case fa4cpp runs; flash_attn computes the
@@ -15,16 +15,13 @@ import torch
 from . import ops  # noqa: F401  (registers torch.ops.fa4cpp.*)
 
 
-def _refuse_unsupported(dropout_p, alibi_slopes, block_table=None):
+def _refuse_unsupported(dropout_p, alibi_slopes):
     if dropout_p > 0:
         raise ValueError("fa4cpp: dropout_p=%r is not supported (fa4cpp computes attention "
                          "without dropout); pass dropout_p=0.0" % (dropout_p,))
     if alibi_slopes is not None:
         raise ValueError("fa4cpp: alibi_slopes is not supported (no ALiBi bias); pass "
                          "alibi_slopes=None")
-    if block_table is not None:
-        raise ValueError("fa4cpp: block_table (a paged KV cache) is not supported; pass "
-                         "contiguous k/v and block_table=None")
 
 
 def _scale(softmax_scale):
@@ -78,19 +75,48 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None, *, seqused_k=None):
+                           return_attn_probs=False, block_table=None, *, seqused_k=None,
+                           return_softmax_lse=False, out=None, num_splits=0,
+                           scheduler_metadata=None, q_descale=None, k_descale=None,
+                           v_descale=None, fa_version=None, s_aux=None):
     """Packed variable-length batches: q (total_q, nheads, headdim), k/v (total_k, nheads_k,
     headdim[_v]), sequence b in rows cu_seqlens[b] .. cu_seqlens[b+1] (int32, batch + 1 entries,
     on the tensors' device); max_seqlen_* bound the sequence lengths. seqused_k (int32, batch)
     optionally limits sequence b to its first seqused_k[b] keys. Returns out (total_q, nheads,
-    headdim_v), or (out, softmax_lse (nheads, total_q) fp32, empty S_dmask)."""
-    _refuse_unsupported(dropout_p, alibi_slopes, block_table)
+    headdim_v), or (out, softmax_lse (nheads, total_q) fp32, empty S_dmask).
+
+    vLLM's call is accepted too (keywords): block_table (batch, max_blocks) int32 with k / v a
+    paged cache (num_blocks, block_size, nheads_k, headdim), seqused_k the sequences' key counts
+    and cu_seqlens_k None; out= receives the result (also returned); return_softmax_lse returns
+    (out, softmax_lse); num_splits bounds the split-KV of a paged call (0: the library's choice);
+    fa_version is ignored. scheduler_metadata, the FP8 descales and s_aux raise ValueError."""
+    for name, value in (("scheduler_metadata", scheduler_metadata), ("q_descale", q_descale),
+                        ("k_descale", k_descale), ("v_descale", v_descale), ("s_aux", s_aux)):
+        if value is not None:
+            raise ValueError("fa4cpp: %s is not supported by flash_attn_varlen_func (pass None)"
+                             % name)
+    _refuse_unsupported(dropout_p, alibi_slopes)
+    window_size = (-1, -1) if window_size is None else window_size
     left, right = _window(window_size)
-    out, lse = torch.ops.fa4cpp.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                           _length(max_seqlen_q), _length(max_seqlen_k), seqused_k,
-                                           _scale(softmax_scale), bool(causal), left, right,
-                                           _softcap(softcap), bool(deterministic))
-    return _result(out, lse, return_attn_probs)
+    if block_table is not None:
+        if cu_seqlens_k is not None:
+            raise ValueError("fa4cpp: with block_table the keys are the paged cache's: pass "
+                             "seqused_k and cu_seqlens_k=None")
+        result, lse = torch.ops.fa4cpp.fwd_kvcache(
+            q, k, v, None, None, None, None, seqused_k, None, None, block_table, cu_seqlens_q,
+            None, _length(max_seqlen_q), _scale(softmax_scale), bool(causal), left, right,
+            _softcap(softcap), False, int(num_splits))
+    else:
+        result, lse = torch.ops.fa4cpp.varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, _length(max_seqlen_q), _length(max_seqlen_k),
+            seqused_k, _scale(softmax_scale), bool(causal), left, right, _softcap(softcap),
+            bool(deterministic))
+    if out is not None:
+        out.copy_(result)
+        result = out
+    if return_softmax_lse:
+        return result, lse
+    return _result(result, lse, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,

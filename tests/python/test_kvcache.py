@@ -278,3 +278,33 @@ def test_torch_compile_fullgraph():
     got = compiled(q, k2, v2, args["k"], args["v"], cache_seqlens, args["page_table"])
     torch.testing.assert_close(got, eager, atol=0, rtol=0)
     assert torch.equal(k2, k_cache) and torch.equal(v2, v_cache)
+
+
+def test_vllm_style_varlen_call():
+    """flash_attn_varlen_func as vLLM calls it: a paged cache through block_table, seqused_k and
+    no cu_seqlens_k, out=, return_softmax_lse, num_splits, fa_version."""
+    q, k_cache, v_cache, cache_seqlens, args, lens_q, new = _case(
+        13, page_size=16, varlen_q=True, sq=4, capacity=80)
+    out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    result, lse = fa4cpp.flash_attn_varlen_func(
+        q=q, k=k_cache, v=v_cache, cu_seqlens_q=args["cu_seqlens_q"], cu_seqlens_k=None,
+        max_seqlen_q=4, max_seqlen_k=80, seqused_k=cache_seqlens, causal=True,
+        window_size=None, block_table=args["page_table"], out=out, return_softmax_lse=True,
+        num_splits=2, fa_version=3)
+    assert result is out
+    want, want_lse = fa4cpp.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=args["page_table"],
+        cu_seqlens_q=args["cu_seqlens_q"], max_seqlen_q=4, causal=True, return_softmax_lse=True)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    outs, _, _ = _expected(q, k_cache, v_cache, cache_seqlens, args, lens_q, new, True,
+                           (-1, -1), 16)
+    first = 0
+    for b, o in enumerate(outs):
+        torch.testing.assert_close(out[first:first + lens_q[b]].double(), o, atol=2e-5, rtol=0)
+        first += lens_q[b]
+    with pytest.raises(ValueError, match="s_aux"):
+        fa4cpp.flash_attn_varlen_func(q=q, k=k_cache, v=v_cache, cu_seqlens_q=args["cu_seqlens_q"],
+                                      cu_seqlens_k=None, max_seqlen_q=4, max_seqlen_k=80,
+                                      seqused_k=cache_seqlens, block_table=args["page_table"],
+                                      s_aux=torch.zeros(4))
