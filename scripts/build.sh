@@ -10,5 +10,7 @@ cd "$root"
 jobs=${FA4_BUILD_JOBS:-$(nproc)}
 args=()
 [ -n "${FA4_SM90_KERNELS:-}" ] && args+=("-DFA4_SM90_KERNELS=$FA4_SM90_KERNELS")
+# The native torch ops build against the Python test environment's torch when it exists.
+[ -x .venv/bin/python ] && args+=("-DFA4_TORCH_PYTHON=$root/.venv/bin/python")
 cmake --preset default "${args[@]}" "$@" >/dev/null
 cmake --build --preset default -j "$jobs"

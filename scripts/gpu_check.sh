@@ -9,7 +9,7 @@
 # most 8 files); a short table is printed last and saved as $OUT/summary.txt. Each line of it is
 # also printed as soon as its step is done, so that a run cut short by the device's time limit
 # still says how far it got.
-#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|sass|bench|bench_bwd|bench_fwdbwd]...
+#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|host|sass|bench|bench_bwd|bench_fwdbwd]...
 #          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
 #          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240)
 set -uo pipefail
@@ -50,10 +50,16 @@ run_build() {
     "${gtest_args[@]}" "${prefix_args[@]}" >"$out/build.log" 2>&1 &&
     cmake --build "$dir" -j "$(nproc)" --target fa4_shared fa4_gpu_tests fa4-bench >>"$out/build.log" 2>&1
   local rc=$?
+  # The native torch ops, built against the device's torch (cmake/fa4_torch_ops.cmake finds it).
+  if [ $rc -eq 0 ] && grep -q "native torch ops against" "$out/build.log"; then
+    cmake --build "$dir" -j "$(nproc)" --target fa4_torch >>"$out/build.log" 2>&1
+    rc=$?
+  fi
   note build "rc $rc in $((SECONDS - t0)) s; ptxas spills: $(grep -c ' [1-9][0-9]* bytes spill' "$out/build.log")"
   [ $rc -eq 0 ] || { tail -n 30 "$out/build.log"; return 1; }
   mkdir -p "$dir/bin"
   cp "$dir/libfa4.so" "$dir/tests/gpu/fa4_gpu_tests" "$dir/bench/fa4-bench" "$dir/bin/"
+  cp "$dir"/libfa4_torch.so "$dir"/libfa4_torch.torch_version "$dir/bin/" 2>/dev/null
   bin="$dir/bin"
   export LD_LIBRARY_PATH="$bin:$LD_LIBRARY_PATH"
 }
@@ -62,7 +68,7 @@ if [ "${steps[0]:-}" = build ]; then
   steps=("${steps[@]:1}")
   run_build || { printf '%s\n' "${summary[@]}"; exit 1; }
 fi
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize python sass bench bench_bwd bench_fwdbwd)
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize python host sass bench bench_bwd bench_fwdbwd)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   >"$out/gpu.txt" 2>&1
@@ -263,6 +269,16 @@ run_python() {
   note python "rc $? $(tail -n 1 "$out/python.log")"
   local l
   while read -r l; do note "" "${l:0:200}"; done < <(grep "^SKIPPED" "$out/python.log" | head -n 5)
+}
+
+run_host() {
+  # Host time per call (bench/host_overhead.py) beside SDPA's flash op and, with FA3_HOPPER naming
+  # a built FlashAttention-3 hopper/ folder, FlashAttention-3's op; results into $OUT.
+  FA4CPP_LIBRARY="$bin/libfa4.so" PYTHONPATH="$root/python${FA3_HOPPER:+:$FA3_HOPPER}" \
+    timeout 300 python3 "$root/bench/host_overhead.py" --device cuda --dtypes bf16 \
+    --seqlens 1,128 --heads 8 --out "$out" --sha "${FA4_GIT_SHA:-unknown}" >"$out/host.log" 2>&1
+  note host "rc $? (host_overhead.md; log in host.log)"
+  if [ -n "${OUT:-}" ]; then cp "$out"/host_overhead.* "$OUT/" 2>/dev/null; fi
 }
 
 run_sass() {

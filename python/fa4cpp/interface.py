@@ -87,7 +87,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     vLLM's call is accepted too (keywords): block_table (batch, max_blocks) int32 with k / v a
     paged cache (num_blocks, block_size, nheads_k, headdim), seqused_k the sequences' key counts
-    and cu_seqlens_k None; out= receives the result (also returned); return_softmax_lse returns
+    and cu_seqlens_k None; out= receives the result (also returned; written in place with
+    block_table, copied into otherwise); return_softmax_lse returns
     (out, softmax_lse); num_splits bounds the split-KV of a paged call (0: the library's choice);
     fa_version is ignored. scheduler_metadata, the FP8 descales and s_aux raise ValueError."""
     for name, value in (("scheduler_metadata", scheduler_metadata), ("q_descale", q_descale),
@@ -102,10 +103,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if cu_seqlens_k is not None:
             raise ValueError("fa4cpp: with block_table the keys are the paged cache's: pass "
                              "seqused_k and cu_seqlens_k=None")
-        result, lse = torch.ops.fa4cpp.fwd_kvcache(
-            q, k, v, None, None, None, None, seqused_k, None, None, block_table, cu_seqlens_q,
-            None, _length(max_seqlen_q), _scale(softmax_scale), bool(causal), left, right,
-            _softcap(softcap), False, int(num_splits))
+        args = (q, k, v, None, None, None, None, seqused_k, None, None, block_table,
+                cu_seqlens_q, None, _length(max_seqlen_q), _scale(softmax_scale), bool(causal),
+                left, right, _softcap(softcap), False, int(num_splits))
+        if out is not None:  # written in place
+            lse = torch.ops.fa4cpp.fwd_kvcache_out(*args, out)
+            return (out, lse) if return_softmax_lse else _result(out, lse, return_attn_probs)
+        result, lse = torch.ops.fa4cpp.fwd_kvcache(*args)
     else:
         result, lse = torch.ops.fa4cpp.varlen_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, _length(max_seqlen_q), _length(max_seqlen_k),

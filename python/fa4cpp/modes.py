@@ -14,7 +14,8 @@ verify: after each library call, a sample of query rows (every row when the prob
 
 Switches: the environment variables FA4CPP_FALLBACK=1 and FA4CPP_VERIFY=<fraction in (0, 1]>
 (1 = every row), read when fa4cpp is imported; fa4cpp.set_mode(fallback=..., verify=...) at run
-time, or `with fa4cpp.mode(fallback=True): ...` for a block. Both act inside the custom ops, so they
+time, or `with fa4cpp.mode(fallback=True): ...` for a block. Both act inside the custom ops (while
+either is on, the native ops hand every call to the package's Python implementation), so they
 apply to eager calls and to torch.compile'd graphs alike (the op body is opaque to the compiler).
 
 Verify tolerances, as the maximum absolute error allowed:
@@ -42,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import reference
+from . import _library, reference
 from .c_abi import Fa4Error
 
 FALLBACK_ENV = "FA4CPP_FALLBACK"
@@ -107,6 +108,7 @@ def _parse_verify(text):
 
 _state = Mode(fallback=_parse_fallback(os.environ.get(FALLBACK_ENV, "")),
               verify=_parse_verify(os.environ.get(VERIFY_ENV, "")))
+_library.note_modes(_state.fallback or _state.verify > 0)
 _warned = set()
 _warned_lock = threading.Lock()
 # Which rows verify samples: its own generator, so that verify mode leaves torch's RNG untouched.
@@ -125,6 +127,7 @@ def set_mode(fallback=None, verify=None):
     previous = _state
     _state = Mode(fallback=previous.fallback if fallback is None else bool(fallback),
                   verify=previous.verify if verify is None else _check_verify(verify, "verify"))
+    _library.note_modes(_state.fallback or _state.verify > 0)
     return previous
 
 

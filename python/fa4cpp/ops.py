@@ -24,12 +24,19 @@ and autograd formulas, and support(): whether the library runs a problem.
                                  num_splits) -> (out, lse)
         attention over a KV cache (flash_attn_with_kvcache), appending k_new / v_new to it in
         place first; forward only.
+    torch.ops.fa4cpp.fwd_kvcache_out(<fwd_kvcache's arguments>, out) -> lse
+        the same, writing into the caller's `out` (vLLM's out=).
+
+These are the native ops (C++, python/csrc, docs/python.md) when libfa4_torch.so is loaded; the
+functions below are then their Python implementation, registered as fa4cpp::<name>_py, which the
+native ops hand refusals, bad input and the modes to. Without the native ops they are the ops.
 
 fwd's autograd formula calls bwd (varlen_fwd's calls varlen_bwd); lse is not differentiable.
 Tensors may have any strides (the library takes them); one whose last dimension is not contiguous
 is copied. CUDA tensors run on the sm90 backend on torch's current stream, CPU tensors on the CPU
 backend. A problem the library refuses raises Fa4Error with its reason, or runs on
 fa4cpp.reference in fallback mode (fa4cpp.modes); verify mode checks results after the call."""
+import contextlib
 import ctypes
 import dataclasses
 import math
@@ -326,16 +333,56 @@ def _backward(dout, q, k, v, out, lse, params, grads_like=(None, None, None)):
     return dq, dk, dv
 
 
+# -- op registration ------------------------------------------------------------------------------
+
+# With the native ops (libfa4_torch.so) loaded, torch.ops.fa4cpp.* are theirs and the functions
+# below register as fa4cpp::<name>_py: the Python implementation they hand calls to (refusals,
+# errors, the modes). Without them, the functions below are torch.ops.fa4cpp.* themselves.
+_NATIVE = _library.native()[0]
+
+
+def native_ops():
+    """(True, the library's path) when C++ ops (libfa4_torch.so) serve torch.ops.fa4cpp.*,
+    else (False, why not): the package's Python implementation serves them then."""
+    return _library.native()
+
+
+@contextlib.contextmanager
+def python_path():
+    """Within the block, the native ops hand every call to the Python implementation (as they
+    do while a mode is on): for comparing the two paths, or for code that replaces support() or
+    the c_abi calls. No effect without the native ops."""
+    previous = _library.use_python_path(True)
+    try:
+        yield
+    finally:
+        _library.use_python_path(previous)
+
+
+def _name(op):
+    return "fa4cpp::%s_py" % op if _NATIVE else "fa4cpp::" + op
+
+
+def _fake(python_op, op):
+    """Registers fn as the fake (shape) kernel of the Python op and of the native one."""
+    def register(fn):
+        python_op.register_fake(fn)
+        if _NATIVE:
+            torch.library.register_fake("fa4cpp::" + op)(fn)
+        return fn
+    return register
+
+
 # -- fixed-length ops -----------------------------------------------------------------------------
 
-@torch.library.custom_op("fa4cpp::fwd", mutates_args=())
+@torch.library.custom_op(_name("fwd"), mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, deterministic: bool = False) -> tuple[Tensor, Tensor]:
     return _forward(q, k, v, Params(softmax_scale, causal, window_left, window_right, softcap,
                                     deterministic))
 
 
-@fwd.register_fake
+@_fake(fwd, "fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
               deterministic=False):
     params = Params(softmax_scale, causal, window_left, window_right, softcap)
@@ -344,7 +391,7 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("fa4cpp::bwd", mutates_args=())
+@torch.library.custom_op(_name("bwd"), mutates_args=())
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
         deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -352,7 +399,7 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                                      window_right, softcap, deterministic))
 
 
-@bwd.register_fake
+@_fake(bwd, "bwd")
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
               deterministic):
     params = Params(softmax_scale, causal, window_left, window_right, softcap)
@@ -387,7 +434,7 @@ def _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequs
                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
 
 
-@torch.library.custom_op("fa4cpp::varlen_fwd", mutates_args=())
+@torch.library.custom_op(_name("varlen_fwd"), mutates_args=())
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor],
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
@@ -397,7 +444,7 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                                             window_left, window_right, softcap, deterministic))
 
 
-@varlen_fwd.register_fake
+@_fake(varlen_fwd, "varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                      softmax_scale, causal, window_left, window_right, softcap,
                      deterministic=False):
@@ -408,7 +455,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("fa4cpp::varlen_bwd", mutates_args=())
+@torch.library.custom_op(_name("varlen_bwd"), mutates_args=())
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                seqused_k: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
@@ -419,7 +466,7 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
         window_left, window_right, softcap, deterministic))
 
 
-@varlen_bwd.register_fake
+@_fake(varlen_bwd, "varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, seqused_k, softmax_scale, causal, window_left, window_right,
                      softcap, deterministic):
@@ -543,12 +590,6 @@ def _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_
                   kv, int(num_splits))
 
 
-def _kvcache_out_shapes(q, v_cache, params):
-    out = tuple(q.shape[:-1]) + (v_cache.shape[-1],)
-    lse = (q.shape[1], q.shape[0]) if params.varlen else (q.shape[0], q.shape[2], q.shape[1])
-    return out, lse
-
-
 def _kvcache_key_lens(q, k_cache, k_new, params):
     """Each sequence's cache length before and after the appends (the reference's key ends)."""
     kv = params.kv
@@ -591,6 +632,8 @@ def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
         k_new, v_new = _last_dim_contiguous(k_new), _last_dim_contiguous(v_new)
     if rotary is not None:
         rotary = tuple(t if t.stride(-1) == 1 else t.contiguous() for t in rotary)
+        if rotary[0].shape[0] > 1 and rotary[0].stride(0) != rotary[1].stride(0):
+            rotary = tuple(t.contiguous() for t in rotary)  # the library takes one row stride
     code = c_abi.backend_of(q.device)
     reason = ("tensors on device %s: the library runs on cpu and cuda tensors" % q.device
               if code is None else None)
@@ -602,7 +645,7 @@ def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
         modes.unsupported("forward", reason)
         out, lse = _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params, True)
         return out.to(q.dtype), lse.to(torch.float32)
-    out_shape, lse_shape = _kvcache_out_shapes(q, v_cache, params)
+    out_shape, lse_shape = _kvcache_shapes(q, v_cache, params.cu_seqlens_q)
     out = q.new_empty(out_shape)
     lse = q.new_empty(lse_shape, dtype=torch.float32)
     _library.library().forward(q, k_cache, v_cache, out, lse, params, k_new, v_new, rotary)
@@ -613,18 +656,10 @@ def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
     return out, lse
 
 
-@torch.library.custom_op("fa4cpp::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
-def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor],
-                v_new: Optional[Tensor], rotary_cos: Optional[Tensor],
-                rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
-                cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
-                page_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-                cu_seqlens_k_new: Optional[Tensor], max_seqlen_q: int, softmax_scale: float,
-                causal: bool, window_left: int, window_right: int, softcap: float,
-                rotary_interleaved: bool, num_splits: int) -> tuple[Tensor, Tensor]:
-    """Attention of q over a KV cache, the new rows k_new / v_new appended to it first (in place:
-    the op mutates k_cache and v_cache), flash_attn_with_kvcache's semantics (docs/semantics.md).
-    Forward only."""
+def _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                  cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                  max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
+                  rotary_interleaved, num_splits):
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                    max_seqlen_q)
@@ -637,7 +672,39 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Ten
     return _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params)
 
 
-@fwd_kvcache.register_fake
+def _kvcache_shapes(q, v_cache, cu_seqlens_q):
+    out = tuple(q.shape[:-1]) + (v_cache.shape[-1],)
+    lse = ((q.shape[1], q.shape[0]) if cu_seqlens_q is not None
+           else (q.shape[0], q.shape[2], q.shape[1]))
+    return out, lse
+
+
+def _check_out(out, q, v_cache, cu_seqlens_q):
+    shape = _kvcache_shapes(q, v_cache, cu_seqlens_q)[0]
+    if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
+        _fail("out must be a %s tensor of shape %s on %s (got %s %s on %s)", q.dtype, shape,
+              q.device, out.dtype, tuple(out.shape), out.device)
+
+
+@torch.library.custom_op(_name("fwd_kvcache"), mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor],
+                v_new: Optional[Tensor], rotary_cos: Optional[Tensor],
+                rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                page_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                cu_seqlens_k_new: Optional[Tensor], max_seqlen_q: int, softmax_scale: float,
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                rotary_interleaved: bool, num_splits: int) -> tuple[Tensor, Tensor]:
+    """Attention of q over a KV cache, the new rows k_new / v_new appended to it first (in place:
+    the op mutates k_cache and v_cache), flash_attn_with_kvcache's semantics (docs/semantics.md).
+    Forward only."""
+    return _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                         cache_seqlens, cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
+                         cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal, window_left,
+                         window_right, softcap, rotary_interleaved, num_splits)
+
+
+@_fake(fwd_kvcache, "fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                       cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                       max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
@@ -645,7 +712,39 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                    max_seqlen_q)
-    varlen = cu_seqlens_q is not None
-    out = tuple(q.shape[:-1]) + (v_cache.shape[-1],)
-    lse = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    out, lse = _kvcache_shapes(q, v_cache, cu_seqlens_q)
     return q.new_empty(out), q.new_empty(lse, dtype=torch.float32)
+
+
+@torch.library.custom_op(_name("fwd_kvcache_out"), mutates_args=("k_cache", "v_cache", "out"))
+def fwd_kvcache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor],
+                    v_new: Optional[Tensor], rotary_cos: Optional[Tensor],
+                    rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                    cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                    page_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                    cu_seqlens_k_new: Optional[Tensor], max_seqlen_q: int, softmax_scale: float,
+                    causal: bool, window_left: int, window_right: int, softcap: float,
+                    rotary_interleaved: bool, num_splits: int, out: Tensor) -> Tensor:
+    """fwd_kvcache writing its output into `out` (the caller's tensor, q's shape with the cache's
+    head dim, any strides); returns lse. The native op writes out directly (through a copy only
+    when its last dimension is not contiguous); this implementation copies."""
+    _check_out(out, q, v_cache, cu_seqlens_q)
+    result, lse = _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                                cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+                                cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale,
+                                causal, window_left, window_right, softcap, rotary_interleaved,
+                                num_splits)
+    out.copy_(result)
+    return lse
+
+
+@_fake(fwd_kvcache_out, "fwd_kvcache_out")
+def _fwd_kvcache_out_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                          cache_seqlens, cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
+                          cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal, window_left,
+                          window_right, softcap, rotary_interleaved, num_splits, out):
+    _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
+                   max_seqlen_q)
+    _check_out(out, q, v_cache, cu_seqlens_q)
+    return q.new_empty(_kvcache_shapes(q, v_cache, cu_seqlens_q)[1], dtype=torch.float32)

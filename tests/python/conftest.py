@@ -4,7 +4,11 @@
   is unset, a build tree's libfa4.so (build/cpu, then build/default) is used if one exists.
 - Tests marked `sm90` need a CUDA device of compute capability 9.0 and skip, saying so, elsewhere.
 - Every test starts with fallback and verify off, no fallback warning yet given, and a fixed seed.
+- The fixture `python_path` sends the native ops' calls to the Python implementation, for tests
+  that replace a piece of it (ops.support, the c_abi calls) outside a mode. FA4CPP_TEST_PYTHON_PATH=1
+  sends every test's calls there (scripts/test.sh runs the ops' tests so too).
 """
+import contextlib
 import os
 import sys
 
@@ -21,7 +25,7 @@ if not os.environ.get("FA4CPP_LIBRARY"):
             os.environ["FA4CPP_LIBRARY"] = candidate
             break
 
-from fa4cpp import modes  # noqa: E402  (imports fa4cpp from this tree)
+from fa4cpp import modes, ops  # noqa: E402  (imports fa4cpp from this tree)
 
 SM90_REASON = "needs a CUDA device with compute capability 9.0"
 
@@ -49,8 +53,18 @@ def _clean_state(monkeypatch):
     previous = modes.set_mode(fallback=False, verify=0.0)
     monkeypatch.setattr(modes, "_warned", set())
     torch.manual_seed(0)
-    yield
+    with ops.python_path() if os.environ.get("FA4CPP_TEST_PYTHON_PATH") == "1" else _NO_PATH:
+        yield
     modes.set_mode(fallback=previous.fallback, verify=previous.verify)
+
+
+_NO_PATH = contextlib.nullcontext()
+
+
+@pytest.fixture
+def python_path():
+    with ops.python_path():
+        yield
 
 
 class Check:

@@ -1,8 +1,9 @@
 """The pip packaging (pyproject.toml, cmake/fa4_python.cmake): a CPU-only wheel built from this tree
-holds the package's sources and libfa4.so and nothing else, the build adds nothing to the source
+holds the package's sources, libfa4.so and the native torch ops (built against this environment's
+torch) and nothing else, the build adds nothing to the source
 tree, and the installed package finds its own library (no FA4CPP_LIBRARY) and computes.
 
-Builds the library once more (about 20 s on two cores), offline: scikit-build-core comes from the
+Builds the library and the native ops once more (about 40 s on two cores), offline: scikit-build-core comes from the
 environment (--no-build-isolation), as `FA4_PYTHON_DEPS=1 scripts/install_deps.sh` installs it."""
 import os
 import re
@@ -13,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = re.search(r'"scikit-build-core==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
@@ -70,7 +72,11 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     payload = sorted(n for n in names if ".dist-info/" not in n)
     sources = sorted("fa4cpp/" + p.name for p in (ROOT / "python" / "fa4cpp").glob("*.py"))
-    assert payload == sorted(sources + ["fa4cpp/libfa4.so"])
+    # Built with this environment's torch: the native ops and the torch version they need.
+    assert payload == sorted(sources + ["fa4cpp/libfa4.so", "fa4cpp/libfa4_torch.so",
+                                        "fa4cpp/libfa4_torch.torch_version"])
+    version = zipfile.ZipFile(wheel).read("fa4cpp/libfa4_torch.torch_version").decode()
+    assert version.strip() == torch.__version__
 
 
 def test_installed_package_uses_its_library(wheel, tmp_path):
@@ -85,6 +91,7 @@ def test_installed_package_uses_its_library(wheel, tmp_path):
         print(fa4cpp.__file__)
         print(_library.library_path())
         print(fa4cpp.__version__)
+        print(fa4cpp.ops.native_ops()[1])
         q, k, v = (torch.randn(1, 9, 2, 16) for _ in range(3))
         out = fa4cpp.flash_attn_func(q, k, v, causal=True)
         ref, _ = reference.attention(q, k, v, causal=True)
@@ -93,8 +100,9 @@ def test_installed_package_uses_its_library(wheel, tmp_path):
     run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path,
                          env=_env(PYTHONPATH=str(site)), capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-4000:]
-    package, library, version, error = run.stdout.split("\n")[:4]
+    package, library, version, native, error = run.stdout.split("\n")[:5]
     assert Path(package).parent == site / "fa4cpp"
     assert Path(library) == site / "fa4cpp" / "libfa4.so"
     assert version == _project_version()
+    assert Path(native) == site / "fa4cpp" / "libfa4_torch.so"
     assert float(error) < 1e-5

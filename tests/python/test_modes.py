@@ -75,7 +75,7 @@ def _refuse(monkeypatch, reason, passes=("fwd", "bwd")):
     monkeypatch.setattr(ops, "support", support)
 
 
-def test_refused_call_raises_without_fallback(monkeypatch):
+def test_refused_call_raises_without_fallback(monkeypatch, python_path):
     _refuse(monkeypatch, "no kernel for this test")
     q, k, v = _qkv()
     with pytest.raises(Fa4Error, match="no kernel for this test"):

@@ -1,0 +1,71 @@
+// The library calls behind the native ops. Each try_* checks the tensors the way the package's
+// Python implementation does, prepares them as the library takes them (a contiguous last
+// dimension, TMA-aligned on CUDA), describes the problem, takes workspace from torch's allocator
+// and runs on torch's current stream. When it cannot run the call as given (an input the Python
+// implementation would reject, or a status other than success) it returns std::nullopt with the
+// reason in *why, having written nothing: the op then hands the call to the Python
+// implementation, which raises the package's error or runs the fallback.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace fa4cpp_torch {
+
+using Pair = std::tuple<at::Tensor, at::Tensor>;
+using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// The scalar arguments the ops share, as the schemas carry them.
+struct Scores {
+  double softmax_scale = 0.0;  // 0: 1/sqrt(head_dim)
+  bool causal = false;
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  double softcap = 0.0;
+  bool deterministic = false;
+};
+
+struct VarLenArgs {
+  const at::Tensor& cu_seqlens_q;
+  const at::Tensor& cu_seqlens_k;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_k;
+  const std::optional<at::Tensor>& seqused_k;
+};
+
+struct KvCacheArgs {
+  const std::optional<at::Tensor>& k_new;
+  const std::optional<at::Tensor>& v_new;
+  const std::optional<at::Tensor>& rotary_cos;
+  const std::optional<at::Tensor>& rotary_sin;
+  const std::optional<at::Tensor>& cache_seqlens;
+  const std::optional<at::Tensor>& cache_batch_idx;
+  const std::optional<at::Tensor>& cache_leftpad;
+  const std::optional<at::Tensor>& page_table;
+  const std::optional<at::Tensor>& cu_seqlens_q;
+  const std::optional<at::Tensor>& cu_seqlens_k_new;
+  int64_t max_seqlen_q;
+  bool rotary_interleaved;
+  int64_t num_splits;
+};
+
+// varlen null: fixed-length (batch, seq, heads, dim) tensors.
+std::optional<Pair> try_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const Scores& scores, const VarLenArgs* varlen, std::string* why);
+std::optional<Triple> try_backward(const at::Tensor& dout, const at::Tensor& q,
+                                   const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& out, const at::Tensor& lse,
+                                   const Scores& scores, const VarLenArgs* varlen,
+                                   std::string* why);
+// k_cache and v_cache are written by the appends. `into`, when given, receives the output (any
+// strides; through a copy when its last dimension is not contiguous) and is returned as it.
+std::optional<Pair> try_forward_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
+                                        const at::Tensor& v_cache, const KvCacheArgs& kv,
+                                        const Scores& scores, const at::Tensor* into,
+                                        std::string* why);
+
+}  // namespace fa4cpp_torch
