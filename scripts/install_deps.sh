@@ -5,7 +5,8 @@
 # from the system (Debian: libgtest-dev, libcli11-dev, nlohmann-json3-dev); this script installs
 # them with apt-get when they are missing and it runs as root.
 # FA4_PYTHON_DEPS=1 (opt in): also the Python package's test environment, a venv in .venv/
-# (git-ignored) with the pinned torch, pytest, scikit-build-core and nvidia-ml-py; scripts/test.sh
+# (git-ignored) with the pinned torch, pytest, scikit-build-core, nvidia-ml-py and transformers (the
+# decode-loop example's model); scripts/test.sh
 # runs tests/python with it when it exists. torch comes from PyPI with its CUDA libraries: about
 # 5 GB and two minutes on a fresh machine.
 set -euo pipefail
@@ -14,7 +15,9 @@ CUTLASS_VERSION=4.2.0.0
 CUTLASS_WHEEL=nvidia_cutlass-${CUTLASS_VERSION}-py3-none-any.whl
 CUTLASS_SHA256=f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
 # nvidia-ml-py: NVML for bench/power_log.py (the 580 driver branch's release, as on the H200s).
-PYTHON_TEST_DEPS=(torch==2.11.0 pytest==8.4.2 scikit-build-core==1.1.2 nvidia-ml-py==13.580.82)
+# transformers: the Llama-style model of examples/decode_loop.py and its fp32 reference.
+PYTHON_TEST_DEPS=(torch==2.11.0 pytest==8.4.2 scikit-build-core==1.1.2 nvidia-ml-py==13.580.82
+                  transformers==5.25.0)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 third=$root/third_party
