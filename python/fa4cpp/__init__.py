@@ -13,7 +13,8 @@ from . import _library, modes, ops, reference
 from .c_abi import Fa4Error
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
-                        flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
+                        flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache,
+                        get_scheduler_metadata)
 from .modes import FallbackWarning, VerificationError, get_mode, mode, set_mode
 
 __version__ = _library.library().version()
@@ -25,6 +26,6 @@ __all__ = [
     "Fa4Error", "FallbackWarning", "VerificationError", "__version__", "flash_attn_func",
     "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_with_kvcache", "get_mode", "mode",
+    "flash_attn_with_kvcache", "get_mode", "get_scheduler_metadata", "mode",
     "modes", "ops", "reference", "set_mode",
 ]

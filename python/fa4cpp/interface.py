@@ -212,3 +212,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         _length(max_seqlen_q) if max_seqlen_q is not None else 0, _scale(softmax_scale),
         bool(causal), left, right, _softcap(softcap), bool(rotary_interleaved), int(num_splits))
     return (out, lse) if return_softmax_lse else out
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
+                           headdim, cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None,
+                           cu_seqlens_q=None, cu_seqlens_k_new=None, cache_leftpad=None,
+                           page_size=None, max_seqlen_k_new=0, causal=False,
+                           window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                           num_splits=0, pack_gqa=None, sm_margin=0):
+    """FlashAttention-3's get_scheduler_metadata, for engines that call it before capturing a
+    step in a CUDA graph. fa4cpp needs no metadata: it plans each launch on the host from the
+    shapes and the caller's bounds (max_seqlen_q / max_seqlen_k, the page table's width,
+    num_splits), never from the contents of cache_seqlens or cu_seqlens, so a captured call stays
+    right for any lengths within those bounds. Returns None, which the functions take as
+    scheduler_metadata."""
+    return None

@@ -308,3 +308,23 @@ def test_vllm_style_varlen_call():
                                       cu_seqlens_k=None, max_seqlen_q=4, max_seqlen_k=80,
                                       seqused_k=cache_seqlens, block_table=args["page_table"],
                                       s_aux=torch.zeros(4))
+
+
+def test_scheduler_metadata_is_none_and_accepted():
+    """vLLM asks get_scheduler_metadata (FlashAttention-3's arguments) before capturing a step and
+    passes what it returns; fa4cpp needs none and takes None."""
+    q, k_cache, v_cache, cache_seqlens, args, _, _ = _case(
+        14, page_size=16, varlen_q=True, sq=4, capacity=80)
+    metadata = fa4cpp.get_scheduler_metadata(
+        3, 4, 80, q.shape[1], k_cache.shape[2], q.shape[2], cache_seqlens,
+        qkv_dtype=q.dtype, cu_seqlens_q=args["cu_seqlens_q"], page_size=16, causal=True,
+        num_splits=0)
+    assert metadata is None
+    out = fa4cpp.flash_attn_varlen_func(
+        q, k_cache, v_cache, args["cu_seqlens_q"], None, 4, 80, seqused_k=cache_seqlens,
+        causal=True, block_table=args["page_table"], scheduler_metadata=metadata)
+    want = fa4cpp.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                          page_table=args["page_table"],
+                                          cu_seqlens_q=args["cu_seqlens_q"], max_seqlen_q=4,
+                                          causal=True)
+    assert torch.equal(out, want)
