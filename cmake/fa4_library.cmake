@@ -11,12 +11,16 @@ set(FA4_SOURCES
   src/cpu/forward.cpp
   src/cpu/backward.cpp
   src/cpu/parallel.cpp
+  src/cpu/blas.cpp
+  src/cpu/vec.cpp
   src/sm90/host/backend.cpp
   src/sm90/host/fwd_plan.cpp
   src/sm90/host/bwd_plan.cpp
 )
 
+include(cmake/fa4_cpu_deps.cmake)
 add_library(fa4_objects OBJECT ${FA4_SOURCES})
+fa4_use_cpu_deps(fa4_objects)
 target_include_directories(fa4_objects
   PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
   PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
@@ -38,6 +42,11 @@ endif()
 add_library(fa4 STATIC $<TARGET_OBJECTS:fa4_objects>)
 add_library(fa4_shared SHARED $<TARGET_OBJECTS:fa4_objects>)
 set_target_properties(fa4_shared PROPERTIES OUTPUT_NAME fa4)
+# OpenBLAS goes into the shared library with its symbols hidden (only the API is exported); the
+# static library's users link it after libfa4.a.
+target_link_libraries(fa4_shared PRIVATE "${FA4_OPENBLAS_STATIC}")
+target_link_options(fa4_shared PRIVATE "LINKER:--exclude-libs,libopenblas.a")
+target_link_libraries(fa4 INTERFACE "${FA4_OPENBLAS_STATIC}")
 foreach(lib fa4 fa4_shared)
   target_include_directories(${lib} PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>)
   target_link_libraries(${lib} PUBLIC Threads::Threads ${CMAKE_DL_LIBS})

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the project's pinned third-party files into third_party/ (git-ignored).
 #   CUTLASS/CuTe C++ headers: from the PyPI wheel nvidia-cutlass (pinned, sha256 checked).
-# GoogleTest (the tests), CLI11 and nlohmann/json (fa4-bench's command line and --json record) come
-# from the system (Debian: libgtest-dev, libcli11-dev, nlohmann-json3-dev); this script installs
-# them with apt-get when they are missing and it runs as root.
+# GoogleTest (the tests), CLI11 and nlohmann/json (fa4-bench's command line and --json record),
+# OpenBLAS and Highway (the CPU backend's kernels) come from the system (Debian:
+# libgtest-dev, libcli11-dev, nlohmann-json3-dev, libopenblas-pthread-dev, libhwy-dev); this
+# script installs them with apt-get when they are missing and it runs as root.
 # FA4_PYTHON_DEPS=1 (opt in): also the Python package's test environment, a venv in .venv/
 # (git-ignored) with the pinned torch, pytest, scikit-build-core, nvidia-ml-py and transformers (the
 # decode-loop example's model); scripts/test.sh
@@ -53,6 +54,10 @@ need=()
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
 [ -f /usr/include/CLI/CLI.hpp ] || need+=(libcli11-dev)
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
+# The CPU backend's kernel libraries (cmake/fa4_cpu_deps.cmake).
+[ -f "/usr/lib/$(gcc -print-multiarch)/openblas-pthread/libopenblas.a" ] ||
+  need+=(libopenblas-pthread-dev)
+[ -f /usr/include/hwy/highway.h ] || need+=(libhwy-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -4,16 +4,19 @@
 //   pass 1      per (batch, query head, query tile): dQ = scale · Σ_keys dS K;
 //   pass 2      per (batch, kv head, key tile): dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the
 //               query heads of the group and the query tiles that see the key tile.
-// Both passes recompute P = exp2(S·log2e − LSE·log2e) from the forward's LSE, and
-// dS = P ∘ (dP − D) with dP = dO Vᵀ, times 1 − tanh² when softcap is on.
+// Both passes recompute P = exp(S − LSE) from the forward's LSE, and dS = P ∘ (dP − D) with
+// dP = dO Vᵀ, times 1 − tanh² when softcap is on. The products are OpenBLAS sgemm calls (the
+// transposed ones by its transpose flags), the row operations Highway's.
 #include <algorithm>
 #include <vector>
 
 #include "common/mask.hpp"
 #include "common/numeric.hpp"
 #include "common/seq_layout.hpp"
+#include "cpu/blas.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/tiles.hpp"
+#include "cpu/vec.hpp"
 
 namespace fa4::cpu {
 
@@ -34,79 +37,72 @@ int64_t d_offset(const Problem& p, const SeqSpan& span, int64_t row, int64_t hea
                        : (span.batch * p.heads_q + head) * p.seqlen_q + row;
 }
 
-// The query-side inputs of one tile: Q, dO, LSE in log2 units, D.
+// The query-side inputs of one tile: Q, dO, LSE, D.
 struct QueryTile {
   QueryTile(int64_t dim_qk, int64_t dim_v)
-      : q(kTileQ * dim_qk), qt(dim_qk * kTileQ), dout(kTileQ * dim_v), doutt(dim_v * kTileQ),
-        lse_log2(kTileQ), d(kTileQ) {}
-  std::vector<float> q;      // [kTileQ][dqk]
-  std::vector<float> qt;     // [dqk][kTileQ]  (pass 2 only)
-  std::vector<float> dout;   // [kTileQ][dv]
-  std::vector<float> doutt;  // [dv][kTileQ]   (pass 2 only)
-  std::vector<float> lse_log2, d;
+      : q(kTileQ * dim_qk), dout(kTileQ * dim_v), lse(kTileQ), d(kTileQ) {}
+  std::vector<float> q;     // [kTileQ][dqk]
+  std::vector<float> dout;  // [kTileQ][dv]
+  std::vector<float> lse, d;
 
   template <typename T>
   void load(const Problem& p, const BackwardTensors& t, const float* d_all, const SeqSpan& span,
-            int64_t head, int64_t q0, int64_t rows, bool transposed_too) {
-    const T* qsrc = element<T>(t.q, q_offset(t.q, span, q0, head));
-    const T* dosrc = element<T>(t.dout, q_offset(t.dout, span, q0, head));
-    load_rows(qsrc, t.q.seq_stride, rows, p.head_dim_qk, q.data());
-    load_rows(dosrc, t.dout.seq_stride, rows, p.head_dim_v, dout.data());
-    if (transposed_too) {
-      load_rows_transposed(qsrc, t.q.seq_stride, rows, p.head_dim_qk, qt.data(), kTileQ);
-      load_rows_transposed(dosrc, t.dout.seq_stride, rows, p.head_dim_v, doutt.data(), kTileQ);
-    }
+            int64_t head, int64_t q0, int64_t rows) {
+    load_rows(element<T>(t.q, q_offset(t.q, span, q0, head)), t.q.seq_stride, rows,
+              p.head_dim_qk, q.data());
+    load_rows(element<T>(t.dout, q_offset(t.dout, span, q0, head)), t.dout.seq_stride, rows,
+              p.head_dim_v, dout.data());
     for (int64_t r = 0; r < rows; ++r) {
-      lse_log2[size_t(r)] = t.lse.data[lse_offset(t.lse, span, q0 + r, head)] * kLog2e;
+      lse[size_t(r)] = t.lse.data[lse_offset(t.lse, span, q0 + r, head)];
       d[size_t(r)] = d_all[d_offset(p, span, q0 + r, head)];
     }
   }
 };
 
-// Scores, probabilities, dP and dS of one (query tile × key tile) block, in whichever orientation
-// the pass multiplies with: [kTileQ][kTileK] in pass 1, transposed in pass 2.
+// Scores, probabilities, dP and dS of one (query tile × key tile) block, [kTileQ][kTileK].
 struct ScoreTile {
-  ScoreTile() : s(kTileQ * kTileK), dp(kTileQ * kTileK) {}
-  std::vector<float> s;   // dot products, then dS in pass 1, P in pass 2
-  std::vector<float> dp;  // dO·v, then dS in pass 2
+  ScoreTile() : s(kTileQ * kTileK), dp(kTileQ * kTileK), dcap(kTileK) {}
+  std::vector<float> s;     // dot products, then P
+  std::vector<float> dp;    // dO·v, then dS
+  std::vector<float> dcap;  // one row's 1 − tanh² (softcap)
+};
 
-  // The products accumulate into the tile, so each block starts from zero.
-  void clear() {
-    std::fill(s.begin(), s.end(), 0.0f);
-    std::fill(dp.begin(), dp.end(), 0.0f);
+// The block of query rows [q0, q0 + rows) × keys [k0, k0 + cols) of query tile qt, its dot products
+// in b.s and dO·v in b.dp: P replaces the dot products and dS = P ∘ (dP − D) [∘ (1 − tanh²)]
+// replaces dP. Masked keys and rows that saw no key in the forward (LSE = +inf) get P = dS = 0.
+void probabilities_and_grads(const ScoreMod& sm, const BandMask& mask, const QueryTile& qt,
+                             int64_t q0, int64_t rows, int64_t k0, int64_t cols, ScoreTile& b) {
+  const bool whole = fully_visible(mask, q0, rows, k0, cols);
+  float* dcap = sm.cap > 0.0f ? b.dcap.data() : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = b.s.data() + r * kTileK;
+    float* dp = b.dp.data() + r * kTileK;
+    const float lse = qt.lse[size_t(r)];
+    if (lse == kInf) {
+      std::fill(s, s + cols, 0.0f);
+      std::fill(dp, dp + cols, 0.0f);
+      continue;
+    }
+    sm.apply(s, cols, dcap);
+    if (!whole) mask_row(mask, q0 + r, k0, s, cols);
+    vec::exp_sum(s, cols, lse);
+    vec::score_grad(s, dp, qt.d[size_t(r)], dcap, dp, cols);
   }
-};
-
-// Does every row of [q0, q0 + rows) see every key of [k0, k0 + cols)? Then no element needs a test.
-bool fully_visible(const BandMask& mask, int64_t q0, int64_t rows, int64_t k0, int64_t cols) {
-  return mask.key_begin(q0 + rows - 1) <= k0 && mask.key_end(q0) >= k0 + cols;
-}
-
-// P and dS = P ∘ (dP − D) [∘ (1 − tanh²)] of one element of a block, the same in both passes
-// whatever their orientation. `seen` is false for a masked key and for a row that saw no key in
-// the forward (LSE = +inf); such elements get P = dS = 0.
-struct ProbGrad {
-  float p, ds;
-};
-ProbGrad p_and_ds(const ScoreMod& sm, bool seen, float dot, float dp, float lse_log2, float d) {
-  float dcap = 1.0f;  // stays 1 without softcap, and x · 1 = x exactly
-  const float prob = seen ? sm.probability(dot, lse_log2, &dcap) : 0.0f;
-  return {prob, prob == 0.0f ? 0.0f : prob * (dp - d) * dcap};
 }
 
 // ---------------------------------------------------------------------------------------------
 // Preprocess: D = rowsum(dO ∘ O), O as the forward stored it.
 
 template <typename T>
-void preprocess_task(const Problem& p, const BackwardTensors& t, float* d_all, const Task& task) {
+void preprocess_task(const Problem& p, const BackwardTensors& t, float* d_all, const Task& task,
+                     float* o, float* dout) {
   const SeqSpan span = seq_span(p, task.batch);
   const int64_t rows = std::min(kTileQ, span.seqlen_q - task.row0);
+  const int64_t dv = p.head_dim_v;
   for (int64_t r = 0; r < rows; ++r) {
-    const T* o = element<T>(t.out, q_offset(t.out, span, task.row0 + r, task.head));
-    const T* dout = element<T>(t.dout, q_offset(t.dout, span, task.row0 + r, task.head));
-    float sum = 0.0f;
-    for (int64_t c = 0; c < p.head_dim_v; ++c) sum += to_float(dout[c]) * to_float(o[c]);
-    d_all[d_offset(p, span, task.row0 + r, task.head)] = sum;
+    load_row(element<T>(t.out, q_offset(t.out, span, task.row0 + r, task.head)), dv, o);
+    load_row(element<T>(t.dout, q_offset(t.dout, span, task.row0 + r, task.head)), dv, dout);
+    d_all[d_offset(p, span, task.row0 + r, task.head)] = vec::dot(dout, o, dv);
   }
 }
 
@@ -115,14 +111,14 @@ void preprocess_task(const Problem& p, const BackwardTensors& t, float* d_all, c
 
 struct Pass1Scratch {
   Pass1Scratch(int64_t dim_qk, int64_t dim_v)
-      : query(dim_qk, dim_v), k(kTileK * dim_qk), kt(dim_qk * kTileK), vt(dim_v * kTileK),
-        dq(kTileQ * dim_qk) {}
+      : query(dim_qk, dim_v), k(kTileK * dim_qk), v(kTileK * dim_v), dq(kTileQ * dim_qk),
+        o_row(dim_v), dout_row(dim_v) {}
   QueryTile query;
   ScoreTile block;
-  std::vector<float> k;   // [kTileK][dqk]
-  std::vector<float> kt;  // [dqk][kTileK]
-  std::vector<float> vt;  // [dv][kTileK]
+  std::vector<float> k;   // [kTileK][dqk]: converted keys (fp32 keys are read in place)
+  std::vector<float> v;   // [kTileK][dv]
   std::vector<float> dq;  // [kTileQ][dqk]
+  std::vector<float> o_row, dout_row;  // the preprocess's rows
 };
 
 template <typename T>
@@ -134,37 +130,24 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
   const int64_t q0 = task.row0, rows = std::min(kTileQ, span.seqlen_q - q0);
   const int64_t kv_head = task.head / (p.heads_q / p.heads_kv);
   QueryTile& qt = w.query;
-  float* s = w.block.s.data();
-  float* dp = w.block.dp.data();
 
-  qt.load<T>(p, t, d_all, span, task.head, q0, rows, /*transposed_too=*/false);
+  qt.load<T>(p, t, d_all, span, task.head, q0, rows);
   std::fill(w.dq.begin(), w.dq.end(), 0.0f);
 
   for_each_key_tile(mask, q0, rows, [&](int64_t k0, int64_t cols) {
-    const T* ksrc = element<T>(t.k, k_offset(t.k, span, k0, kv_head));
-    load_rows(ksrc, t.k.seq_stride, cols, dqk, w.k.data());
-    load_rows_transposed(ksrc, t.k.seq_stride, cols, dqk, w.kt.data(), kTileK);
-    load_rows_transposed(element<T>(t.v, k_offset(t.v, span, k0, kv_head)), t.v.seq_stride, cols,
-                         dv, w.vt.data(), kTileK);
-
+    const Rows k = fp32_rows(element<T>(t.k, k_offset(t.k, span, k0, kv_head)), t.k.seq_stride,
+                             cols, dqk, w.k.data());
+    const Rows v = fp32_rows(element<T>(t.v, k_offset(t.v, span, k0, kv_head)), t.v.seq_stride,
+                             cols, dv, w.v.data());
     // S = Q Kᵀ and dP = dO Vᵀ
-    w.block.clear();
-    gemm_acc(qt.q.data(), dqk, w.kt.data(), kTileK, s, kTileK, rows, cols, dqk);
-    gemm_acc(qt.dout.data(), dv, w.vt.data(), kTileK, dp, kTileK, rows, cols, dv);
-
-    // dS replaces S
-    const bool whole = fully_visible(mask, q0, rows, k0, cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float lse = qt.lse_log2[size_t(r)];
-      for (int64_t j = 0; j < cols; ++j) {
-        const int64_t e = r * kTileK + j;
-        const bool seen = lse != kInf && (whole || mask.visible(q0 + r, k0 + j));
-        s[e] = p_and_ds(sm, seen, s[e], dp[e], lse, qt.d[size_t(r)]).ds;
-      }
-    }
-
+    gemm(false, true, rows, cols, dqk, qt.q.data(), dqk, k.data, k.ld, 0.0f, w.block.s.data(),
+         kTileK);
+    gemm(false, true, rows, cols, dv, qt.dout.data(), dv, v.data, v.ld, 0.0f,
+         w.block.dp.data(), kTileK);
+    probabilities_and_grads(sm, mask, qt, q0, rows, k0, cols, w.block);
     // dQ += dS K
-    gemm_acc(s, kTileK, w.k.data(), dqk, w.dq.data(), dqk, rows, dqk, cols);
+    gemm(false, false, rows, dqk, cols, w.block.dp.data(), kTileK, k.data, k.ld, 1.0f,
+         w.dq.data(), dqk);
   });
 
   store_rows(w.dq.data(), rows, dqk, sm.scale,
@@ -173,8 +156,7 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
 
 // ---------------------------------------------------------------------------------------------
 // Pass 2: dK and dV of one key tile, over the query heads of its group and the query tiles that
-// see it. Works in the transposed orientation (keys along rows) so that dV += Pᵀ dO and
-// dK += dSᵀ Q are row updates like every other product.
+// see it.
 
 struct Pass2Scratch {
   Pass2Scratch(int64_t dim_qk, int64_t dim_v)
@@ -182,7 +164,7 @@ struct Pass2Scratch {
         dv(kTileK * dim_v) {}
   QueryTile query;
   ScoreTile block;
-  std::vector<float> k;   // [kTileK][dqk]
+  std::vector<float> k;   // [kTileK][dqk]: converted keys (fp32 keys are read in place)
   std::vector<float> v;   // [kTileK][dv]
   std::vector<float> dk;  // [kTileK][dqk]
   std::vector<float> dv;  // [kTileK][dv]
@@ -192,41 +174,6 @@ struct Pass2Scratch {
 int64_t stored_keys(const Problem& p, int64_t b) {
   return p.is_varlen() ? int64_t(p.varlen.cu_seqlens_k[b + 1]) - p.varlen.cu_seqlens_k[b]
                        : p.seqlen_k;
-}
-
-// dV += Pᵀ dO and dK += dSᵀ Q (scale applied at the store) for key rows [k0, k0 + keys), loaded
-// in w.k / w.v, against query rows [q0, q0 + rows) of query head h.
-template <typename T>
-void dkdv_block(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, const float* d_all,
-                const SeqSpan& span, const BandMask& mask, int64_t h, int64_t q0, int64_t rows,
-                int64_t k0, int64_t keys, Pass2Scratch& w) {
-  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
-  QueryTile& qt = w.query;
-  float* s = w.block.s.data();
-  float* dp = w.block.dp.data();
-
-  qt.load<T>(p, t, d_all, span, h, q0, rows, /*transposed_too=*/true);
-
-  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
-  w.block.clear();
-  gemm_acc(w.k.data(), dqk, qt.qt.data(), kTileQ, s, kTileQ, keys, rows, dqk);
-  gemm_acc(w.v.data(), dv, qt.doutt.data(), kTileQ, dp, kTileQ, keys, rows, dv);
-
-  // Pᵀ replaces Sᵀ (dV needs it), dSᵀ replaces dPᵀ
-  const bool whole = fully_visible(mask, q0, rows, k0, keys);
-  for (int64_t j = 0; j < keys; ++j) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t e = j * kTileQ + r;
-      const float lse = qt.lse_log2[size_t(r)];
-      const bool seen = lse != kInf && (whole || mask.visible(q0 + r, k0 + j));
-      const ProbGrad g = p_and_ds(sm, seen, s[e], dp[e], lse, qt.d[size_t(r)]);
-      s[e] = g.p;
-      dp[e] = g.ds;
-    }
-  }
-
-  gemm_acc(s, kTileQ, qt.dout.data(), dv, w.dv.data(), dv, keys, dv, rows);
-  gemm_acc(dp, kTileQ, qt.q.data(), dqk, w.dk.data(), dqk, keys, dqk, rows);
 }
 
 template <typename T>
@@ -241,20 +188,32 @@ void dkdv_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, c
   // seqused_k) keep zero gradients.
   const int64_t tile_rows = std::min(kTileK, stored_keys(p, task.batch) - k0);
   const int64_t keys = std::clamp<int64_t>(span.seqlen_k - k0, 0, tile_rows);
+  QueryTile& qt = w.query;
 
   std::fill(w.dk.begin(), w.dk.end(), 0.0f);
   std::fill(w.dv.begin(), w.dv.end(), 0.0f);
   if (keys > 0) {
-    load_rows(element<T>(t.k, k_offset(t.k, span, k0, task.head)), t.k.seq_stride, keys, dqk,
-              w.k.data());
-    load_rows(element<T>(t.v, k_offset(t.v, span, k0, task.head)), t.v.seq_stride, keys, dv,
-              w.v.data());
+    const Rows k = fp32_rows(element<T>(t.k, k_offset(t.k, span, k0, task.head)),
+                             t.k.seq_stride, keys, dqk, w.k.data());
+    const Rows v = fp32_rows(element<T>(t.v, k_offset(t.v, span, k0, task.head)),
+                             t.v.seq_stride, keys, dv, w.v.data());
     for (int64_t h = task.head * group; h < (task.head + 1) * group; ++h) {
       for (int64_t q0 = 0; q0 < span.seqlen_q; q0 += kTileQ) {
         const int64_t rows = std::min(kTileQ, span.seqlen_q - q0);
         const KeyRange seen = visible_keys(mask, q0, rows);
-        if (std::max(seen.begin, k0) < std::min(seen.end, k0 + keys))
-          dkdv_block<T>(p, t, sm, d_all, span, mask, h, q0, rows, k0, keys, w);
+        if (std::max(seen.begin, k0) >= std::min(seen.end, k0 + keys)) continue;
+        qt.load<T>(p, t, d_all, span, h, q0, rows);
+        // S = Q Kᵀ and dP = dO Vᵀ, then P and dS
+        gemm(false, true, rows, keys, dqk, qt.q.data(), dqk, k.data, k.ld, 0.0f,
+             w.block.s.data(), kTileK);
+        gemm(false, true, rows, keys, dv, qt.dout.data(), dv, v.data, v.ld, 0.0f,
+             w.block.dp.data(), kTileK);
+        probabilities_and_grads(sm, mask, qt, q0, rows, k0, keys, w.block);
+        // dV += Pᵀ dO and dK += dSᵀ Q (scale applied at the store)
+        gemm(true, false, keys, dv, rows, w.block.s.data(), kTileK, qt.dout.data(), dv, 1.0f,
+             w.dv.data(), dv);
+        gemm(true, false, keys, dqk, rows, w.block.dp.data(), kTileK, qt.q.data(), dqk, 1.0f,
+             w.dk.data(), dqk);
       }
     }
   }
@@ -289,8 +248,8 @@ Status backward(const Problem& problem, const BackwardTensors& tensors, Workspac
 
   visit_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    run_tasks(q_tasks, pass1, [&](const Task& task, Pass1Scratch&) {
-      preprocess_task<T>(p, tensors, d_all, task);
+    run_tasks(q_tasks, pass1, [&](const Task& task, Pass1Scratch& w) {
+      preprocess_task<T>(p, tensors, d_all, task, w.o_row.data(), w.dout_row.data());
     });
     run_tasks(q_tasks, pass1, [&](const Task& task, Pass1Scratch& w) {
       dq_task<T>(p, tensors, sm, d_all, task, w);

@@ -1,8 +1,9 @@
 // The CPU forward pass: tiled attention with an online softmax, the algorithm the GPU kernels
-// implement, written out plainly. One task owns a tile of query rows of one (batch, head) and walks
-// the key tiles its mask leaves visible, keeping per row a running max m (log2 units), a running
-// sum l and an fp32 accumulator that is rescaled whenever m grows. Inputs are converted to fp32
-// once per tile, everything accumulates in fp32, and the output is rounded to the dtype once.
+// implement. One task owns a tile of query rows of one (batch, head) and walks the key tiles its
+// mask leaves visible, keeping per row a running max m, a running sum l and an fp32 accumulator
+// that is rescaled whenever m grows. The tile products (S = Q Kᵀ, acc += P V) are OpenBLAS sgemm
+// calls, the softmax's row operations Highway's vectorised ones; everything accumulates in fp32 and
+// the output is rounded to the dtype once.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -11,8 +12,10 @@
 #include "common/numeric.hpp"
 #include "common/rotary.hpp"
 #include "common/seq_layout.hpp"
+#include "cpu/blas.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/tiles.hpp"
+#include "cpu/vec.hpp"
 
 namespace fa4::cpu {
 
@@ -21,48 +24,31 @@ namespace {
 // A worker's fp32 tiles.
 struct Scratch {
   Scratch(int64_t dim_qk, int64_t dim_v)
-      : q(kTileQ * dim_qk), kt(dim_qk * kTileK), v(kTileK * dim_v), s(kTileQ * kTileK),
+      : q(kTileQ * dim_qk), k(kTileK * dim_qk), v(kTileK * dim_v), s(kTileQ * kTileK),
         acc(kTileQ * dim_v), m(kTileQ), l(kTileQ), rotary(dim_qk) {}
   std::vector<float> q;    // [kTileQ][dqk]
-  std::vector<float> kt;   // [dqk][kTileK]: K transposed, so that S = Q·Kt is a row update
-  std::vector<float> v;    // [kTileK][dv]
+  std::vector<float> k;    // [kTileK][dqk]: converted keys (fp32 keys of a plain layout are read
+  std::vector<float> v;    // [kTileK][dv]    in place, as are their values)
   std::vector<float> s;    // [kTileQ][kTileK]: scores, then probabilities
   std::vector<float> acc;  // [kTileQ][dv]: unnormalised output
-  std::vector<float> m;    // running row max, log2 units
-  std::vector<float> l;    // running row sum of exp2(s - m)
+  std::vector<float> m;    // running row max (natural units)
+  std::vector<float> l;    // running row sum of exp(s - m)
   std::vector<float> rotary;  // a position's cos and sin (KV cache rotary)
 };
 
-// Scores of keys row i may not see become −inf; the tile holds keys [k0, k0 + n).
-void mask_row(const BandMask& mask, int64_t i, int64_t k0, float* s, int64_t n) {
-  int64_t lo, hi;
-  mask.key_range(i, &lo, &hi);
-  lo = std::clamp<int64_t>(lo - k0, 0, n);
-  hi = std::clamp<int64_t>(hi - k0, lo, n);
-  std::fill(s, s + lo, -kInf);
-  std::fill(s + hi, s + n, -kInf);
-}
-
 // One step of the online softmax for a row: fold the scores s[0, n) into (m, l, acc_row), leaving
-// the probabilities exp2(s − m_new) in s for the P·V product that follows.
+// the probabilities exp(s − m_new) in s for the P·V product that follows.
 void online_softmax_step(float* s, int64_t n, float& m, float& l, float* acc_row, int64_t dv) {
-  float tile_max = -kInf;
-  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
-  const float m_new = std::max(m, tile_max);
+  const float m_new = std::max(m, vec::max(s, n));
   if (m_new == -kInf) {
-    // No visible key for this row so far: exp2(−inf − (−inf)) would be NaN, and there is nothing
+    // No visible key for this row so far: exp(−inf − (−inf)) would be NaN, and there is nothing
     // to add anyway.
     std::fill(s, s + n, 0.0f);
     return;
   }
-  const float alpha = std::exp2(m - m_new);  // 0 when m was −inf, 1 when the max did not grow
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = std::exp2(s[j] - m_new);
-    sum += s[j];
-  }
-  if (alpha != 1.0f)
-    for (int64_t c = 0; c < dv; ++c) acc_row[c] *= alpha;
+  const float alpha = std::exp(m - m_new);  // 0 when m was −inf, 1 when the max did not grow
+  const float sum = vec::exp_sum(s, n, m_new);
+  if (alpha != 1.0f) vec::scale(acc_row, dv, alpha);
   l = l * alpha + sum;
   m = m_new;
 }
@@ -105,7 +91,7 @@ void append_to_cache(const Problem& p, const ForwardTensors& t) {
         T* k = static_cast<T*>(t.k.data) + cache_offset(t.k, p, span, pos, h);
         T* v = static_cast<T*>(t.v.data) + cache_offset(t.v, p, span, pos, h);
         if (p.kv_cache.rotary_dim > 0) {
-          for (int64_t c = 0; c < dqk; ++c) row[size_t(c)] = to_float(k_new[c]);
+          load_row(k_new, dqk, row.data());
           rotate<T>(p, t.rotary, pos, row.data(), table.data());
           for (int64_t c = 0; c < dqk; ++c) k[c] = from_float<T>(row[size_t(c)]);
         } else {
@@ -115,6 +101,27 @@ void append_to_cache(const Problem& p, const ForwardTensors& t) {
       }
     }
   }
+}
+
+// Keys and values [k0, k0 + cols) of kv head `head` as fp32 rows.
+template <typename T>
+void key_tile(const Problem& p, const ForwardTensors& t, const SeqSpan& span, int64_t head,
+              int64_t k0, int64_t cols, Scratch& w, Rows* k, Rows* v) {
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  if (p.kv_cache.enabled()) {
+    // Row by row: a tile's keys may span pages.
+    for (int64_t j = 0; j < cols; ++j) {
+      load_row(element<T>(t.k, key_offset(t.k, p, span, k0 + j, head)), dqk, w.k.data() + j * dqk);
+      load_row(element<T>(t.v, key_offset(t.v, p, span, k0 + j, head)), dv, w.v.data() + j * dv);
+    }
+    *k = {w.k.data(), dqk};
+    *v = {w.v.data(), dv};
+    return;
+  }
+  *k = fp32_rows(element<T>(t.k, k_offset(t.k, span, k0, head)), t.k.seq_stride, cols, dqk,
+                 w.k.data());
+  *v = fp32_rows(element<T>(t.v, k_offset(t.v, span, k0, head)), t.v.seq_stride, cols, dv,
+                 w.v.data());
 }
 
 template <typename T>
@@ -137,38 +144,22 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
   std::fill(w.acc.begin(), w.acc.end(), 0.0f);
 
   for_each_key_tile(mask, q0, rows, [&](int64_t k0, int64_t cols) {
-    if (p.kv_cache.enabled()) {
-      // Row by row: a tile's keys may span pages.
-      for (int64_t j = 0; j < cols; ++j) {
-        load_rows_transposed(element<T>(t.k, key_offset(t.k, p, span, k0 + j, kv_head)), 0, 1,
-                             dqk, w.kt.data() + j, kTileK);
-        load_rows(element<T>(t.v, key_offset(t.v, p, span, k0 + j, kv_head)), 0, 1, dv,
-                  w.v.data() + j * dv);
-      }
-    } else {
-      load_rows_transposed(element<T>(t.k, k_offset(t.k, span, k0, kv_head)), t.k.seq_stride,
-                           cols, dqk, w.kt.data(), kTileK);
-      load_rows(element<T>(t.v, k_offset(t.v, span, k0, kv_head)), t.v.seq_stride, cols, dv,
-                w.v.data());
-    }
-
+    Rows k, v;
+    key_tile<T>(p, t, span, kv_head, k0, cols, w, &k, &v);
     // S = Q Kᵀ
-    std::fill(w.s.begin(), w.s.end(), 0.0f);
-    gemm_acc(w.q.data(), dqk, w.kt.data(), kTileK, w.s.data(), kTileK, rows, cols, dqk);
-
+    gemm(false, true, rows, cols, dqk, w.q.data(), dqk, k.data, k.ld, 0.0f, w.s.data(), kTileK);
+    const bool whole = fully_visible(mask, q0, rows, k0, cols);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = w.s.data() + r * kTileK;
       mod.apply(s, cols);
-      mask_row(mask, q0 + r, k0, s, cols);
+      if (!whole) mask_row(mask, q0 + r, k0, s, cols);
       online_softmax_step(s, cols, w.m[r], w.l[r], w.acc.data() + r * dv, dv);
     }
-
     // acc += P V
-    gemm_acc(w.s.data(), kTileK, w.v.data(), dv, w.acc.data(), dv, rows, dv, cols);
+    gemm(false, false, rows, dv, cols, w.s.data(), kTileK, v.data, v.ld, 1.0f, w.acc.data(), dv);
   });
 
-  // O = acc / l and LSE = ln Σ exp(S) = (m + log2 l) / log2e; a row that saw no key gets O = 0 and
-  // LSE = +inf.
+  // O = acc / l and LSE = ln Σ exp(S) = m + ln l; a row that saw no key gets O = 0 and LSE = +inf.
   T* out = static_cast<T*>(t.out.data) + q_offset(t.out, span, q0, task.head);
   for (int64_t r = 0; r < rows; ++r) {
     const bool saw_keys = w.m[r] != -kInf;
@@ -177,7 +168,7 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
       out[r * t.out.seq_stride + c] = from_float<T>(saw_keys ? acc[c] / w.l[r] : 0.0f);
     if (p.return_lse)
       t.lse.data[lse_offset(t.lse, span, q0 + r, task.head)] =
-          saw_keys ? (w.m[r] + std::log2(w.l[r])) / kLog2e : kInf;
+          saw_keys ? w.m[r] + std::log(w.l[r]) : kInf;
   }
 }
 

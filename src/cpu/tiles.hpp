@@ -1,26 +1,27 @@
 // The tile machinery the CPU forward and backward passes share: tile sizes, work lists, fp32 tile
-// loads, the one matrix product both are built from, the key tiles a query tile visits, and how a
-// raw dot product becomes a score. The last is here and not in each pass because the backward
-// recomputes P from the forward's LSE, so both must score a dot product exactly alike.
+// loads, the key tiles a query tile visits and the mask within a tile, and how a raw dot product
+// becomes a score. The last is here and not in each pass because the backward recomputes P from
+// the forward's LSE, so both must score a dot product exactly alike. The products themselves are
+// OpenBLAS's (blas.hpp), the row operations Highway's (vec.hpp).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/mask.hpp"
-#include "common/math_constants.hpp"
 #include "common/numeric.hpp"
 #include "common/seq_layout.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/vec.hpp"
 #include "fa4/attention.hpp"
 
 namespace fa4::cpu {
 
-// Internal linkage, as when each pass defined these itself: the compiler inlines and specialises
-// them per pass as it did then. Marked `inline` instead, gemm_acc would be inlined at every call.
+// Internal linkage: each pass gets its own copies, which the compiler inlines and specialises.
 namespace {
 
 constexpr int64_t kTileQ = 64;  // query rows per tile
@@ -73,55 +74,32 @@ const T* element(const TensorView& t, int64_t offset) {
   return static_cast<const T*>(t.data) + offset;
 }
 
-// dst[r][c] = src row r, element c, for `rows` rows `row_stride` elements apart.
+// One row of `dim` elements in fp32.
+inline void load_row(const float* src, int64_t dim, float* dst) {
+  std::copy(src, src + dim, dst);
+}
+inline void load_row(const bf16_t* src, int64_t dim, float* dst) { vec::to_float(src, dst, dim); }
+inline void load_row(const fp16_t* src, int64_t dim, float* dst) { vec::to_float(src, dst, dim); }
+
+// dst[r][c] (rows `dim` apart) = src row r, element c, for `rows` rows `row_stride` elements apart.
 template <typename T>
 void load_rows(const T* src, int64_t row_stride, int64_t rows, int64_t dim, float* dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < dim; ++c) dst[r * dim + c] = to_float(src[r * row_stride + c]);
+  for (int64_t r = 0; r < rows; ++r) load_row(src + r * row_stride, dim, dst + r * dim);
 }
 
-// dst[c][r] (rows `ld` apart) = src row r, element c.
+// Rows of fp32 a product reads: the tensor's own rows when they are fp32 already, else `buffer`
+// filled with the converted rows.
+struct Rows {
+  const float* data;
+  int64_t ld;
+};
 template <typename T>
-void load_rows_transposed(const T* src, int64_t row_stride, int64_t rows, int64_t dim, float* dst,
-                          int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < dim; ++c) dst[c * ld + r] = to_float(src[r * row_stride + c]);
-}
-
-// c[m×n] += a[m×k] · b[k×n], all row-major with leading dimensions lda / ldb / ldc. The inner
-// loop is a contiguous row update, which vectorises without reassociating sums, done for four rows
-// of c at once so that each row of b is loaded once per four updates. Zero coefficients of `a`
-// (masked probabilities and their dS) are skipped, which halves the work of diagonal tiles.
-void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-              int64_t m, int64_t n, int64_t k) {
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    float* __restrict c0 = c + i * ldc;
-    float* __restrict c1 = c0 + ldc;
-    float* __restrict c2 = c1 + ldc;
-    float* __restrict c3 = c2 + ldc;
-    for (int64_t p = 0; p < k; ++p) {
-      const float a0 = a[i * lda + p], a1 = a[(i + 1) * lda + p];
-      const float a2 = a[(i + 2) * lda + p], a3 = a[(i + 3) * lda + p];
-      if (a0 == 0.0f && a1 == 0.0f && a2 == 0.0f && a3 == 0.0f) continue;
-      const float* __restrict brow = b + p * ldb;
-      for (int64_t j = 0; j < n; ++j) {
-        const float bj = brow[j];
-        c0[j] += a0 * bj;
-        c1[j] += a1 * bj;
-        c2[j] += a2 * bj;
-        c3[j] += a3 * bj;
-      }
-    }
-  }
-  for (; i < m; ++i) {
-    float* __restrict crow = c + i * ldc;
-    for (int64_t p = 0; p < k; ++p) {
-      const float aip = a[i * lda + p];
-      if (aip == 0.0f) continue;
-      const float* __restrict brow = b + p * ldb;
-      for (int64_t j = 0; j < n; ++j) crow[j] += aip * brow[j];
-    }
+Rows fp32_rows(const T* src, int64_t row_stride, int64_t rows, int64_t dim, float* buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return {src, row_stride};
+  } else {
+    load_rows(src, row_stride, rows, dim, buffer);
+    return {buffer, dim};
   }
 }
 
@@ -155,37 +133,38 @@ void for_each_key_tile(const BandMask& mask, int64_t q0, int64_t rows, Body body
 // ---------------------------------------------------------------------------------------------
 // Scores.
 
-// Raw dot product q·k → score in log2 units. Without softcap, scale·log2e is one multiply;
-// softcap's tanh needs the score in natural units first.
+// Dot products q·k → scores in natural units: scale · q·k, or softcap · tanh(scale · q·k / softcap).
 struct ScoreMod {
-  float scale_log2;  // scale · log2e
   float scale;
-  Softcap softcap;
+  float cap;  // 0: no softcap
 
-  static ScoreMod of(const Problem& p) {
-    return {p.scale() * kLog2e, p.scale(), Softcap{p.softcap}};
-  }
+  static ScoreMod of(const Problem& p) { return {p.scale(), p.softcap}; }
 
-  // Forward: s[0, n) from dot products to scores, in place.
-  void apply(float* s, int64_t n) const {
-    if (softcap.cap > 0.0f) {
-      for (int64_t j = 0; j < n; ++j) s[j] = softcap(s[j] * scale) * kLog2e;
+  // s[0, n) from dot products to scores, in place; with softcap and a dcap, dcap[0, n) receives
+  // 1 − tanh², the factor dS picks up in the backward (dcap is left alone without softcap).
+  void apply(float* s, int64_t n, float* dcap = nullptr) const {
+    if (cap > 0.0f) {
+      vec::softcap(s, n, scale, cap, dcap);
     } else {
-      for (int64_t j = 0; j < n; ++j) s[j] *= scale_log2;
+      vec::scale(s, n, scale);
     }
-  }
-
-  // Backward: P = exp2(score − lse_log2). With softcap also returns, in *dcap, the factor
-  // 1 − tanh² that dS picks up; without it *dcap is left alone.
-  float probability(float dot, float lse_log2, float* dcap) const {
-    if (softcap.cap > 0.0f) {
-      const float capped = softcap(dot * scale);
-      *dcap = softcap.derivative_from_capped(capped);
-      return std::exp2(capped * kLog2e - lse_log2);
-    }
-    return std::exp2(dot * scale_log2 - lse_log2);
   }
 };
+
+// Does every row of [q0, q0 + rows) see every key of [k0, k0 + cols)? Then no element needs a test.
+bool fully_visible(const BandMask& mask, int64_t q0, int64_t rows, int64_t k0, int64_t cols) {
+  return mask.key_begin(q0 + rows - 1) <= k0 && mask.key_end(q0) >= k0 + cols;
+}
+
+// Scores of keys row i may not see become −inf; the tile holds keys [k0, k0 + n).
+void mask_row(const BandMask& mask, int64_t i, int64_t k0, float* s, int64_t n) {
+  int64_t lo, hi;
+  mask.key_range(i, &lo, &hi);
+  lo = std::clamp<int64_t>(lo - k0, 0, n);
+  hi = std::clamp<int64_t>(hi - k0, lo, n);
+  std::fill(s, s + lo, -kInf);
+  std::fill(s + hi, s + n, -kInf);
+}
 
 }  // namespace
 }  // namespace fa4::cpu

@@ -1,0 +1,33 @@
+// The CPU backend's vectorised row operations (Highway): exponentials, maxima, scaling, softcap,
+// the gradient of the scores and fp32 conversion of bf16 / fp16 rows. Each is compiled for AVX-512,
+// AVX2 and the baseline instruction set; the first call picks the best the processor has. NaN
+// inputs stay NaN through every operation.
+#pragma once
+
+#include <cstdint>
+
+#include "common/numeric.hpp"
+
+namespace fa4::cpu::vec {
+
+// The largest x[j] (−inf for n = 0).
+float max(const float* x, int64_t n);
+// x[j] = exp(x[j] − m) (0 for x[j] = −inf); returns Σ x[j].
+float exp_sum(float* x, int64_t n, float m);
+// x[j] *= a.
+void scale(float* x, int64_t n, float a);
+// x[j] = cap · tanh(x[j] · scale / cap); with dcap, also dcap[j] = 1 − tanh², the factor dS picks
+// up in the backward.
+void softcap(float* x, int64_t n, float scale, float cap, float* dcap);
+// ds[j] = p[j] · (dp[j] − d) [· dcap[j] when dcap is given]; ds may be p or dp.
+void score_grad(const float* p, const float* dp, float d, const float* dcap, float* ds, int64_t n);
+// Σ a[j] · b[j].
+float dot(const float* a, const float* b, int64_t n);
+// dst[j] = src[j] in fp32.
+void to_float(const bf16_t* src, float* dst, int64_t n);
+void to_float(const fp16_t* src, float* dst, int64_t n);
+
+// The instruction set the functions above run on: "AVX-512", "AVX2" or "baseline".
+const char* isa();
+
+}  // namespace fa4::cpu::vec
