@@ -5,8 +5,9 @@
 //   pass 2      per (batch, kv head, key tile): dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the
 //               query heads of the group and the query tiles that see the key tile.
 // Both passes recompute P = exp(S − LSE) from the forward's LSE, and dS = P ∘ (dP − D) with
-// dP = dO Vᵀ, times 1 − tanh² when softcap is on. The products are OpenBLAS sgemm calls (the
-// transposed ones by its transpose flags), the row operations Highway's.
+// dP = dO Vᵀ, times 1 − tanh² when softcap is on. The products are OpenBLAS sgemm calls, each
+// pass holding its blocks in the orientation that keeps every product untransposed on the right
+// (OpenBLAS's fastest kernels on small tiles); the row and column operations are Highway's.
 #include <algorithm>
 #include <vector>
 
@@ -31,27 +32,45 @@ void store_rows(const float* src, int64_t rows, int64_t dim, float factor, T* ds
       dst[r * row_stride + c] = from_float<T>(factor * src[r * dim + c]);
 }
 
+// Scores of keys row i may not see become −inf; the tile holds keys [k0, k0 + n).
+void mask_row(const BandMask& mask, int64_t i, int64_t k0, float* s, int64_t n) {
+  int64_t lo, hi;
+  mask.key_range(i, &lo, &hi);
+  lo = std::clamp<int64_t>(lo - k0, 0, n);
+  hi = std::clamp<int64_t>(hi - k0, lo, n);
+  std::fill(s, s + lo, -kInf);
+  std::fill(s + hi, s + n, -kInf);
+}
+
 // Where D lives in the workspace: (batch, head_q, row), or (head_q, total_q row) in varlen mode.
 int64_t d_offset(const Problem& p, const SeqSpan& span, int64_t row, int64_t head) {
   return p.is_varlen() ? head * p.varlen.total_q + span.q_row + row
                        : (span.batch * p.heads_q + head) * p.seqlen_q + row;
 }
 
-// The query-side inputs of one tile: Q, dO, LSE, D.
+// The query-side inputs of one tile: Q, dO, LSE, D; pass 1 also Q^T and dO^T.
 struct QueryTile {
-  QueryTile(int64_t dim_qk, int64_t dim_v)
-      : q(kTileQ * dim_qk), dout(kTileQ * dim_v), lse(kTileQ), d(kTileQ) {}
-  std::vector<float> q;     // [kTileQ][dqk]
-  std::vector<float> dout;  // [kTileQ][dv]
+  QueryTile(int64_t dim_qk, int64_t dim_v, bool transposed)
+      : q(kTileQ * dim_qk), dout(kTileQ * dim_v), qt(transposed ? dim_qk * kTileQ : 0),
+        doutt(transposed ? dim_v * kTileQ : 0), lse(kTileQ), d(kTileQ) {}
+  std::vector<float> q;      // [kTileQ][dqk]
+  std::vector<float> dout;   // [kTileQ][dv]
+  std::vector<float> qt;     // [dqk][kTileQ]
+  std::vector<float> doutt;  // [dv][kTileQ]
   std::vector<float> lse, d;
 
   template <typename T>
   void load(const Problem& p, const BackwardTensors& t, const float* d_all, const SeqSpan& span,
             int64_t head, int64_t q0, int64_t rows) {
-    load_rows(element<T>(t.q, q_offset(t.q, span, q0, head)), t.q.seq_stride, rows,
-              p.head_dim_qk, q.data());
-    load_rows(element<T>(t.dout, q_offset(t.dout, span, q0, head)), t.dout.seq_stride, rows,
-              p.head_dim_v, dout.data());
+    const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+    load_rows(element<T>(t.q, q_offset(t.q, span, q0, head)), t.q.seq_stride, rows, dqk,
+              q.data());
+    load_rows(element<T>(t.dout, q_offset(t.dout, span, q0, head)), t.dout.seq_stride, rows, dv,
+              dout.data());
+    if (!qt.empty()) {
+      transpose(rows, dqk, q.data(), dqk, qt.data(), kTileQ);
+      transpose(rows, dv, dout.data(), dv, doutt.data(), kTileQ);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       lse[size_t(r)] = t.lse.data[lse_offset(t.lse, span, q0 + r, head)];
       d[size_t(r)] = d_all[d_offset(p, span, q0 + r, head)];
@@ -59,36 +78,15 @@ struct QueryTile {
   }
 };
 
-// Scores, probabilities, dP and dS of one (query tile × key tile) block, [kTileQ][kTileK].
+// Scores, probabilities, dP and dS of one (query tile × key tile) block: [kTileK][kTileQ] in pass
+// 1 (transposed: keys along rows), [kTileQ][kTileK] in pass 2. A row whose LSE is +inf (it saw no
+// key in the forward) gets P = exp(s − inf) = 0 and so dS = 0, with no test.
 struct ScoreTile {
-  ScoreTile() : s(kTileQ * kTileK), dp(kTileQ * kTileK), dcap(kTileK) {}
+  ScoreTile() : s(kTileQ * kTileK), dp(kTileQ * kTileK), dcap(kTileQ * kTileK) {}
   std::vector<float> s;     // dot products, then P
   std::vector<float> dp;    // dO·v, then dS
-  std::vector<float> dcap;  // one row's 1 − tanh² (softcap)
+  std::vector<float> dcap;  // 1 − tanh² (softcap)
 };
-
-// The block of query rows [q0, q0 + rows) × keys [k0, k0 + cols) of query tile qt, its dot products
-// in b.s and dO·v in b.dp: P replaces the dot products and dS = P ∘ (dP − D) [∘ (1 − tanh²)]
-// replaces dP. Masked keys and rows that saw no key in the forward (LSE = +inf) get P = dS = 0.
-void probabilities_and_grads(const ScoreMod& sm, const BandMask& mask, const QueryTile& qt,
-                             int64_t q0, int64_t rows, int64_t k0, int64_t cols, ScoreTile& b) {
-  const bool whole = fully_visible(mask, q0, rows, k0, cols);
-  float* dcap = sm.cap > 0.0f ? b.dcap.data() : nullptr;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* s = b.s.data() + r * kTileK;
-    float* dp = b.dp.data() + r * kTileK;
-    const float lse = qt.lse[size_t(r)];
-    if (lse == kInf) {
-      std::fill(s, s + cols, 0.0f);
-      std::fill(dp, dp + cols, 0.0f);
-      continue;
-    }
-    sm.apply(s, cols, dcap);
-    if (!whole) mask_row(mask, q0 + r, k0, s, cols);
-    vec::exp_sum(s, cols, lse);
-    vec::score_grad(s, dp, qt.d[size_t(r)], dcap, dp, cols);
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Preprocess: D = rowsum(dO ∘ O), O as the forward stored it.
@@ -107,12 +105,14 @@ void preprocess_task(const Problem& p, const BackwardTensors& t, float* d_all, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pass 1: dQ of one query tile, over the key tiles it sees.
+// Pass 1: dQ of one query tile, over the key tiles it sees. Transposed blocks (keys along rows),
+// as in the forward: S^T = K Q^T and dP^T = V dO^T from Q^T and dO^T made once per task, P^T and
+// dS^T down the columns, dQ += (dS^T)^T K.
 
 struct Pass1Scratch {
   Pass1Scratch(int64_t dim_qk, int64_t dim_v)
-      : query(dim_qk, dim_v), k(kTileK * dim_qk), v(kTileK * dim_v), dq(kTileQ * dim_qk),
-        o_row(dim_v), dout_row(dim_v) {}
+      : query(dim_qk, dim_v, /*transposed=*/true), k(kTileK * dim_qk), v(kTileK * dim_v),
+        dq(kTileQ * dim_qk), o_row(dim_v), dout_row(dim_v) {}
   QueryTile query;
   ScoreTile block;
   std::vector<float> k;   // [kTileK][dqk]: converted keys (fp32 keys are read in place)
@@ -130,6 +130,8 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
   const int64_t q0 = task.row0, rows = std::min(kTileQ, span.seqlen_q - q0);
   const int64_t kv_head = task.head / (p.heads_q / p.heads_kv);
   QueryTile& qt = w.query;
+  ScoreTile& b = w.block;
+  float* dcap = sm.cap > 0.0f ? b.dcap.data() : nullptr;
 
   qt.load<T>(p, t, d_all, span, task.head, q0, rows);
   std::fill(w.dq.begin(), w.dq.end(), 0.0f);
@@ -139,15 +141,24 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
                              cols, dqk, w.k.data());
     const Rows v = fp32_rows(element<T>(t.v, k_offset(t.v, span, k0, kv_head)), t.v.seq_stride,
                              cols, dv, w.v.data());
-    // S = Q Kᵀ and dP = dO Vᵀ
-    gemm(false, true, rows, cols, dqk, qt.q.data(), dqk, k.data, k.ld, 0.0f, w.block.s.data(),
-         kTileK);
-    gemm(false, true, rows, cols, dv, qt.dout.data(), dv, v.data, v.ld, 0.0f,
-         w.block.dp.data(), kTileK);
-    probabilities_and_grads(sm, mask, qt, q0, rows, k0, cols, w.block);
+    // S^T = K Q^T and dP^T = V dO^T
+    gemm(false, false, cols, rows, dqk, k.data, k.ld, qt.qt.data(), kTileQ, 0.0f, b.s.data(),
+         kTileQ);
+    gemm(false, false, cols, rows, dv, v.data, v.ld, qt.doutt.data(), kTileQ, 0.0f, b.dp.data(),
+         kTileQ);
+    // P^T, then dS^T in place of dP^T
+    const bool whole = fully_visible(mask, q0, rows, k0, cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      float* s = b.s.data() + j * kTileQ;
+      sm.apply(s, rows, dcap != nullptr ? dcap + j * kTileQ : nullptr);
+      if (!whole) mask_key_row(mask, k0 + j, q0, s, rows);
+    }
+    vec::col_exp(b.s.data(), cols, rows, kTileQ, qt.lse.data(), nullptr);
+    vec::col_score_grad(b.s.data(), b.dp.data(), cols, rows, kTileQ, qt.d.data(), dcap,
+                        b.dp.data());
     // dQ += dS K
-    gemm(false, false, rows, dqk, cols, w.block.dp.data(), kTileK, k.data, k.ld, 1.0f,
-         w.dq.data(), dqk);
+    gemm(true, false, rows, dqk, cols, b.dp.data(), kTileQ, k.data, k.ld, 1.0f, w.dq.data(),
+         dqk);
   });
 
   store_rows(w.dq.data(), rows, dqk, sm.scale,
@@ -156,16 +167,19 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
 
 // ---------------------------------------------------------------------------------------------
 // Pass 2: dK and dV of one key tile, over the query heads of its group and the query tiles that
-// see it.
+// see it. Blocks in the forward orientation (queries along rows): S = Q K^T and dP = dO V^T from
+// K^T and V^T made once per task, P and dS along the rows, dV += P^T dO and dK += dS^T Q.
 
 struct Pass2Scratch {
   Pass2Scratch(int64_t dim_qk, int64_t dim_v)
-      : query(dim_qk, dim_v), k(kTileK * dim_qk), v(kTileK * dim_v), dk(kTileK * dim_qk),
-        dv(kTileK * dim_v) {}
+      : query(dim_qk, dim_v, /*transposed=*/false), k(kTileK * dim_qk), v(kTileK * dim_v),
+        kt(dim_qk * kTileK), vt(dim_v * kTileK), dk(kTileK * dim_qk), dv(kTileK * dim_v) {}
   QueryTile query;
   ScoreTile block;
   std::vector<float> k;   // [kTileK][dqk]: converted keys (fp32 keys are read in place)
   std::vector<float> v;   // [kTileK][dv]
+  std::vector<float> kt;  // [dqk][kTileK]
+  std::vector<float> vt;  // [dv][kTileK]
   std::vector<float> dk;  // [kTileK][dqk]
   std::vector<float> dv;  // [kTileK][dv]
 };
@@ -174,6 +188,40 @@ struct Pass2Scratch {
 int64_t stored_keys(const Problem& p, int64_t b) {
   return p.is_varlen() ? int64_t(p.varlen.cu_seqlens_k[b + 1]) - p.varlen.cu_seqlens_k[b]
                        : p.seqlen_k;
+}
+
+// dV += P^T dO and dK += dS^T Q (scale applied at the store) for the task's keys [k0, k0 + keys)
+// against query rows [q0, q0 + rows) of query head h.
+template <typename T>
+void dkdv_block(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, const float* d_all,
+                const SeqSpan& span, const BandMask& mask, int64_t h, int64_t q0, int64_t rows,
+                int64_t k0, int64_t keys, Pass2Scratch& w) {
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  QueryTile& qt = w.query;
+  ScoreTile& b = w.block;
+  float* dcap = sm.cap > 0.0f ? b.dcap.data() : nullptr;
+
+  qt.load<T>(p, t, d_all, span, h, q0, rows);
+  // S = Q K^T and dP = dO V^T
+  gemm(false, false, rows, keys, dqk, qt.q.data(), dqk, w.kt.data(), kTileK, 0.0f, b.s.data(),
+       kTileK);
+  gemm(false, false, rows, keys, dv, qt.dout.data(), dv, w.vt.data(), kTileK, 0.0f, b.dp.data(),
+       kTileK);
+  // P, then dS in place of dP
+  const bool whole = fully_visible(mask, q0, rows, k0, keys);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = b.s.data() + r * kTileK;
+    float* row_dcap = dcap != nullptr ? dcap + r * kTileK : nullptr;
+    sm.apply(s, keys, row_dcap);
+    if (!whole) mask_row(mask, q0 + r, k0, s, keys);
+    vec::exp_sum(s, keys, qt.lse[size_t(r)]);
+    vec::score_grad(s, b.dp.data() + r * kTileK, qt.d[size_t(r)], row_dcap,
+                    b.dp.data() + r * kTileK, keys);
+  }
+  gemm(true, false, keys, dv, rows, b.s.data(), kTileK, qt.dout.data(), dv, 1.0f, w.dv.data(),
+       dv);
+  gemm(true, false, keys, dqk, rows, b.dp.data(), kTileK, qt.q.data(), dqk, 1.0f, w.dk.data(),
+       dqk);
 }
 
 template <typename T>
@@ -188,7 +236,6 @@ void dkdv_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, c
   // seqused_k) keep zero gradients.
   const int64_t tile_rows = std::min(kTileK, stored_keys(p, task.batch) - k0);
   const int64_t keys = std::clamp<int64_t>(span.seqlen_k - k0, 0, tile_rows);
-  QueryTile& qt = w.query;
 
   std::fill(w.dk.begin(), w.dk.end(), 0.0f);
   std::fill(w.dv.begin(), w.dv.end(), 0.0f);
@@ -197,23 +244,14 @@ void dkdv_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, c
                              t.k.seq_stride, keys, dqk, w.k.data());
     const Rows v = fp32_rows(element<T>(t.v, k_offset(t.v, span, k0, task.head)),
                              t.v.seq_stride, keys, dv, w.v.data());
+    transpose(keys, dqk, k.data, k.ld, w.kt.data(), kTileK);
+    transpose(keys, dv, v.data, v.ld, w.vt.data(), kTileK);
     for (int64_t h = task.head * group; h < (task.head + 1) * group; ++h) {
       for (int64_t q0 = 0; q0 < span.seqlen_q; q0 += kTileQ) {
         const int64_t rows = std::min(kTileQ, span.seqlen_q - q0);
         const KeyRange seen = visible_keys(mask, q0, rows);
-        if (std::max(seen.begin, k0) >= std::min(seen.end, k0 + keys)) continue;
-        qt.load<T>(p, t, d_all, span, h, q0, rows);
-        // S = Q Kᵀ and dP = dO Vᵀ, then P and dS
-        gemm(false, true, rows, keys, dqk, qt.q.data(), dqk, k.data, k.ld, 0.0f,
-             w.block.s.data(), kTileK);
-        gemm(false, true, rows, keys, dv, qt.dout.data(), dv, v.data, v.ld, 0.0f,
-             w.block.dp.data(), kTileK);
-        probabilities_and_grads(sm, mask, qt, q0, rows, k0, keys, w.block);
-        // dV += Pᵀ dO and dK += dSᵀ Q (scale applied at the store)
-        gemm(true, false, keys, dv, rows, w.block.s.data(), kTileK, qt.dout.data(), dv, 1.0f,
-             w.dv.data(), dv);
-        gemm(true, false, keys, dqk, rows, w.block.dp.data(), kTileK, qt.q.data(), dqk, 1.0f,
-             w.dk.data(), dqk);
+        if (std::max(seen.begin, k0) < std::min(seen.end, k0 + keys))
+          dkdv_block<T>(p, t, sm, d_all, span, mask, h, q0, rows, k0, keys, w);
       }
     }
   }

@@ -17,4 +17,11 @@ void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, c
               a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
 }
 
+void transpose(int64_t rows, int64_t cols, const float* src, int64_t ld_src, float* dst,
+               int64_t ld_dst) {
+  if (rows == 0 || cols == 0) return;
+  cblas_somatcopy(CblasRowMajor, CblasTrans, blasint(rows), blasint(cols), 1.0f, src,
+                  blasint(ld_src), dst, blasint(ld_dst));
+}
+
 }  // namespace fa4::cpu

@@ -11,4 +11,8 @@ namespace fa4::cpu {
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// dst[c][r] = src[r][c] for a rows × cols src (rows ld_src apart) into dst (rows ld_dst apart).
+void transpose(int64_t rows, int64_t cols, const float* src, int64_t ld_src, float* dst,
+               int64_t ld_dst);
+
 }  // namespace fa4::cpu

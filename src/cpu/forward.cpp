@@ -21,37 +21,50 @@ namespace fa4::cpu {
 
 namespace {
 
-// A worker's fp32 tiles.
+// A worker's fp32 tiles. The scores are held transposed, keys along rows and query rows along
+// columns: S^T = K Q^T and acc += (P^T)^T V are then the products OpenBLAS runs fastest on tiles
+// this small (no operand packing), Q^T being made once per task; the softmax runs down the
+// columns, each query row's max and sum in its own vector lane.
 struct Scratch {
   Scratch(int64_t dim_qk, int64_t dim_v)
-      : q(kTileQ * dim_qk), k(kTileK * dim_qk), v(kTileK * dim_v), s(kTileQ * kTileK),
-        acc(kTileQ * dim_v), m(kTileQ), l(kTileQ), rotary(dim_qk) {}
+      : q(kTileQ * dim_qk), qt(dim_qk * kTileQ), k(kTileK * dim_qk), v(kTileK * dim_v),
+        st(kTileK * kTileQ), acc(kTileQ * dim_v), m(kTileQ), l(kTileQ), m_new(kTileQ),
+        sub(kTileQ), rotary(dim_qk) {}
   std::vector<float> q;    // [kTileQ][dqk]
+  std::vector<float> qt;   // [dqk][kTileQ]
   std::vector<float> k;    // [kTileK][dqk]: converted keys (fp32 keys of a plain layout are read
   std::vector<float> v;    // [kTileK][dv]    in place, as are their values)
-  std::vector<float> s;    // [kTileQ][kTileK]: scores, then probabilities
+  std::vector<float> st;   // [kTileK][kTileQ]: scores, then probabilities, transposed
   std::vector<float> acc;  // [kTileQ][dv]: unnormalised output
   std::vector<float> m;    // running row max (natural units)
   std::vector<float> l;    // running row sum of exp(s - m)
+  std::vector<float> m_new, sub;  // the step's new max, and what its exponentials subtract
   std::vector<float> rotary;  // a position's cos and sin (KV cache rotary)
 };
 
-// One step of the online softmax for a row: fold the scores s[0, n) into (m, l, acc_row), leaving
-// the probabilities exp(s − m_new) in s for the P·V product that follows.
-void online_softmax_step(float* s, int64_t n, float& m, float& l, float* acc_row, int64_t dv) {
-  const float m_new = std::max(m, vec::max(s, n));
-  if (m_new == -kInf) {
-    // No visible key for this row so far: exp(−inf − (−inf)) would be NaN, and there is nothing
-    // to add anyway.
-    std::fill(s, s + n, 0.0f);
-    return;
+// One step of the online softmax for query rows [0, rows): fold the transposed scores st (cols
+// keys × rows) into (m, l, acc), leaving the probabilities exp(s − m_new) in st for the P·V
+// product that follows.
+void online_softmax_step(int64_t rows, int64_t cols, int64_t dv, Scratch& w) {
+  std::copy(w.m.begin(), w.m.begin() + rows, w.m_new.begin());
+  vec::col_max(w.st.data(), cols, rows, kTileQ, w.m_new.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float m_new = w.m_new[r];
+    // A row without a visible key so far: its column is −inf, whose exp(−inf − 0) is 0 (and
+    // exp(−inf − (−inf)) would be NaN); l and acc are still 0.
+    w.sub[r] = m_new == -kInf ? 0.0f : m_new;
+    if (m_new == -kInf) continue;
+    const float alpha = std::exp(w.m[r] - m_new);  // 0 when m was −inf, 1 when it did not grow
+    if (alpha != 1.0f) {
+      vec::scale(w.acc.data() + r * dv, dv, alpha);
+      w.l[r] *= alpha;
+    }
+    w.m[r] = m_new;
   }
-  const float alpha = std::exp(m - m_new);  // 0 when m was −inf, 1 when the max did not grow
-  const float sum = vec::exp_sum(s, n, m_new);
-  if (alpha != 1.0f) vec::scale(acc_row, dv, alpha);
-  l = l * alpha + sum;
-  m = m_new;
+  vec::col_exp(w.st.data(), cols, rows, kTileQ, w.sub.data(), w.l.data());
 }
+
+
 
 // The KV cache's rotary embedding of one row (fp32, in place) at cache position `pos`.
 template <typename T>
@@ -139,6 +152,7 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
     for (int64_t r = 0; r < rows; ++r)
       rotate<T>(p, t.rotary, query_position(p, span, q0 + r), w.q.data() + r * dqk,
                 w.rotary.data());
+  transpose(rows, dqk, w.q.data(), dqk, w.qt.data(), kTileQ);
   std::fill(w.m.begin(), w.m.end(), -kInf);
   std::fill(w.l.begin(), w.l.end(), 0.0f);
   std::fill(w.acc.begin(), w.acc.end(), 0.0f);
@@ -146,17 +160,18 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
   for_each_key_tile(mask, q0, rows, [&](int64_t k0, int64_t cols) {
     Rows k, v;
     key_tile<T>(p, t, span, kv_head, k0, cols, w, &k, &v);
-    // S = Q Kᵀ
-    gemm(false, true, rows, cols, dqk, w.q.data(), dqk, k.data, k.ld, 0.0f, w.s.data(), kTileK);
+    // S^T = K Q^T
+    gemm(false, false, cols, rows, dqk, k.data, k.ld, w.qt.data(), kTileQ, 0.0f, w.st.data(),
+         kTileQ);
     const bool whole = fully_visible(mask, q0, rows, k0, cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = w.s.data() + r * kTileK;
-      mod.apply(s, cols);
-      if (!whole) mask_row(mask, q0 + r, k0, s, cols);
-      online_softmax_step(s, cols, w.m[r], w.l[r], w.acc.data() + r * dv, dv);
+    for (int64_t j = 0; j < cols; ++j) {
+      float* s = w.st.data() + j * kTileQ;
+      mod.apply(s, rows);
+      if (!whole) mask_key_row(mask, k0 + j, q0, s, rows);
     }
+    online_softmax_step(rows, cols, dv, w);
     // acc += P V
-    gemm(false, false, rows, dv, cols, w.s.data(), kTileK, v.data, v.ld, 1.0f, w.acc.data(), dv);
+    gemm(true, false, rows, dv, cols, w.st.data(), kTileQ, v.data, v.ld, 1.0f, w.acc.data(), dv);
   });
 
   // O = acc / l and LSE = ln Σ exp(S) = m + ln l; a row that saw no key gets O = 0 and LSE = +inf.

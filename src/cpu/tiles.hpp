@@ -156,15 +156,15 @@ bool fully_visible(const BandMask& mask, int64_t q0, int64_t rows, int64_t k0, i
   return mask.key_begin(q0 + rows - 1) <= k0 && mask.key_end(q0) >= k0 + cols;
 }
 
-// Scores of keys row i may not see become −inf; the tile holds keys [k0, k0 + n).
-void mask_row(const BandMask& mask, int64_t i, int64_t k0, float* s, int64_t n) {
-  int64_t lo, hi;
-  mask.key_range(i, &lo, &hi);
-  lo = std::clamp<int64_t>(lo - k0, 0, n);
-  hi = std::clamp<int64_t>(hi - k0, lo, n);
+// Scores of query rows key j may not see become −inf; a transposed tile's row for key j holds
+// query rows [q0, q0 + n).
+void mask_key_row(const BandMask& mask, int64_t j, int64_t q0, float* s, int64_t n) {
+  const int64_t lo = std::clamp<int64_t>(mask.query_begin(j) - q0, 0, n);
+  const int64_t hi = std::clamp<int64_t>(mask.query_end(j) - q0, lo, n);
   std::fill(s, s + lo, -kInf);
   std::fill(s + hi, s + n, -kInf);
 }
+
 
 }  // namespace
 }  // namespace fa4::cpu

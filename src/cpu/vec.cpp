@@ -45,14 +45,19 @@ float Max(const float* x, int64_t n) {
   return result;
 }
 
+// exp(t), NaN staying NaN (Exp gives 0 below its range, which a NaN compares as).
+template <typename V>
+HWY_INLINE V ExpKeepNaN(const DF& d, V t) {
+  return hn::IfThenElse(hn::IsNaN(t), t, hn::Exp(d, t));
+}
+
 float ExpSum(float* x, int64_t n, float m) {
   const DF d;
   const int64_t end = whole(d, n);
   const auto vm = hn::Set(d, m);
   auto sum = hn::Zero(d);
   for (int64_t j = 0; j < end; j += int64_t(hn::Lanes(d))) {
-    const auto v = hn::LoadU(d, x + j);
-    const auto e = hn::IfThenElse(hn::IsNaN(v), v, hn::Exp(d, hn::Sub(v, vm)));
+    const auto e = ExpKeepNaN(d, hn::Sub(hn::LoadU(d, x + j), vm));
     hn::StoreU(e, d, x + j);
     sum = hn::Add(sum, e);
   }
@@ -108,6 +113,68 @@ void ScoreGrad(const float* p, const float* dp, float dval, const float* dcap, f
   }
 }
 
+void ColMax(const float* x, int64_t rows, int64_t cols, int64_t ld, float* m) {
+  const DF d;
+  const int64_t lanes = int64_t(hn::Lanes(d)), end = whole(d, cols);
+  for (int64_t c = 0; c < end; c += lanes) {
+    auto vm = hn::LoadU(d, m + c);
+    auto nan = hn::IfThenElseZero(hn::IsNaN(vm), vm);  // Max does not propagate NaN
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto v = hn::LoadU(d, x + r * ld + c);
+      vm = hn::Max(vm, v);
+      nan = hn::Or(nan, hn::IfThenElseZero(hn::IsNaN(v), v));
+    }
+    hn::StoreU(hn::IfThenElse(hn::IsNaN(nan), nan, vm), d, m + c);
+  }
+  for (int64_t c = end; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float v = x[r * ld + c];
+      m[c] = std::isnan(m[c]) ? m[c] : std::isnan(v) ? v : std::max(m[c], v);
+    }
+}
+
+void ColExp(float* x, int64_t rows, int64_t cols, int64_t ld, const float* sub, float* sum) {
+  const DF d;
+  const int64_t lanes = int64_t(hn::Lanes(d)), end = whole(d, cols);
+  for (int64_t c = 0; c < end; c += lanes) {
+    const auto vs = hn::LoadU(d, sub + c);
+    auto acc = hn::Zero(d);
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto e = ExpKeepNaN(d, hn::Sub(hn::LoadU(d, x + r * ld + c), vs));
+      hn::StoreU(e, d, x + r * ld + c);
+      acc = hn::Add(acc, e);
+    }
+    if (sum != nullptr) hn::StoreU(hn::Add(hn::LoadU(d, sum + c), acc), d, sum + c);
+  }
+  for (int64_t c = end; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      float& v = x[r * ld + c];
+      v = std::exp(v - sub[c]);
+      if (sum != nullptr) sum[c] += v;
+    }
+}
+
+void ColScoreGrad(const float* p, const float* dp, int64_t rows, int64_t cols, int64_t ld,
+                  const float* dval, const float* dcap, float* ds) {
+  const DF d;
+  const int64_t lanes = int64_t(hn::Lanes(d)), end = whole(d, cols);
+  for (int64_t c = 0; c < end; c += lanes) {
+    const auto vd = hn::LoadU(d, dval + c);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t e = r * ld + c;
+      auto g = hn::Mul(hn::LoadU(d, p + e), hn::Sub(hn::LoadU(d, dp + e), vd));
+      if (dcap != nullptr) g = hn::Mul(g, hn::LoadU(d, dcap + e));
+      hn::StoreU(g, d, ds + e);
+    }
+  }
+  for (int64_t c = end; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t e = r * ld + c;
+      const float g = p[e] * (dp[e] - dval[c]);
+      ds[e] = dcap != nullptr ? g * dcap[e] : g;
+    }
+}
+
 float Dot(const float* a, const float* b, int64_t n) {
   const DF d;
   const int64_t end = whole(d, n);
@@ -160,6 +227,10 @@ struct Kernels {
   void (*scale)(float*, int64_t, float);
   void (*softcap)(float*, int64_t, float, float, float*);
   void (*score_grad)(const float*, const float*, float, const float*, float*, int64_t);
+  void (*col_max)(const float*, int64_t, int64_t, int64_t, float*);
+  void (*col_exp)(float*, int64_t, int64_t, int64_t, const float*, float*);
+  void (*col_score_grad)(const float*, const float*, int64_t, int64_t, int64_t, const float*,
+                         const float*, float*);
   float (*dot)(const float*, const float*, int64_t);
   void (*bf16)(const uint16_t*, float*, int64_t);
   void (*fp16)(const hwy::float16_t*, float*, int64_t);
@@ -169,7 +240,8 @@ struct Kernels {
 #define FA4_VEC_KERNELS(QUALIFY, NAME)                                                        \
   Kernels {                                                                                   \
     NAME, &QUALIFY(Max), &QUALIFY(ExpSum), &QUALIFY(Scale), &QUALIFY(Softcap),                \
-        &QUALIFY(ScoreGrad), &QUALIFY(Dot), &QUALIFY(Bf16ToFloat), &QUALIFY(Fp16ToFloat)      \
+        &QUALIFY(ScoreGrad), &QUALIFY(ColMax), &QUALIFY(ColExp), &QUALIFY(ColScoreGrad),      \
+        &QUALIFY(Dot), &QUALIFY(Bf16ToFloat), &QUALIFY(Fp16ToFloat)                           \
   }
 #define FA4_VEC_AVX3(F) N_AVX3::F
 #define FA4_VEC_AVX2(F) N_AVX2::F
@@ -207,6 +279,16 @@ void softcap(float* x, int64_t n, float scale, float cap, float* dcap) {
 void score_grad(const float* p, const float* dp, float d, const float* dcap, float* ds,
                 int64_t n) {
   kernels().score_grad(p, dp, d, dcap, ds, n);
+}
+void col_max(const float* x, int64_t rows, int64_t cols, int64_t ld, float* m) {
+  kernels().col_max(x, rows, cols, ld, m);
+}
+void col_exp(float* x, int64_t rows, int64_t cols, int64_t ld, const float* sub, float* sum) {
+  kernels().col_exp(x, rows, cols, ld, sub, sum);
+}
+void col_score_grad(const float* p, const float* dp, int64_t rows, int64_t cols, int64_t ld,
+                    const float* d, const float* dcap, float* ds) {
+  kernels().col_score_grad(p, dp, rows, cols, ld, d, dcap, ds);
 }
 float dot(const float* a, const float* b, int64_t n) { return kernels().dot(a, b, n); }
 void to_float(const bf16_t* src, float* dst, int64_t n) {

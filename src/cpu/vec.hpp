@@ -21,6 +21,17 @@ void scale(float* x, int64_t n, float a);
 void softcap(float* x, int64_t n, float scale, float cap, float* dcap);
 // ds[j] = p[j] · (dp[j] − d) [· dcap[j] when dcap is given]; ds may be p or dp.
 void score_grad(const float* p, const float* dp, float d, const float* dcap, float* ds, int64_t n);
+// Column operations over the first `cols` columns of a tile of `rows` rows `ld` floats apart: a
+// transposed score tile, keys along its rows and query rows along its columns, each column with
+// its own max, sum, LSE or D.
+// m[c] = max(m[c], x[r][c] for every r).
+void col_max(const float* x, int64_t rows, int64_t cols, int64_t ld, float* m);
+// x[r][c] = exp(x[r][c] − sub[c]) (sub finite); with sum, sum[c] += Σ_r of the new x[r][c].
+void col_exp(float* x, int64_t rows, int64_t cols, int64_t ld, const float* sub, float* sum);
+// ds[r][c] = p[r][c] · (dp[r][c] − d[c]) [· dcap[r][c] when dcap is given]; one layout for all,
+// ds may be p or dp.
+void col_score_grad(const float* p, const float* dp, int64_t rows, int64_t cols, int64_t ld,
+                    const float* d, const float* dcap, float* ds);
 // Σ a[j] · b[j].
 float dot(const float* a, const float* b, int64_t n);
 // dst[j] = src[j] in fp32.
