@@ -1,5 +1,6 @@
 #include "run.hpp"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
@@ -135,8 +136,12 @@ std::vector<int64_t> lse_shape(const at::Tensor& q, bool varlen) {
 template <typename Tensors>
 bool run(fa4::Pass pass, const fa4::Problem& problem, const Tensors& tensors,
          const at::Tensor& like, fa4::Backend backend, std::string* why) {
-  const fa4::Overrides* o = overrides(why);
-  if (o == nullptr) return false;
+  const fa4::Overrides* from_env = overrides(why);
+  if (from_env == nullptr) return false;
+  fa4::Overrides o = *from_env;
+  // The CPU backend's threads: torch's intra-op thread count (torch.set_num_threads), as torch's
+  // own CPU ops use, unless the environment's overrides name a count.
+  if (backend == fa4::Backend::kCpu && o.cpu_threads == 0) o.cpu_threads = at::get_num_threads();
   c10::OptionalDeviceGuard guard;
   void* stream = nullptr;
   if (backend == fa4::Backend::kSm90) {
@@ -146,7 +151,7 @@ bool run(fa4::Pass pass, const fa4::Problem& problem, const Tensors& tensors,
                  .native_handle();
   }
   size_t bytes = 0;
-  fa4::Status status = fa4::workspace_size(problem, backend, pass, *o, &bytes);
+  fa4::Status status = fa4::workspace_size(problem, backend, pass, o, &bytes);
   at::Tensor buffer;
   fa4::Workspace workspace;
   if (status.ok() && bytes > 0) {
@@ -159,9 +164,9 @@ bool run(fa4::Pass pass, const fa4::Problem& problem, const Tensors& tensors,
   }
   if (status.ok()) {
     if constexpr (std::is_same_v<Tensors, fa4::ForwardTensors>)
-      status = fa4::forward(problem, tensors, workspace, stream, backend, *o);
+      status = fa4::forward(problem, tensors, workspace, stream, backend, o);
     else
-      status = fa4::backward(problem, tensors, workspace, stream, backend, *o);
+      status = fa4::backward(problem, tensors, workspace, stream, backend, o);
   }
   if (!status.ok()) *why = status.message;
   return status.ok();

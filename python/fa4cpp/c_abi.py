@@ -285,7 +285,14 @@ class Library:
         self._check(self.lib.fa4_overrides_from_env(ctypes.byref(o)))
         return o
 
-    def _overrides_arg(self):
+    def _overrides_arg(self, backend=None):
+        """The overrides of a call; on the CPU backend with no thread count set, torch's intra-op
+        thread count (torch.set_num_threads), as torch's own CPU ops use."""
+        if backend == BACKEND_CPU and (self.overrides is None or self.overrides.cpu_threads == 0):
+            o = self._new(Overrides) if self.overrides is None else Overrides.from_buffer_copy(
+                self.overrides)
+            o.cpu_threads = torch.get_num_threads()
+            return ctypes.byref(o)
         return None if self.overrides is None else ctypes.byref(self.overrides)
 
     def _new(self, cls):
@@ -373,7 +380,7 @@ class Library:
     def _workspace(self, p, backend, pass_, device):
         nbytes = ctypes.c_size_t(0)
         self._check(self.lib.fa4_workspace_size_with_overrides(
-            ctypes.byref(p), backend, pass_, self._overrides_arg(), ctypes.byref(nbytes)))
+            ctypes.byref(p), backend, pass_, self._overrides_arg(backend), ctypes.byref(nbytes)))
         if nbytes.value == 0:
             return None, None, 0
         # Over-allocate so that an aligned start exists whatever alignment the allocator gives.
@@ -426,7 +433,7 @@ class Library:
             buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, device)
             self._check(self.lib.fa4_forward_with_overrides(
                 ctypes.byref(p), ctypes.byref(t), ws, nbytes, self._stream(device), backend,
-                self._overrides_arg()))
+                self._overrides_arg(backend)))
         del buf  # the caching allocator keeps it valid for work already queued on this stream
 
     def backward(self, dout, q, k, v, out, lse, dq, dk, dv, params):
@@ -441,7 +448,7 @@ class Library:
             buf, ws, nbytes = self._workspace(p, backend, PASS_BACKWARD, device)
             self._check(self.lib.fa4_backward_with_overrides(
                 ctypes.byref(p), ctypes.byref(t), ws, nbytes, self._stream(device), backend,
-                self._overrides_arg()))
+                self._overrides_arg(backend)))
         del buf
 
     # -- bench/sweep.py's entry point ------------------------------------------------------------

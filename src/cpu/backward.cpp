@@ -1,9 +1,13 @@
 // The CPU backward pass, deterministic by construction: every output element is owned by exactly
 // one task and summed in a fixed order, so there are no atomics and no reductions across threads.
 //   preprocess  D = rowsum(dO ∘ O) per query row, into the workspace;
+// then, when there are at least as many (batch, kv head) pairs as threads, one pass:
+//   per (batch, kv head): for each key tile, dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the query
+//   heads of the group and the query tiles that see it, and dQ += dS K into fp32 accumulators in
+//   the workspace (the task owns its heads' rows): five products per block;
+// else two passes, which keep every thread busy on a single pair at two more products per block:
 //   pass 1      per (batch, query head, query tile): dQ = scale · Σ_keys dS K;
-//   pass 2      per (batch, kv head, key tile): dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the
-//               query heads of the group and the query tiles that see the key tile.
+//   pass 2      per (batch, kv head, key tile): dV and dK as above.
 // Both passes recompute P = exp(S − LSE) from the forward's LSE, and dS = P ∘ (dP − D) with
 // dP = dO Vᵀ, times 1 − tanh² when softcap is on. The products are OpenBLAS sgemm calls, each
 // pass holding its blocks in the orientation that keeps every product untransposed on the right
@@ -147,13 +151,15 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
     gemm(false, false, cols, rows, dv, v.data, v.ld, qt.doutt.data(), kTileQ, 0.0f, b.dp.data(),
          kTileQ);
     // P^T, then dS^T in place of dP^T
+    // (A linear score's scale goes into the exponentials instead of a pass of its own.)
     const bool whole = fully_visible(mask, q0, rows, k0, cols);
     for (int64_t j = 0; j < cols; ++j) {
       float* s = b.s.data() + j * kTileQ;
-      sm.apply(s, rows, dcap != nullptr ? dcap + j * kTileQ : nullptr);
+      if (!sm.linear()) sm.apply(s, rows, dcap != nullptr ? dcap + j * kTileQ : nullptr);
       if (!whole) mask_key_row(mask, k0 + j, q0, s, rows);
     }
-    vec::col_exp(b.s.data(), cols, rows, kTileQ, qt.lse.data(), nullptr);
+    vec::col_exp(b.s.data(), cols, rows, kTileQ, sm.linear() ? sm.scale : 1.0f, qt.lse.data(),
+                 nullptr);
     vec::col_score_grad(b.s.data(), b.dp.data(), cols, rows, kTileQ, qt.d.data(), dcap,
                         b.dp.data());
     // dQ += dS K
@@ -191,11 +197,12 @@ int64_t stored_keys(const Problem& p, int64_t b) {
 }
 
 // dV += P^T dO and dK += dS^T Q (scale applied at the store) for the task's keys [k0, k0 + keys)
-// against query rows [q0, q0 + rows) of query head h.
+// against query rows [q0, q0 + rows) of query head h; with dq (the rows' fp32 dQ accumulator,
+// dqk floats apart), also dQ += dS K.
 template <typename T>
 void dkdv_block(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, const float* d_all,
                 const SeqSpan& span, const BandMask& mask, int64_t h, int64_t q0, int64_t rows,
-                int64_t k0, int64_t keys, Pass2Scratch& w) {
+                int64_t k0, int64_t keys, const Rows& k, Pass2Scratch& w, float* dq) {
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   QueryTile& qt = w.query;
   ScoreTile& b = w.block;
@@ -207,14 +214,14 @@ void dkdv_block(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, 
        kTileK);
   gemm(false, false, rows, keys, dv, qt.dout.data(), dv, w.vt.data(), kTileK, 0.0f, b.dp.data(),
        kTileK);
-  // P, then dS in place of dP
+  // P, then dS in place of dP (a linear score's scale goes into the exponentials)
   const bool whole = fully_visible(mask, q0, rows, k0, keys);
   for (int64_t r = 0; r < rows; ++r) {
     float* s = b.s.data() + r * kTileK;
     float* row_dcap = dcap != nullptr ? dcap + r * kTileK : nullptr;
-    sm.apply(s, keys, row_dcap);
+    if (!sm.linear()) sm.apply(s, keys, row_dcap);
     if (!whole) mask_row(mask, q0 + r, k0, s, keys);
-    vec::exp_sum(s, keys, qt.lse[size_t(r)]);
+    vec::exp(s, keys, sm.linear() ? sm.scale : 1.0f, qt.lse[size_t(r)]);
     vec::score_grad(s, b.dp.data() + r * kTileK, qt.d[size_t(r)], row_dcap,
                     b.dp.data() + r * kTileK, keys);
   }
@@ -222,53 +229,94 @@ void dkdv_block(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, 
        dv);
   gemm(true, false, keys, dqk, rows, b.dp.data(), kTileK, qt.q.data(), dqk, 1.0f, w.dk.data(),
        dqk);
+  if (dq != nullptr)
+    gemm(false, false, rows, dqk, keys, b.dp.data(), kTileK, k.data, k.ld, 1.0f, dq, dqk);
 }
 
+// Where a query row's fp32 dQ accumulator lives in the one-pass workspace, after D:
+// (batch, head_q, row) or (head_q, total_q row) rows of dqk floats.
+int64_t dq_acc_offset(const Problem& p, const SeqSpan& span, int64_t row, int64_t head) {
+  return d_offset(p, span, row, head) * p.head_dim_qk;
+}
+
+// dK and dV of key tile [k0, k0 + kTileK) of the task's kv head, over the query heads of its
+// group and the query tiles that see it; with dq_acc (the one pass), dQ too.
 template <typename T>
-void dkdv_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, const float* d_all,
-               const Task& task, Pass2Scratch& w) {
-  const SeqSpan span = seq_span(p, task.batch);
+void key_tile_grads(const Problem& p, const BackwardTensors& t, const ScoreMod& sm,
+                    const float* d_all, int64_t batch, int64_t kv_head, int64_t k0,
+                    Pass2Scratch& w, float* dq_acc) {
+  const SeqSpan span = seq_span(p, batch);
   const BandMask mask = band_mask(p, span);
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   const int64_t group = p.heads_q / p.heads_kv;
-  const int64_t k0 = task.row0;
   // The tile's rows in the tensor, and how many of them are used keys; the others (at or beyond
   // seqused_k) keep zero gradients.
-  const int64_t tile_rows = std::min(kTileK, stored_keys(p, task.batch) - k0);
+  const int64_t tile_rows = std::min(kTileK, stored_keys(p, batch) - k0);
   const int64_t keys = std::clamp<int64_t>(span.seqlen_k - k0, 0, tile_rows);
 
   std::fill(w.dk.begin(), w.dk.end(), 0.0f);
   std::fill(w.dv.begin(), w.dv.end(), 0.0f);
   if (keys > 0) {
-    const Rows k = fp32_rows(element<T>(t.k, k_offset(t.k, span, k0, task.head)),
+    const Rows k = fp32_rows(element<T>(t.k, k_offset(t.k, span, k0, kv_head)),
                              t.k.seq_stride, keys, dqk, w.k.data());
-    const Rows v = fp32_rows(element<T>(t.v, k_offset(t.v, span, k0, task.head)),
+    const Rows v = fp32_rows(element<T>(t.v, k_offset(t.v, span, k0, kv_head)),
                              t.v.seq_stride, keys, dv, w.v.data());
     transpose(keys, dqk, k.data, k.ld, w.kt.data(), kTileK);
     transpose(keys, dv, v.data, v.ld, w.vt.data(), kTileK);
-    for (int64_t h = task.head * group; h < (task.head + 1) * group; ++h) {
+    for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
       for (int64_t q0 = 0; q0 < span.seqlen_q; q0 += kTileQ) {
         const int64_t rows = std::min(kTileQ, span.seqlen_q - q0);
         const KeyRange seen = visible_keys(mask, q0, rows);
-        if (std::max(seen.begin, k0) < std::min(seen.end, k0 + keys))
-          dkdv_block<T>(p, t, sm, d_all, span, mask, h, q0, rows, k0, keys, w);
+        if (std::max(seen.begin, k0) >= std::min(seen.end, k0 + keys)) continue;
+        float* dq = dq_acc != nullptr ? dq_acc + dq_acc_offset(p, span, q0, h) : nullptr;
+        dkdv_block<T>(p, t, sm, d_all, span, mask, h, q0, rows, k0, keys, k, w, dq);
       }
     }
   }
 
   store_rows(w.dk.data(), tile_rows, dqk, sm.scale,
-             static_cast<T*>(t.dk.data) + k_offset(t.dk, span, k0, task.head), t.dk.seq_stride);
+             static_cast<T*>(t.dk.data) + k_offset(t.dk, span, k0, kv_head), t.dk.seq_stride);
   store_rows(w.dv.data(), tile_rows, dv, 1.0f,
-             static_cast<T*>(t.dv.data) + k_offset(t.dv, span, k0, task.head), t.dv.seq_stride);
+             static_cast<T*>(t.dv.data) + k_offset(t.dv, span, k0, kv_head), t.dv.seq_stride);
+}
+
+// The one pass's task: every key tile of (batch, kv head), then the group's dQ from its
+// accumulators.
+template <typename T>
+void one_pass_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm,
+                   const float* d_all, float* dq_acc, int64_t batch, int64_t kv_head,
+                   Pass2Scratch& w) {
+  const SeqSpan span = seq_span(p, batch);
+  const int64_t dqk = p.head_dim_qk;
+  const int64_t group = p.heads_q / p.heads_kv;
+  for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+    float* acc = dq_acc + dq_acc_offset(p, span, 0, h);
+    std::fill(acc, acc + span.seqlen_q * dqk, 0.0f);
+  }
+  for (int64_t k0 = 0; k0 < stored_keys(p, batch); k0 += kTileK)
+    key_tile_grads<T>(p, t, sm, d_all, batch, kv_head, k0, w, dq_acc);
+  for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h)
+    store_rows(dq_acc + dq_acc_offset(p, span, 0, h), span.seqlen_q, dqk, sm.scale,
+               static_cast<T*>(t.dq.data) + q_offset(t.dq, span, 0, h), t.dq.seq_stride);
+}
+
+// One pass over (batch, kv head) pairs when there are at least as many of them as threads.
+bool one_pass(const Problem& p, int threads) {
+  return p.batch * p.heads_kv >= thread_count(threads);
+}
+
+// Query rows of D (and of the one pass's dQ accumulators) per query head.
+int64_t query_rows(const Problem& p) {
+  return p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q;
 }
 
 }  // namespace
 
-size_t workspace_size(const Problem& problem, Pass pass) {
+size_t workspace_size(const Problem& problem, Pass pass, int threads) {
   if (pass != Pass::kBackward) return 0;
-  const int64_t rows = problem.is_varlen() ? problem.varlen.total_q
-                                           : problem.batch * problem.seqlen_q;
-  return size_t(rows) * size_t(problem.heads_q) * sizeof(float);
+  const size_t d = size_t(query_rows(problem)) * size_t(problem.heads_q);
+  const size_t dq = one_pass(problem, threads) ? d * size_t(problem.head_dim_qk) : 0;
+  return (d + dq) * sizeof(float);
 }
 
 Status backward(const Problem& problem, const BackwardTensors& tensors, Workspace workspace,
@@ -279,11 +327,29 @@ Status backward(const Problem& problem, const BackwardTensors& tensors, Workspac
   const auto queries = [&](int64_t b) { return seq_span(p, b).seqlen_q; };
   const auto keys = [&](int64_t b) { return stored_keys(p, b); };
   const std::vector<Task> q_tasks = make_tasks(p, p.heads_q, kTileQ, queries);
-  const std::vector<Task> k_tasks = make_tasks(p, p.heads_kv, kTileK, keys);
-
   std::vector<Pass1Scratch> pass1 = make_scratch<Pass1Scratch>(q_tasks, p, threads);
-  std::vector<Pass2Scratch> pass2 = make_scratch<Pass2Scratch>(k_tasks, p, threads);
 
+  if (one_pass(p, threads)) {
+    float* dq_acc = d_all + query_rows(p) * p.heads_q;
+    // One task per (batch, kv head): row0 is unused.
+    std::vector<Task> pairs;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_kv; ++h) pairs.push_back({b, h, 0});
+    std::vector<Pass2Scratch> scratch = make_scratch<Pass2Scratch>(pairs, p, threads);
+    visit_dtype(p.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      run_tasks(q_tasks, pass1, [&](const Task& task, Pass1Scratch& w) {
+        preprocess_task<T>(p, tensors, d_all, task, w.o_row.data(), w.dout_row.data());
+      });
+      run_tasks(pairs, scratch, [&](const Task& task, Pass2Scratch& w) {
+        one_pass_task<T>(p, tensors, sm, d_all, dq_acc, task.batch, task.head, w);
+      });
+    });
+    return Status::success();
+  }
+
+  const std::vector<Task> k_tasks = make_tasks(p, p.heads_kv, kTileK, keys);
+  std::vector<Pass2Scratch> pass2 = make_scratch<Pass2Scratch>(k_tasks, p, threads);
   visit_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     run_tasks(q_tasks, pass1, [&](const Task& task, Pass1Scratch& w) {
@@ -293,7 +359,7 @@ Status backward(const Problem& problem, const BackwardTensors& tensors, Workspac
       dq_task<T>(p, tensors, sm, d_all, task, w);
     });
     run_tasks(k_tasks, pass2, [&](const Task& task, Pass2Scratch& w) {
-      dkdv_task<T>(p, tensors, sm, d_all, task, w);
+      key_tile_grads<T>(p, tensors, sm, d_all, task.batch, task.head, task.row0, w, nullptr);
     });
   });
   return Status::success();

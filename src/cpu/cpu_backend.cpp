@@ -78,8 +78,8 @@ Status backward(const Problem& p, const BackwardTensors& t, Workspace ws, void* 
   return s.ok() ? cpu::backward(p, t, ws, overrides.cpu_threads) : s;
 }
 
-size_t workspace_size(const Problem& p, Pass pass, const Overrides&) {
-  return cpu::workspace_size(p, pass);
+size_t workspace_size(const Problem& p, Pass pass, const Overrides& overrides) {
+  return cpu::workspace_size(p, pass, overrides.cpu_threads);
 }
 
 }  // namespace

@@ -42,14 +42,15 @@ struct Scratch {
   std::vector<float> rotary;  // a position's cos and sin (KV cache rotary)
 };
 
-// One step of the online softmax for query rows [0, rows): fold the transposed scores st (cols
-// keys × rows) into (m, l, acc), leaving the probabilities exp(s − m_new) in st for the P·V
-// product that follows.
-void online_softmax_step(int64_t rows, int64_t cols, int64_t dv, Scratch& w) {
-  std::copy(w.m.begin(), w.m.begin() + rows, w.m_new.begin());
+// One step of the online softmax for query rows [0, rows): fold the transposed tile st (cols keys
+// × rows), scores times 1 / `scale` (scale 1: the scores themselves), into (m, l, acc), leaving the
+// probabilities exp(s − m_new) in st for the P·V product that follows. scale > 0.
+void online_softmax_step(int64_t rows, int64_t cols, int64_t dv, float scale, Scratch& w) {
+  std::fill(w.m_new.begin(), w.m_new.begin() + rows, -kInf);
   vec::col_max(w.st.data(), cols, rows, kTileQ, w.m_new.data());
   for (int64_t r = 0; r < rows; ++r) {
-    const float m_new = w.m_new[r];
+    const float tile_max = scale * w.m_new[r];
+    const float m_new = std::isnan(tile_max) ? tile_max : std::max(w.m[r], tile_max);
     // A row without a visible key so far: its column is −inf, whose exp(−inf − 0) is 0 (and
     // exp(−inf − (−inf)) would be NaN); l and acc are still 0.
     w.sub[r] = m_new == -kInf ? 0.0f : m_new;
@@ -61,10 +62,8 @@ void online_softmax_step(int64_t rows, int64_t cols, int64_t dv, Scratch& w) {
     }
     w.m[r] = m_new;
   }
-  vec::col_exp(w.st.data(), cols, rows, kTileQ, w.sub.data(), w.l.data());
+  vec::col_exp(w.st.data(), cols, rows, kTileQ, scale, w.sub.data(), w.l.data());
 }
-
-
 
 // The KV cache's rotary embedding of one row (fp32, in place) at cache position `pos`.
 template <typename T>
@@ -163,13 +162,14 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
     // S^T = K Q^T
     gemm(false, false, cols, rows, dqk, k.data, k.ld, w.qt.data(), kTileQ, 0.0f, w.st.data(),
          kTileQ);
+    // Scores: a linear score's scale goes into the exponentials instead of a pass of its own.
     const bool whole = fully_visible(mask, q0, rows, k0, cols);
     for (int64_t j = 0; j < cols; ++j) {
       float* s = w.st.data() + j * kTileQ;
-      mod.apply(s, rows);
+      if (!mod.linear()) mod.apply(s, rows);
       if (!whole) mask_key_row(mask, k0 + j, q0, s, rows);
     }
-    online_softmax_step(rows, cols, dv, w);
+    online_softmax_step(rows, cols, dv, mod.linear() ? mod.scale : 1.0f, w);
     // acc += P V
     gemm(true, false, rows, dv, cols, w.st.data(), kTileQ, v.data, v.ld, 1.0f, w.acc.data(), dv);
   });

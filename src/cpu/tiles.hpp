@@ -140,6 +140,10 @@ struct ScoreMod {
 
   static ScoreMod of(const Problem& p) { return {p.scale(), p.softcap}; }
 
+  // Whether the scores are scale · q·k with scale > 0: then the max of the dot products times
+  // scale is the max of the scores, and a pass can leave the multiply to the exponential.
+  bool linear() const { return cap == 0.0f && scale > 0.0f; }
+
   // s[0, n) from dot products to scores, in place; with softcap and a dcap, dcap[0, n) receives
   // 1 − tanh², the factor dS picks up in the backward (dcap is left alone without softcap).
   void apply(float* s, int64_t n, float* dcap = nullptr) const {

@@ -28,45 +28,20 @@ HWY_INLINE int64_t whole(const DF& d, int64_t n) {
   return n - n % lanes;
 }
 
-float Max(const float* x, int64_t n) {
-  const DF d;
-  const int64_t end = whole(d, n);
-  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
-  auto nan = hn::Zero(d);  // NaN lanes, kept apart: Max does not propagate NaN
-  for (int64_t j = 0; j < end; j += int64_t(hn::Lanes(d))) {
-    const auto v = hn::LoadU(d, x + j);
-    m = hn::Max(m, v);
-    nan = hn::Or(nan, hn::IfThenElseZero(hn::IsNaN(v), v));
-  }
-  float result = hn::GetLane(hn::MaxOfLanes(d, m));
-  if (!hn::AllFalse(d, hn::IsNaN(nan))) result = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t j = end; j < n; ++j)
-    result = std::isnan(x[j]) ? x[j] : std::max(result, x[j]);
-  return result;
-}
-
 // exp(t), NaN staying NaN (Exp gives 0 below its range, which a NaN compares as).
 template <typename V>
 HWY_INLINE V ExpKeepNaN(const DF& d, V t) {
   return hn::IfThenElse(hn::IsNaN(t), t, hn::Exp(d, t));
 }
 
-float ExpSum(float* x, int64_t n, float m) {
+void ExpRow(float* x, int64_t n, float scale, float sub) {
   const DF d;
   const int64_t end = whole(d, n);
-  const auto vm = hn::Set(d, m);
-  auto sum = hn::Zero(d);
-  for (int64_t j = 0; j < end; j += int64_t(hn::Lanes(d))) {
-    const auto e = ExpKeepNaN(d, hn::Sub(hn::LoadU(d, x + j), vm));
-    hn::StoreU(e, d, x + j);
-    sum = hn::Add(sum, e);
-  }
-  float total = hn::GetLane(hn::SumOfLanes(d, sum));
-  for (int64_t j = end; j < n; ++j) {
-    x[j] = std::exp(x[j] - m);
-    total += x[j];
-  }
-  return total;
+  const auto vscale = hn::Set(d, scale);
+  const auto vsub = hn::Set(d, sub);
+  for (int64_t j = 0; j < end; j += int64_t(hn::Lanes(d)))
+    hn::StoreU(ExpKeepNaN(d, hn::MulSub(hn::LoadU(d, x + j), vscale, vsub)), d, x + j);
+  for (int64_t j = end; j < n; ++j) x[j] = std::exp(scale * x[j] - sub);
 }
 
 void Scale(float* x, int64_t n, float a) {
@@ -133,14 +108,16 @@ void ColMax(const float* x, int64_t rows, int64_t cols, int64_t ld, float* m) {
     }
 }
 
-void ColExp(float* x, int64_t rows, int64_t cols, int64_t ld, const float* sub, float* sum) {
+void ColExp(float* x, int64_t rows, int64_t cols, int64_t ld, float scale, const float* sub,
+            float* sum) {
   const DF d;
   const int64_t lanes = int64_t(hn::Lanes(d)), end = whole(d, cols);
+  const auto vscale = hn::Set(d, scale);
   for (int64_t c = 0; c < end; c += lanes) {
     const auto vs = hn::LoadU(d, sub + c);
     auto acc = hn::Zero(d);
     for (int64_t r = 0; r < rows; ++r) {
-      const auto e = ExpKeepNaN(d, hn::Sub(hn::LoadU(d, x + r * ld + c), vs));
+      const auto e = ExpKeepNaN(d, hn::MulSub(hn::LoadU(d, x + r * ld + c), vscale, vs));
       hn::StoreU(e, d, x + r * ld + c);
       acc = hn::Add(acc, e);
     }
@@ -149,7 +126,7 @@ void ColExp(float* x, int64_t rows, int64_t cols, int64_t ld, const float* sub, 
   for (int64_t c = end; c < cols; ++c)
     for (int64_t r = 0; r < rows; ++r) {
       float& v = x[r * ld + c];
-      v = std::exp(v - sub[c]);
+      v = std::exp(scale * v - sub[c]);
       if (sum != nullptr) sum[c] += v;
     }
 }
@@ -222,13 +199,12 @@ namespace {
 // One target's functions.
 struct Kernels {
   const char* name;
-  float (*max)(const float*, int64_t);
-  float (*exp_sum)(float*, int64_t, float);
+  void (*exp)(float*, int64_t, float, float);
   void (*scale)(float*, int64_t, float);
   void (*softcap)(float*, int64_t, float, float, float*);
   void (*score_grad)(const float*, const float*, float, const float*, float*, int64_t);
   void (*col_max)(const float*, int64_t, int64_t, int64_t, float*);
-  void (*col_exp)(float*, int64_t, int64_t, int64_t, const float*, float*);
+  void (*col_exp)(float*, int64_t, int64_t, int64_t, float, const float*, float*);
   void (*col_score_grad)(const float*, const float*, int64_t, int64_t, int64_t, const float*,
                          const float*, float*);
   float (*dot)(const float*, const float*, int64_t);
@@ -239,7 +215,7 @@ struct Kernels {
 // The table of a target; QUALIFY(F) names F in that target's namespace.
 #define FA4_VEC_KERNELS(QUALIFY, NAME)                                                        \
   Kernels {                                                                                   \
-    NAME, &QUALIFY(Max), &QUALIFY(ExpSum), &QUALIFY(Scale), &QUALIFY(Softcap),                \
+    NAME, &QUALIFY(ExpRow), &QUALIFY(Scale), &QUALIFY(Softcap),                               \
         &QUALIFY(ScoreGrad), &QUALIFY(ColMax), &QUALIFY(ColExp), &QUALIFY(ColScoreGrad),      \
         &QUALIFY(Dot), &QUALIFY(Bf16ToFloat), &QUALIFY(Fp16ToFloat)                           \
   }
@@ -270,8 +246,7 @@ const Kernels& kernels() {
 
 }  // namespace
 
-float max(const float* x, int64_t n) { return kernels().max(x, n); }
-float exp_sum(float* x, int64_t n, float m) { return kernels().exp_sum(x, n, m); }
+void exp(float* x, int64_t n, float scale, float sub) { kernels().exp(x, n, scale, sub); }
 void scale(float* x, int64_t n, float a) { kernels().scale(x, n, a); }
 void softcap(float* x, int64_t n, float scale, float cap, float* dcap) {
   kernels().softcap(x, n, scale, cap, dcap);
@@ -283,8 +258,9 @@ void score_grad(const float* p, const float* dp, float d, const float* dcap, flo
 void col_max(const float* x, int64_t rows, int64_t cols, int64_t ld, float* m) {
   kernels().col_max(x, rows, cols, ld, m);
 }
-void col_exp(float* x, int64_t rows, int64_t cols, int64_t ld, const float* sub, float* sum) {
-  kernels().col_exp(x, rows, cols, ld, sub, sum);
+void col_exp(float* x, int64_t rows, int64_t cols, int64_t ld, float scale, const float* sub,
+             float* sum) {
+  kernels().col_exp(x, rows, cols, ld, scale, sub, sum);
 }
 void col_score_grad(const float* p, const float* dp, int64_t rows, int64_t cols, int64_t ld,
                     const float* d, const float* dcap, float* ds) {

@@ -10,10 +10,8 @@
 
 namespace fa4::cpu::vec {
 
-// The largest x[j] (−inf for n = 0).
-float max(const float* x, int64_t n);
-// x[j] = exp(x[j] − m) (0 for x[j] = −inf); returns Σ x[j].
-float exp_sum(float* x, int64_t n, float m);
+// x[j] = exp(scale · x[j] − sub) (0 for x[j] = −inf; sub finite or +inf).
+void exp(float* x, int64_t n, float scale, float sub);
 // x[j] *= a.
 void scale(float* x, int64_t n, float a);
 // x[j] = cap · tanh(x[j] · scale / cap); with dcap, also dcap[j] = 1 − tanh², the factor dS picks
@@ -26,8 +24,10 @@ void score_grad(const float* p, const float* dp, float d, const float* dcap, flo
 // its own max, sum, LSE or D.
 // m[c] = max(m[c], x[r][c] for every r).
 void col_max(const float* x, int64_t rows, int64_t cols, int64_t ld, float* m);
-// x[r][c] = exp(x[r][c] − sub[c]) (sub finite); with sum, sum[c] += Σ_r of the new x[r][c].
-void col_exp(float* x, int64_t rows, int64_t cols, int64_t ld, const float* sub, float* sum);
+// x[r][c] = exp(scale · x[r][c] − sub[c]) (sub finite); with sum, sum[c] += Σ_r of the new
+// x[r][c].
+void col_exp(float* x, int64_t rows, int64_t cols, int64_t ld, float scale, const float* sub,
+             float* sum);
 // ds[r][c] = p[r][c] · (dp[r][c] − d[c]) [· dcap[r][c] when dcap is given]; one layout for all,
 // ds may be p or dp.
 void col_score_grad(const float* p, const float* dp, int64_t rows, int64_t cols, int64_t ld,
