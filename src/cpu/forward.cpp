@@ -21,48 +21,61 @@ namespace fa4::cpu {
 
 namespace {
 
-// A worker's fp32 tiles. The scores are held transposed, keys along rows and query rows along
+// Query tiles per task: they share each key tile the task converts to fp32 (bf16 and fp16 inputs,
+// the KV cache), so that a key tile is converted once per four query tiles.
+constexpr int64_t kTilesPerTask = 4;
+
+// One query tile's state. The scores are held transposed, keys along rows and query rows along
 // columns: S^T = K Q^T and acc += (P^T)^T V are then the products OpenBLAS runs fastest on tiles
 // this small (no operand packing), Q^T being made once per task; the softmax runs down the
 // columns, each query row's max and sum in its own vector lane.
-struct Scratch {
-  Scratch(int64_t dim_qk, int64_t dim_v)
-      : q(kTileQ * dim_qk), qt(dim_qk * kTileQ), k(kTileK * dim_qk), v(kTileK * dim_v),
-        st(kTileK * kTileQ), acc(kTileQ * dim_v), m(kTileQ), l(kTileQ), m_new(kTileQ),
-        sub(kTileQ), rotary(dim_qk) {}
-  std::vector<float> q;    // [kTileQ][dqk]
+struct QueryState {
+  QueryState(int64_t dim_qk, int64_t dim_v)
+      : qt(dim_qk * kTileQ), acc(kTileQ * dim_v), m(kTileQ), l(kTileQ) {}
   std::vector<float> qt;   // [dqk][kTileQ]
-  std::vector<float> k;    // [kTileK][dqk]: converted keys (fp32 keys of a plain layout are read
-  std::vector<float> v;    // [kTileK][dv]    in place, as are their values)
-  std::vector<float> st;   // [kTileK][kTileQ]: scores, then probabilities, transposed
   std::vector<float> acc;  // [kTileQ][dv]: unnormalised output
   std::vector<float> m;    // running row max (natural units)
   std::vector<float> l;    // running row sum of exp(s - m)
-  std::vector<float> m_new, sub;  // the step's new max, and what its exponentials subtract
-  std::vector<float> rotary;  // a position's cos and sin (KV cache rotary)
 };
 
-// One step of the online softmax for query rows [0, rows): fold the transposed tile st (cols keys
-// × rows), scores times 1 / `scale` (scale 1: the scores themselves), into (m, l, acc), leaving the
-// probabilities exp(s − m_new) in st for the P·V product that follows. scale > 0.
-void online_softmax_step(int64_t rows, int64_t cols, int64_t dv, float scale, Scratch& w) {
+// A worker's fp32 tiles.
+struct Scratch {
+  Scratch(int64_t dim_qk, int64_t dim_v)
+      : q(kTileQ * dim_qk), k(kTileK * dim_qk), v(kTileK * dim_v), st(kTileK * kTileQ),
+        m_new(kTileQ), sub(kTileQ), rotary(dim_qk),
+        tiles(size_t(kTilesPerTask), QueryState(dim_qk, dim_v)) {}
+  std::vector<float> q;    // [kTileQ][dqk]: a tile's queries before they are transposed
+  std::vector<float> k;    // [kTileK][dqk]: converted keys (fp32 keys of a plain layout are read
+  std::vector<float> v;    // [kTileK][dv]    in place, as are their values)
+  std::vector<float> st;   // [kTileK][kTileQ]: scores, then probabilities, transposed
+  std::vector<float> m_new, sub;  // a step's new max, and what its exponentials subtract
+  std::vector<float> rotary;      // a position's cos and sin (KV cache rotary)
+  std::vector<QueryState> tiles;
+};
+
+// One step of the online softmax for query rows [0, rows) of tile qs: fold the transposed tile
+// w.st (cols keys × rows), scores times 1 / `scale` (scale 1: the scores themselves), into
+// (m, l, acc), leaving the probabilities exp(s − m_new) in w.st for the P·V product that follows.
+// scale > 0.
+void online_softmax_step(int64_t rows, int64_t cols, int64_t dv, float scale, Scratch& w,
+                         QueryState& qs) {
   std::fill(w.m_new.begin(), w.m_new.begin() + rows, -kInf);
   vec::col_max(w.st.data(), cols, rows, kTileQ, w.m_new.data());
   for (int64_t r = 0; r < rows; ++r) {
     const float tile_max = scale * w.m_new[r];
-    const float m_new = std::isnan(tile_max) ? tile_max : std::max(w.m[r], tile_max);
+    const float m_new = std::isnan(tile_max) ? tile_max : std::max(qs.m[r], tile_max);
     // A row without a visible key so far: its column is −inf, whose exp(−inf − 0) is 0 (and
     // exp(−inf − (−inf)) would be NaN); l and acc are still 0.
     w.sub[r] = m_new == -kInf ? 0.0f : m_new;
     if (m_new == -kInf) continue;
-    const float alpha = std::exp(w.m[r] - m_new);  // 0 when m was −inf, 1 when it did not grow
+    const float alpha = std::exp(qs.m[r] - m_new);  // 0 when m was −inf, 1 when it did not grow
     if (alpha != 1.0f) {
-      vec::scale(w.acc.data() + r * dv, dv, alpha);
-      w.l[r] *= alpha;
+      vec::scale(qs.acc.data() + r * dv, dv, alpha);
+      qs.l[r] *= alpha;
     }
-    w.m[r] = m_new;
+    qs.m[r] = m_new;
   }
-  vec::col_exp(w.st.data(), cols, rows, kTileQ, scale, w.sub.data(), w.l.data());
+  vec::col_exp(w.st.data(), cols, rows, kTileQ, scale, w.sub.data(), qs.l.data());
 }
 
 // The KV cache's rotary embedding of one row (fp32, in place) at cache position `pos`.
@@ -142,48 +155,66 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
   const SeqSpan span = seq_span(p, task.batch);
   const BandMask mask = band_mask(p, span);
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
-  const int64_t q0 = task.row0, rows = std::min(kTileQ, span.seqlen_q - q0);
+  const int64_t q0 = task.row0;
+  const int64_t task_rows = std::min(kTilesPerTask * kTileQ, span.seqlen_q - q0);
+  const int64_t n_tiles = (task_rows + kTileQ - 1) / kTileQ;
   const int64_t kv_head = task.head / (p.heads_q / p.heads_kv);
+  const auto tile_rows = [&](int64_t i) { return std::min(kTileQ, task_rows - i * kTileQ); };
 
-  load_rows(element<T>(t.q, q_offset(t.q, span, q0, task.head)), t.q.seq_stride, rows, dqk,
-            w.q.data());
-  if (p.kv_cache.rotary_dim > 0)
-    for (int64_t r = 0; r < rows; ++r)
-      rotate<T>(p, t.rotary, query_position(p, span, q0 + r), w.q.data() + r * dqk,
-                w.rotary.data());
-  transpose(rows, dqk, w.q.data(), dqk, w.qt.data(), kTileQ);
-  std::fill(w.m.begin(), w.m.end(), -kInf);
-  std::fill(w.l.begin(), w.l.end(), 0.0f);
-  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+  for (int64_t i = 0; i < n_tiles; ++i) {
+    const int64_t qi = q0 + i * kTileQ, rows = tile_rows(i);
+    QueryState& qs = w.tiles[size_t(i)];
+    load_rows(element<T>(t.q, q_offset(t.q, span, qi, task.head)), t.q.seq_stride, rows, dqk,
+              w.q.data());
+    if (p.kv_cache.rotary_dim > 0)
+      for (int64_t r = 0; r < rows; ++r)
+        rotate<T>(p, t.rotary, query_position(p, span, qi + r), w.q.data() + r * dqk,
+                  w.rotary.data());
+    transpose(rows, dqk, w.q.data(), dqk, qs.qt.data(), kTileQ);
+    std::fill(qs.m.begin(), qs.m.end(), -kInf);
+    std::fill(qs.l.begin(), qs.l.end(), 0.0f);
+    std::fill(qs.acc.begin(), qs.acc.end(), 0.0f);
+  }
 
-  for_each_key_tile(mask, q0, rows, [&](int64_t k0, int64_t cols) {
+  for_each_key_tile(mask, q0, task_rows, [&](int64_t k0, int64_t cols) {
     Rows k, v;
     key_tile<T>(p, t, span, kv_head, k0, cols, w, &k, &v);
-    // S^T = K Q^T
-    gemm(false, false, cols, rows, dqk, k.data, k.ld, w.qt.data(), kTileQ, 0.0f, w.st.data(),
-         kTileQ);
-    // Scores: a linear score's scale goes into the exponentials instead of a pass of its own.
-    const bool whole = fully_visible(mask, q0, rows, k0, cols);
-    for (int64_t j = 0; j < cols; ++j) {
-      float* s = w.st.data() + j * kTileQ;
-      if (!mod.linear()) mod.apply(s, rows);
-      if (!whole) mask_key_row(mask, k0 + j, q0, s, rows);
+    for (int64_t i = 0; i < n_tiles; ++i) {
+      const int64_t qi = q0 + i * kTileQ, rows = tile_rows(i);
+      const KeyRange seen = visible_keys(mask, qi, rows);
+      if (std::max(seen.begin, k0) >= std::min(seen.end, k0 + cols)) continue;
+      QueryState& qs = w.tiles[size_t(i)];
+      // S^T = K Q^T
+      gemm(false, false, cols, rows, dqk, k.data, k.ld, qs.qt.data(), kTileQ, 0.0f, w.st.data(),
+           kTileQ);
+      // Scores: a linear score's scale goes into the exponentials instead of a pass of its own.
+      const bool whole = fully_visible(mask, qi, rows, k0, cols);
+      for (int64_t j = 0; j < cols; ++j) {
+        float* s = w.st.data() + j * kTileQ;
+        if (!mod.linear()) mod.apply(s, rows);
+        if (!whole) mask_key_row(mask, k0 + j, qi, s, rows);
+      }
+      online_softmax_step(rows, cols, dv, mod.linear() ? mod.scale : 1.0f, w, qs);
+      // acc += P V
+      gemm(true, false, rows, dv, cols, w.st.data(), kTileQ, v.data, v.ld, 1.0f, qs.acc.data(),
+           dv);
     }
-    online_softmax_step(rows, cols, dv, mod.linear() ? mod.scale : 1.0f, w);
-    // acc += P V
-    gemm(true, false, rows, dv, cols, w.st.data(), kTileQ, v.data, v.ld, 1.0f, w.acc.data(), dv);
   });
 
   // O = acc / l and LSE = ln Σ exp(S) = m + ln l; a row that saw no key gets O = 0 and LSE = +inf.
-  T* out = static_cast<T*>(t.out.data) + q_offset(t.out, span, q0, task.head);
-  for (int64_t r = 0; r < rows; ++r) {
-    const bool saw_keys = w.m[r] != -kInf;
-    const float* acc = w.acc.data() + r * dv;
-    for (int64_t c = 0; c < dv; ++c)
-      out[r * t.out.seq_stride + c] = from_float<T>(saw_keys ? acc[c] / w.l[r] : 0.0f);
-    if (p.return_lse)
-      t.lse.data[lse_offset(t.lse, span, q0 + r, task.head)] =
-          saw_keys ? w.m[r] + std::log(w.l[r]) : kInf;
+  for (int64_t i = 0; i < n_tiles; ++i) {
+    const int64_t qi = q0 + i * kTileQ, rows = tile_rows(i);
+    const QueryState& qs = w.tiles[size_t(i)];
+    T* out = static_cast<T*>(t.out.data) + q_offset(t.out, span, qi, task.head);
+    for (int64_t r = 0; r < rows; ++r) {
+      const bool saw_keys = qs.m[r] != -kInf;
+      const float* acc = qs.acc.data() + r * dv;
+      for (int64_t c = 0; c < dv; ++c)
+        out[r * t.out.seq_stride + c] = from_float<T>(saw_keys ? acc[c] / qs.l[r] : 0.0f);
+      if (p.return_lse)
+        t.lse.data[lse_offset(t.lse, span, qi + r, task.head)] =
+            saw_keys ? qs.m[r] + std::log(qs.l[r]) : kInf;
+    }
   }
 }
 
@@ -192,7 +223,8 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
 Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace, int threads) {
   const ScoreMod mod = ScoreMod::of(problem);
   const std::vector<Task> tasks = make_tasks(
-      problem, problem.heads_q, kTileQ, [&](int64_t b) { return seq_span(problem, b).seqlen_q; });
+      problem, problem.heads_q, kTilesPerTask * kTileQ,
+      [&](int64_t b) { return seq_span(problem, b).seqlen_q; });
   std::vector<Scratch> scratch = make_scratch<Scratch>(tasks, problem, threads);
   visit_dtype(problem.dtype, [&](auto tag) {
     using T = decltype(tag);
