@@ -74,8 +74,10 @@ file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_kernels.inc
 
 target_include_directories(fa4_objects PRIVATE ${_fa4_sm90_gen})
 if(FA4_SM90_SOURCES)
-  # The forward's varlen tile order and split-KV combine (one kernel each for every instance).
-  foreach(_cu ${PROJECT_SOURCE_DIR}/src/sm90/fwd/tile_order.cu ${PROJECT_SOURCE_DIR}/src/sm90/fwd/split_combine.cu)
+  # The forward's varlen tile order, split-KV combine and KV-cache prepare kernel (one each for
+  # every instance).
+  foreach(_cu ${PROJECT_SOURCE_DIR}/src/sm90/fwd/tile_order.cu ${PROJECT_SOURCE_DIR}/src/sm90/fwd/split_combine.cu
+              ${PROJECT_SOURCE_DIR}/src/sm90/cache/kv_prepare.cu)
     set_source_files_properties(${_cu} PROPERTIES COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
     list(APPEND FA4_SM90_SOURCES ${_cu})
   endforeach()

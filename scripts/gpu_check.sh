@@ -9,6 +9,7 @@
 # most 8 files); a short table is printed last and saved as $OUT/summary.txt. Each line of it is
 # also printed as soon as its step is done, so that a run cut short by the device's time limit
 # still says how far it got.
+# With FA3_SRC naming FlashAttention-3's source archive, `build` builds it too (scripts/build_fa3.sh).
 #   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|host|sass|bench|bench_bwd|bench_fwdbwd]...
 #          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
 #          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240)
@@ -26,7 +27,13 @@ note() {
 }
 
 run_build() {
-  local dir="$root/build/device" gtest_args=() t0=$SECONDS
+  local dir="$root/build/device" gtest_args=() t0=$SECONDS fa3_pid=
+  # FlashAttention-3 for the comparisons (scripts/build_fa3.sh), built beside fa4cpp when FA3_SRC
+  # names its source archive; the later steps then import it (FA3_HOPPER).
+  if [ -n "${FA3_SRC:-}" ]; then
+    "$root/scripts/build_fa3.sh" "$FA3_SRC" /tmp/fa3 >"$out/build_fa3.log" 2>&1 &
+    fa3_pid=$!
+  fi
   if [ -n "${FA4_GTEST_SRC:-}" ]; then
     if cmake -S "$FA4_GTEST_SRC" -B /tmp/fa4_gtest -G Ninja -DBUILD_GMOCK=OFF \
       -DCMAKE_INSTALL_PREFIX=/tmp/fa4_gtest/prefix >"$out/build_gtest.log" 2>&1 &&
@@ -39,13 +46,18 @@ run_build() {
   fi
   # fa4-bench's header-only dependencies (CLI11, nlohmann/json): the device has no package
   # manager, so their Debian packages travel in .devdeb/ (`apt-get download libcli11-dev
-  # nlohmann-json3-dev`) and are unpacked beside the build.
-  local prefix_args=() deb
+  # nlohmann-json3-dev libopenblas-pthread-dev libhwy-dev`) and are unpacked beside the build.
+  # The CPU backend's OpenBLAS and Highway (libopenblas-pthread-dev, libhwy-dev) travel the same way.
+  local prefix_args=() deb deps=/tmp/fa4_deps/usr
   for deb in "$root"/.devdeb/*.deb; do
     [ -f "$deb" ] || continue
-    dpkg -x "$deb" /tmp/fa4_deps && prefix_args=(-DCMAKE_PREFIX_PATH=/tmp/fa4_deps/usr)
+    dpkg -x "$deb" /tmp/fa4_deps && prefix_args=(-DCMAKE_PREFIX_PATH=$deps)
   done
-  cmake -S "$root" -B "$dir" -G Ninja -DFA4_SM90_PTXAS_VERBOSE=ON \
+  local blas=$deps/lib/x86_64-linux-gnu/openblas-pthread
+  [ -f "$blas/libopenblas.a" ] && prefix_args+=(
+    -DFA4_OPENBLAS_INCLUDE=$deps/include/x86_64-linux-gnu/openblas-pthread
+    -DFA4_OPENBLAS_STATIC=$blas/libopenblas.a -DFA4_HWY_INCLUDE=$deps/include)
+  cmake -S "$root" -B "$dir" -G Ninja -DFA4_SM90_PTXAS_VERBOSE=ON -DFA4_TORCH_PYTHON="$(command -v python3)" \
     ${FA4_KERNELS:+"-DFA4_SM90_KERNELS=$FA4_KERNELS"} ${FA4_CUTLASS_DIR:+"-DFA4_CUTLASS_DIR=$FA4_CUTLASS_DIR"} \
     "${gtest_args[@]}" "${prefix_args[@]}" >"$out/build.log" 2>&1 &&
     cmake --build "$dir" -j "$(nproc)" --target fa4_shared fa4_gpu_tests fa4-bench >>"$out/build.log" 2>&1
@@ -56,6 +68,14 @@ run_build() {
     rc=$?
   fi
   note build "rc $rc in $((SECONDS - t0)) s; ptxas spills: $(grep -c ' [1-9][0-9]* bytes spill' "$out/build.log")"
+  if [ -n "$fa3_pid" ]; then
+    if wait "$fa3_pid"; then
+      export FA3_HOPPER=/tmp/fa3/fa/hopper
+      note fa3 "built in $((SECONDS - t0)) s ($FA3_HOPPER)"
+    else
+      note fa3 "build failed (build_fa3.log): $(tail -n 1 "$out/build_fa3.log" | cut -c1-150)"
+    fi
+  fi
   [ $rc -eq 0 ] || { tail -n 30 "$out/build.log"; return 1; }
   mkdir -p "$dir/bin"
   cp "$dir/libfa4.so" "$dir/tests/gpu/fa4_gpu_tests" "$dir/bench/fa4-bench" "$dir/bin/"
@@ -141,6 +161,8 @@ want() { [ -z "${FA4_TEST_SETS:-}" ] || [[ ",$FA4_TEST_SETS," == *",$1,"* ]]; }
 
 run_tests() {
   want tests && sharded tests tests
+  # The KV cache's cases alone (also part of `tests`), for a quick run after a change to them.
+  want tests_kv_cache && sharded tests_kv_cache "kv cache" -- --gtest_filter='*KvCache*'
   # The forward tests again with 3 persistent CTAs, so that each CTA runs many tiles on every
   # mask and sequence layout (tile_scheduler.cuh): the hand-over of Q's buffer and V's ring.
   want tests_persistent && sharded tests_persistent "fwd 3 CTAs" FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \

@@ -15,6 +15,7 @@
 #include <cute/tensor.hpp>
 
 #include "fa4/attention.hpp"
+#include "sm90/common/row_space.hpp"
 
 namespace fa4::sm90 {
 
@@ -29,22 +30,6 @@ using GmemLayout = cute::Layout<GmemShape, GmemStride>;
 inline int64_t tma_stride(int64_t stride, int64_t extent, int64_t elem_bytes) {
   constexpr int64_t kTmaStrideBytes = 16;
   return (extent <= 1 && stride == 0) ? kTmaStrideBytes / elem_bytes : stride;
-}
-
-// The rows of one tensor kind (query rows or key rows) across the batch.
-struct RowSpace {
-  int64_t max_rows;      // R: the longest sequence (the problem's seqlen_q / seqlen_k)
-  int64_t shift_rows;    // rows the shift mode spans: total rows + 1 (varlen), else R + 1
-  int64_t batch;         // 1 in varlen mode: every sequence is in batch entry 0
-};
-
-inline RowSpace query_rows(const Problem& p) {
-  return p.is_varlen() ? RowSpace{p.seqlen_q, p.varlen.total_q + 1, 1}
-                       : RowSpace{p.seqlen_q, p.seqlen_q + 1, p.batch};
-}
-inline RowSpace key_rows(const Problem& p) {
-  return p.is_varlen() ? RowSpace{p.seqlen_k, p.varlen.total_k + 1, 1}
-                       : RowSpace{p.seqlen_k, p.seqlen_k + 1, p.batch};
 }
 
 // A view moved back by R rows, and its layout. With R = 0 (no rows at all) the view still needs a

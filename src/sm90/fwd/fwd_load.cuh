@@ -3,7 +3,9 @@
 // PipelineTmaAsync (a full mbarrier completed by the TMA's byte count, an empty mbarrier completed by
 // the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh). With
 // pack-GQA a tile's Q rows come from several heads, which one box cannot address: a warp gathers
-// them with 16-byte cp.async copies instead.
+// them with 16-byte cp.async copies instead. With a KV cache the keys are rows of the sequence's
+// cache row, or of the pages its page-table row names: a key tile then lies inside one page (the
+// plan takes this path only when pages hold whole key tiles), whose rows the tile's box addresses.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -67,21 +69,30 @@ struct FwdLoad {
     // q + b·q_batch_stride + h·q_head_stride + i·q_row_stride (varlen: i counts from the start).
     Element const* q;
     int64_t q_row_stride, q_head_stride, q_batch_stride;
+    // A paged KV cache (table non-null): key position j of a sequence is row j % page_size of page
+    // table[k_batch · table_stride + j / page_size]; K and V are viewed as pages of rows.
+    const int32_t* table;
+    int64_t table_stride;
+    int32_t page_size;
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
     // With no key rows at all K and V may be empty views without memory or strides; their
     // descriptors are never used but must be encodable, so they borrow Q's view.
-    const bool has_keys = (p.is_varlen() ? p.varlen.total_k : p.seqlen_k) > 0;
+    const RowSpace key_space = key_rows(p);
+    const bool has_keys = p.kv_cache.enabled()
+                              ? key_space.max_rows > 0 && key_space.batch > 0
+                              : (p.is_varlen() ? p.varlen.total_k : p.seqlen_k) > 0;
     const TensorView& tk = has_keys ? t.k : t.q;
     const TensorView& tv = has_keys ? t.v : t.q;
     const auto q = gmem_view(static_cast<Element const*>(t.q.data), t.q, query_rows(p),
                              p.head_dim_qk, p.heads_q);
-    const auto k = gmem_view(static_cast<Element const*>(tk.data), tk, key_rows(p), p.head_dim_qk,
+    const auto k = gmem_view(static_cast<Element const*>(tk.data), tk, key_space, p.head_dim_qk,
                              p.heads_kv);
-    const auto v = gmem_view(static_cast<Element const*>(tv.data), tv, key_rows(p), p.head_dim_v,
+    const auto v = gmem_view(static_cast<Element const*>(tv.data), tv, key_space, p.head_dim_v,
                              p.heads_kv);
     auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
+    const KvCache& cache = p.kv_cache;
     return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), SmemLayoutQ{}, Shape<BlockM, HeadDimQK>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutKBox{}, KBox{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutVBox{}, VBox{}, _1{}),
@@ -92,7 +103,10 @@ struct FwdLoad {
             static_cast<Element const*>(t.q.data),
             t.q.seq_stride,
             t.q.head_stride,
-            p.is_varlen() ? 0 : t.q.batch_stride};
+            p.is_varlen() ? 0 : t.q.batch_stride,
+            cache.page_table,
+            cache.page_table_stride,
+            int32_t(cache.page_size)};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -109,6 +123,31 @@ struct FwdLoad {
     pipeline.producer_acquire(state);
     copy(tma.with(*pipeline.producer_get_barrier(state)), src, dst(_, state.index()));
     ++state;
+  }
+
+  // Key tile n of the sequence as rows of the K / V views (gmem_layout.cuh): rows of the sequence,
+  // or of the page that holds the tile (whole tiles per page, the sequence starting at position 0
+  // of its table row). Rows past the sequence's end are out of the view's bounds either way (a
+  // tile wholly past it reads row page_size onwards: zeros, and no table entry is read).
+  CUTE_DEVICE static SeqRows key_tile_rows(Params const& p, Sequence const& seq, SeqRows rows,
+                                           int n) {
+    if (p.table == nullptr) return {rows.offset + n * BlockN::value, rows.shift, rows.batch};
+    const int32_t pos = seq.start_k + n * BlockN::value;
+    const int32_t index = pos / p.page_size;
+    const int32_t page_start = index * p.page_size;
+    const int32_t in_page = cute::min(p.page_size, seq.start_k + seq.len_k - page_start);
+    if (in_page <= 0) return {p.page_size, 0, 0};
+    const int32_t page = __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
+    return {p.page_size - in_page + (pos - page_start), in_page, page};
+  }
+  // The TMA source of key tile n (key_tile_rows) for the ring buffer `s` (box, cols, stage).
+  template <class Tma, class SmemTensor, class Box>
+  CUTE_DEVICE static auto key_tile(Params const& p, Tma const& tma, GmemShape const& shape,
+                                   int head, Sequence const& seq, SeqRows rows, int n,
+                                   SmemTensor const& s, Box box) {
+    Tensor g = sequence_tiles_2d(tma, shape, head, key_tile_rows(p, seq, rows, n), box);
+    return get<0>(tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
+                                group_modes<0, 2>(g)));  // (TMA, row tile, col tile)
   }
 
   // The tile's Q box and Q's buffer, TMA-partitioned: the box starts at the tile's row 0
@@ -157,31 +196,40 @@ struct FwdLoad {
     const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
     auto q = q_tiles(p, tile, first_row, seq, smem_q);
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
-    Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDimQK>{});
-    Tensor gV = sequence_tiles(p.tma_v, p.shape_v, kv_head, k_rows, Shape<BlockN, HeadDimV>{});
     Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});  // (N, D, stage)
     Tensor sV = make_tensor(make_smem_ptr(smem_v), SmemLayoutV{});
-    auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                      group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                      group_modes<0, 2>(gV));
-
-    auto load = [](auto const& tma, Pipeline& pipeline, PipelineState& state, auto const& src,
-                   auto& dst) { load_stage(tma, pipeline, state, src, dst); };
+    Tensor gK = sequence_tiles(p.tma_k, p.shape_k, kv_head, k_rows, Shape<BlockN, HeadDimQK>{});
+    Tensor gV = sequence_tiles(p.tma_v, p.shape_v, kv_head, k_rows, Shape<BlockN, HeadDimV>{});
+    Tensor tKsK = get<1>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                       group_modes<0, 2>(gK)));
+    Tensor tVsV = get<1>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                       group_modes<0, 2>(gV)));
+    auto load_k = [&](int n) {
+      load_stage(p.tma_k, pipeline_k, write_k,
+                 key_tile(p, p.tma_k, p.shape_k, kv_head, seq, k_rows, n, sK,
+                          Shape<BlockN, HeadDimQK>{})(_, 0, 0),
+                 tKsK);
+    };
+    auto load_v = [&](int n) {
+      load_stage(p.tma_v, pipeline_v, write_v,
+                 key_tile(p, p.tma_v, p.shape_v, kv_head, seq, k_rows, n, sV,
+                          Shape<BlockN, HeadDimV>{})(_, 0, 0),
+                 tVsV);
+    };
 
     int n_block = keys.end - 1;
-    if (!keys.empty()) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block), tKsK);
+    if (!keys.empty()) load_k(n_block);
     load_q(p, rows, q, q_tile, q_full, q_empty);
     // Without keys n_block < keys.begin: no K tile.
-    if (n_block > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 1), tKsK);
+    if (n_block > keys.begin) load_k(n_block - 1);
     if (keys.empty()) return;
     if (o_staged > 0) cutlass::arch::ClusterBarrier::wait(&o_free, (o_staged - 1) & 1);
     CUTE_NO_UNROLL
     for (; n_block > keys.begin; --n_block) {
-      load(p.tma_v, pipeline_v, write_v, tVgV(_, n_block), tVsV);
-      if (n_block - 1 > keys.begin) load(p.tma_k, pipeline_k, write_k, tKgK(_, n_block - 2), tKsK);
+      load_v(n_block);
+      if (n_block - 1 > keys.begin) load_k(n_block - 2);
     }
-    load(p.tma_v, pipeline_v, write_v, tVgV(_, keys.begin), tVsV);
+    load_v(keys.begin);
   }
 
   // run for Config::kChunked: per key tile (last to first) K's low and high halves of the head dim,
@@ -199,28 +247,24 @@ struct FwdLoad {
     Tensor gK = sequence_tiles_2d(p.tma_k, p.shape_k, kv_head, k_rows, KBox{});  // (.., n, half)
     Tensor gV = sequence_tiles_2d(p.tma_v, p.shape_v, kv_head, k_rows, VBox{});
     Tensor sC = make_tensor(make_smem_ptr(smem_c), typename Config::SmemLayoutChunk{});
-    auto [tKgK, tKsC] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
-                                      group_modes<0, 2>(gK));
-    auto [tVgV, tVsC] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
-                                      group_modes<0, 2>(gV));
-    auto load = [&](auto const& tma, auto const& src, auto& dst) {
-      load_stage(tma, pipeline, write, src, dst);
+    Tensor tKsC = get<1>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                       group_modes<0, 2>(gK)));
+    Tensor tVsC = get<1>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sC),
+                                       group_modes<0, 2>(gV)));
+    // Both halves of key tile n's K or V.
+    auto load_halves = [&](auto const& tma, GmemShape const& shape, auto box, auto& dst, int n) {
+      auto src = key_tile(p, tma, shape, kv_head, seq, k_rows, n, sC, box);
+      load_stage(tma, pipeline, write, src(_, 0, 0), dst);
+      load_stage(tma, pipeline, write, src(_, 0, 1), dst);
     };
     int n_block = keys.end - 1;
-    if (!keys.empty()) {
-      load(p.tma_k, tKgK(_, n_block, 0), tKsC);
-      load(p.tma_k, tKgK(_, n_block, 1), tKsC);
-    }
+    if (!keys.empty()) load_halves(p.tma_k, p.shape_k, KBox{}, tKsC, n_block);
     load_q(p, rows, q, q_tile, q_full, q_empty);
     if (keys.empty()) return;
     CUTE_NO_UNROLL
     for (; n_block >= keys.begin; --n_block) {
-      if (n_block < keys.end - 1) {
-        load(p.tma_k, tKgK(_, n_block, 0), tKsC);
-        load(p.tma_k, tKgK(_, n_block, 1), tKsC);
-      }
-      load(p.tma_v, tVgV(_, n_block, 0), tVsC);
-      load(p.tma_v, tVgV(_, n_block, 1), tVsC);
+      if (n_block < keys.end - 1) load_halves(p.tma_k, p.shape_k, KBox{}, tKsC, n_block);
+      load_halves(p.tma_v, p.shape_v, VBox{}, tVsC, n_block);
     }
   }
 

@@ -17,10 +17,12 @@
 #include <cuda_runtime_api.h>
 #endif
 #include "sm90/bwd/bwd_tile_shape.hpp"
+#include "sm90/fwd/fwd_tile_shape.hpp"
 #include "sm90/host/bwd_plan.hpp"
 #include "sm90/host/fwd_plan.hpp"
 #include "sm90/fwd/tile_order.hpp"
 #include "sm90/host/kernels.hpp"
+#include "sm90/common/row_space.hpp"
 
 namespace fa4::detail {
 namespace {
@@ -30,12 +32,28 @@ namespace {
 constexpr int64_t kTmaAlignBytes = 16;
 constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
 
+// The extents of a view as the kernel's TMA descriptors see it (sm90/common/gmem_layout.cuh): batch
+// entries (1 for packed varlen rows), rows per entry, heads; and the rows its base is moved back.
+struct ViewExtents {
+  int64_t batch, rows, heads, rows_before;
+};
+
+ViewExtents view_extents(const Problem& p, bool keys) {
+  const int64_t longest = keys ? p.seqlen_k : p.seqlen_q;
+  if (p.is_varlen() && !(keys && p.kv_cache.enabled()))
+    return {1, keys ? p.varlen.total_k : p.varlen.total_q, keys ? p.heads_kv : p.heads_q, longest};
+  if (keys && p.kv_cache.enabled()) {
+    const sm90::RowSpace r = sm90::key_rows(p);
+    return {r.batch, r.max_rows, p.heads_kv, r.max_rows};
+  }
+  return {p.batch, longest, keys ? p.heads_kv : p.heads_q, longest};
+}
+
 Status check_tma_view(const char* name, const TensorView& t, const Problem& p, bool keys) {
   if (t.data == nullptr) return Status::success();  // an empty view; generic checks handled it
+  const ViewExtents e = view_extents(p, keys);
   // A tensor without rows is never read or written: its strides do not matter.
-  const int64_t rows = p.is_varlen() ? (keys ? p.varlen.total_k : p.varlen.total_q)
-                                     : (keys ? p.seqlen_k : p.seqlen_q);
-  if (rows == 0 || p.batch == 0) return Status::success();
+  if (e.rows == 0 || e.batch == 0 || p.batch == 0) return Status::success();
   const int64_t elem = p.dtype == DType::kFP32 ? 4 : 2;
   if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0)
     return invalid("%s.data is not %lld-byte aligned, which the sm90 backend needs (TMA loads)",
@@ -44,11 +62,9 @@ Status check_tma_view(const char* name, const TensorView& t, const Problem& p, b
     const char* what;
     int64_t stride;
     int64_t extent;
-  } strides[] = {{"batch_stride", p.is_varlen() ? 0 : t.batch_stride, p.is_varlen() ? 1 : p.batch},
-                 {"seq_stride", t.seq_stride,
-                  p.is_varlen() ? (keys ? p.varlen.total_k : p.varlen.total_q)
-                                : (keys ? p.seqlen_k : p.seqlen_q)},
-                 {"head_stride", t.head_stride, keys ? p.heads_kv : p.heads_q}};
+  } strides[] = {{"batch_stride", e.batch > 1 ? t.batch_stride : 0, e.batch},
+                 {"seq_stride", t.seq_stride, e.rows},
+                 {"head_stride", t.head_stride, e.heads}};
   for (const auto& s : strides) {
     if ((s.stride * elem) % kTmaAlignBytes != 0)
       return invalid("%s.%s (%lld elements) is not a multiple of %lld bytes, which the sm90 backend "
@@ -63,19 +79,16 @@ Status check_tma_view(const char* name, const TensorView& t, const Problem& p, b
                            s.what, (long long)s.stride);
   }
   // The kernel addresses rows from a base R rows before the data (sm90/common/gmem_layout.cuh), R the
-  // longest sequence: it must not wrap below address 0. (Strides are below 2^40 bytes here.)
-  const int64_t rows_before = keys ? p.seqlen_k : p.seqlen_q;
+  // longest sequence (a page's rows, for a paged cache): it must not wrap below address 0.
   if (t.seq_stride > 0 &&
-      reinterpret_cast<uintptr_t>(t.data) / uintptr_t(t.seq_stride * elem) < uintptr_t(rows_before))
+      reinterpret_cast<uintptr_t>(t.data) / uintptr_t(t.seq_stride * elem) < uintptr_t(e.rows_before))
     return not_supported("%s.data lies below %lld rows of %lld bytes from address 0, which the sm90 "
                          "kernel's row addressing needs",
-                         name, (long long)rows_before, (long long)(t.seq_stride * elem));
+                         name, (long long)e.rows_before, (long long)(t.seq_stride * elem));
   return Status::success();
 }
 
 Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTensors* b) {
-  // A KV cache's views are refused by can_implement, whatever they are.
-  if (p.kv_cache.enabled()) return Status::success();
   const struct {
     const char* name;
     const TensorView* view;
@@ -164,9 +177,16 @@ Status can_implement_backward(const Problem& p) {
 }
 
 Status can_implement(const Problem& p, Pass pass) {
-  if (p.kv_cache.enabled())
-    return not_supported("the sm90 backend has no KV cache kernels yet (pages, cache rows, "
-                         "appends, rotary); the CPU backend computes them");
+  if (p.kv_cache.paged()) {
+    const int64_t block_n = sm90::fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v)).block_n;
+    if (block_n > 0 && !sm90::fwd_plan::pages_hold_key_tiles(p, block_n))
+      return not_supported("the sm90 forward reads a paged KV cache in whole key tiles: at head "
+                           "dims %lld / %lld page_size must be a multiple of %lld and leftpad null "
+                           "(got page_size %lld%s); the CPU backend computes other layouts",
+                           (long long)p.head_dim_qk, (long long)p.head_dim_v, (long long)block_n,
+                           (long long)p.kv_cache.page_size,
+                           p.kv_cache.leftpad != nullptr ? " with leftpad" : "");
+  }
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the
@@ -308,7 +328,15 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
                                 {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
                                 {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
                                 {"seqused_k", p.seqused_k},
-                                {"workspace.data", used}};
+                                {"workspace.data", used},
+                                {"k_new.data", t.k_new.data},
+                                {"v_new.data", t.v_new.data},
+                                {"rotary.cos", t.rotary.cos},
+                                {"rotary.sin", t.rotary.sin},
+                                {"kv_cache.page_table", p.kv_cache.page_table},
+                                {"kv_cache.batch_idx", p.kv_cache.batch_idx},
+                                {"kv_cache.leftpad", p.kv_cache.leftpad},
+                                {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new}};
   if (s.ok()) s = check_device_memory(views);
   if (s.ok() && reinterpret_cast<uintptr_t>(used) % 256 != 0)
     s = invalid("workspace.data is not 256-byte aligned");

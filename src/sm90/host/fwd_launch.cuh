@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/status.hpp"
+#include "sm90/cache/kv_prepare.cuh"
 #include "sm90/common/element.cuh"
 #include "sm90/fwd/fwd_config.cuh"
 #include "sm90/fwd/fwd_kernel.cuh"
@@ -46,24 +47,39 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
                                        p.window.right);
   // With pack-GQA a tile belongs to a kv head and holds the rows of its query heads.
   const QueryRows rows{cutlass::FastDivmod(plan.pack_group)};
-  const SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
-                                 int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
-                                 int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
+  SequenceParams sequences{p.varlen.cu_seqlens_q, p.varlen.cu_seqlens_k, p.seqused_k,
+                           int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
+                           int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
   auto* base = static_cast<char*>(workspace.data);
+  cudaError_t err = cudaSuccess;
+  // A KV cache: the prepare kernel checks the sequences, appends and rotates Q first; the
+  // attention then reads Q from the workspace where it was rotated.
+  ForwardTensors kernel_tensors = t;
+  if (p.kv_cache.enabled()) {
+    auto* valid = reinterpret_cast<int32_t*>(base + plan.workspace.cache_valid);
+    void* q_rotated = base + plan.workspace.q_rotated;
+    const KvPrepareParams prepare = make_kv_prepare_params(p, t, valid, q_rotated);
+    sequences.cache = prepare.sequences;
+    err = launch_kv_prepare(prepare, kDType, stream);
+    if (prepare.q_rotated != nullptr) {
+      const int64_t row = p.heads_q * p.head_dim_qk;
+      kernel_tensors.q = TensorView{q_rotated, p.is_varlen() ? 0 : p.seqlen_q * row, row,
+                                    p.head_dim_qk, 1};
+    }
+  }
   int32_t* const order = plan.ordered ? reinterpret_cast<int32_t*>(base) : nullptr;
   SplitPartials partials{};
   if (plan.splits > 1) partials = SplitPartials::at(base + plan.workspace.partials, p, plan.splits);
 
-  cudaError_t err = cudaSuccess;
   // The order kernel writes the grid's entries in the plain numbering, unsplit.
-  if (plan.ordered)
+  if (err == cudaSuccess && plan.ordered)
     err = launch_order_tiles(
         {sequences, rows,
          scheduler_params(plan, int(p.batch), order, plan.ordered_entries, 1, 1),
          plan.ordered_entries, int(p.batch), Config::kBlockM},
         stream);
   const typename Kernel::Params params{
-      Kernel::Load::make_params(p, t),
+      Kernel::Load::make_params(p, kernel_tensors),
       Kernel::Epilogue::make_params(p, t),
       scheduler_params(plan, int(p.batch), order, plan.entries, plan.splits, plan.group),
       sequences,
@@ -80,8 +96,9 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
   const dim3 grid{unsigned(plan.ctas)}, block{unsigned(Kernel::kThreads)};
   const size_t smem = size_t(Kernel::kSmemBytes);
   if (err == cudaSuccess)
-    err = plan.ordered ? launch_kernel_dependent(kernel, grid, block, smem, stream, params)
-                       : launch_kernel(kernel, grid, block, smem, stream, params);
+    err = plan.ordered || p.kv_cache.enabled()
+              ? launch_kernel_dependent(kernel, grid, block, smem, stream, params)
+              : launch_kernel(kernel, grid, block, smem, stream, params);
   if (err == cudaSuccess && partials.enabled()) {
     const CombineParams combine{partials,
                                 plan.splits,

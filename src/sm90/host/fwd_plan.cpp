@@ -89,6 +89,13 @@ bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice fo
   return keys >= min_keys;
 }
 
+// A paged cache's pages hold whole key tiles of `block_n` keys, each sequence starting at the
+// first row of its first page: the kernels' TMA boxes then lie inside one page.
+bool pages_hold_key_tiles(const Problem& p, int64_t block_n) {
+  const KvCache& c = p.kv_cache;
+  return !c.paged() || (block_n > 0 && c.page_size % block_n == 0 && c.leftpad == nullptr);
+}
+
 // Pack when the heads fill the query tiles markedly better than the positions alone (short query
 // sequences: decode, chunked prefill), as long as the packed rows stay below 2³⁰.
 int pack_group(const Problem& p, int block_m, Choice forced) {
@@ -137,11 +144,23 @@ int choose_splits(const Problem& p, int64_t tiles, int64_t key_tiles, int sm_cou
 
 FwdWorkspace FwdWorkspace::of(const Problem& p, const Overrides& overrides) {
   FwdWorkspace w;
-  if (overrides.longest_first != Choice::kOff) w.order_bytes = tile_order_workspace_bytes(p);
+  // A cache's sequences are not ordered: their lengths are the prepare kernel's to read.
+  if (overrides.longest_first != Choice::kOff && !p.kv_cache.enabled())
+    w.order_bytes = tile_order_workspace_bytes(p);
   w.max_splits = fwd_plan::max_splits(p, overrides);
   w.partials = w.order_bytes;
   w.partials_bytes = split_workspace_bytes(p, w.max_splits);
   w.bytes = w.partials + w.partials_bytes;
+  if (p.kv_cache.enabled()) {
+    auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+    w.cache_valid = w.bytes;
+    w.q_rotated = w.cache_valid + aligned(size_t(p.batch) * sizeof(int32_t));
+    if (p.kv_cache.rotary_dim > 0)
+      w.q_rotated_bytes =
+          aligned(size_t(p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q) *
+                  size_t(p.heads_q * p.head_dim_qk) * kElementBytes);
+    w.bytes = w.q_rotated + w.q_rotated_bytes;
+  }
   return w;
 }
 
@@ -155,7 +174,8 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
   const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
                                        p.window.right);
   plan.chunked = fwd_plan::takes_chunked_kv(p, band.banded(), shape.chunked.min_keys,
-                                            overrides.chunked_kv);
+                                            overrides.chunked_kv) &&
+                 fwd_plan::pages_hold_key_tiles(p, shape.chunked.block_n);
   plan.block_m = shape.block_m();
   plan.block_n = plan.chunked ? shape.chunked.block_n : shape.block_n;
   plan.pack_group = fwd_plan::pack_group(p, plan.block_m, overrides.pack_gqa);

@@ -13,14 +13,18 @@
 
 namespace fa4::sm90 {
 
-// The forward's workspace: the varlen tile order at offset 0, then split-KV's partials. Sized from
-// the problem's sizes and the overrides alone, never the device, so that an engine sizes it once
-// for every GPU; a plan's choices always fit in it.
+// The forward's workspace: the varlen tile order at offset 0, then split-KV's partials, then a KV
+// cache's per-sequence marks and rotated queries (cache/kv_prepare.cuh). Sized from the problem's
+// sizes and the overrides alone, never the device or the cache's lengths, so that an engine sizes
+// it once for every GPU and every step; a plan's choices always fit in it.
 struct FwdWorkspace {
   size_t order_bytes = 0;  // one int32 per entry of the ordered grid (fwd/tile_order.hpp)
   int max_splits = 1;      // the most splits a plan may choose (1: none)
   size_t partials = 0;     // offset of the partial O and LSE (fwd/split_kv.hpp)
   size_t partials_bytes = 0;
+  size_t cache_valid = 0;  // offset of the KV cache's marks: one int32 per batch entry
+  size_t q_rotated = 0;    // offset of the rotated queries (a rotary embedding), like Q's rows
+  size_t q_rotated_bytes = 0;
   size_t bytes = 0;
 
   static FwdWorkspace of(const Problem& problem, const Overrides& overrides);
@@ -66,6 +70,8 @@ constexpr int64_t kMinKeyTilesPerSplit = 2;
 
 // Whether the chunked variant runs (min_keys: the row's; 0: none exists).
 bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice forced);
+// Whether a paged cache's pages hold whole key tiles (and no left pad shifts them).
+bool pages_hold_key_tiles(const Problem& p, int64_t block_n);
 // Query heads per tile: G when packing fills the tiles markedly better, else 1.
 int pack_group(const Problem& p, int block_m, Choice forced);
 // The most splits the plan may choose for this problem (1: it never splits).

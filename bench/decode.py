@@ -1,0 +1,983 @@
+"""Decode and chunked prefill over a KV cache: fa4cpp (fa4cpp.flash_attn_with_kvcache),
+FlashAttention-3 (flash_attn_interface.flash_attn_with_kvcache, same arguments, when it imports)
+and cuDNN (torch SDPA under CUDNN_ATTENTION, contiguous caches only) on the same caches, in one
+process. Writes <out>/<date>_<sha>_decode.json, .md and .png (bench/sweep.py's result files,
+rewritten after every row).
+
+  FA4CPP_LIBRARY=build/default/libfa4.so PYTHONPATH=python:$FA3_HOPPER \\
+      python3 bench/decode.py --sha $(git rev-parse --short HEAD) --out DIR
+  ... bench/decode.py --gqa 32/8,8/1 --batches 1,64 --cache-lens 4k,64k --pages 0,64 --rounds 3 ...
+  ... bench/decode.py --dry-run ...      # the rows and a rough time estimate; no GPU needed
+  ... bench/decode.py --smoke ...        # two tiny decode rows and one tiny prefill row
+
+Rows (bf16, --hdim 128):
+- decode: one query row per sequence, GQA --gqa (32/8, 64/8, 8/1) × --batches (1 … 256) ×
+  --cache-lens (1k … 128k) × --pages (0 = contiguous, 16, 64, 256 = paged with that page size);
+  rows whose K + V exceed --max-gb are skipped (listed in the JSON). Every sequence holds the full
+  cache length (cache_seqlens = length) unless --ragged (lengths drawn in [length/2, length]).
+  Paged caches get their pages in a random order. No mask (one query row: FlashAttention's
+  bottom-right causal mask would change nothing, SDPA's is_causal is top-left).
+- decode with append (--parts append): the same call with one new token per sequence (k, v of
+  (b, 1, hkv, d)) and NeoX rotary tables (rotary_cos / rotary_sin of (cache capacity, d/2)):
+  reported as "append+rotary µs over plain" for fa4cpp and FA3. The cache has room for the token;
+  the call does not advance cache_seqlens, so repeated calls write the same position.
+- chunked prefill: --chunk (512) queries, causal with FlashAttention's bottom-right alignment,
+  against --prefill-cache (8k) keys that include the chunk's own (its K / V already written to
+  the cache, as engines do), GQA --prefill-gqa 32/8, batch --prefill-batch 4, --prefill-pages
+  0,64,256: TFLOP/s and each library's paged / contiguous ratio. cuDNN is not run here: SDPA's
+  is_causal is aligned top-left, and its bottom-right bias (causal_lower_right) dispatches to
+  FlashAttention-2 / memory-efficient kernels, never to cuDNN.
+
+Metrics: decode GB/s of K + V read (sum of cache_seqlens · hkv · d · 2 tensors · 2 bytes / time);
+prefill TFLOP/s = 4 · b · hq · d · (visible (query, key) pairs) / time. Ratios fa4cpp / cuDNN and
+fa4cpp / FA3 per row. Each library runs once per row before timing: its output against fa4cpp's
+(whole batch) and against a float32 torch reference on the first sequence (max abs diff; rows over
+--tol, 2e-2, are flagged). A library that raises for a row gets n/a and the first line of its
+error; the run goes on.
+
+Timing: --rounds rounds; in each round every (library, call) is timed once, their order rotated by
+one place per round; the median over rounds is reported (every round's time is in the JSON). One
+timing: back-to-back plain calls (no CUDA graph) in windows of at least --window-us (CUDA events
+around each window), at least --reps calls and --min-windows windows, the median window's time per
+call. Before each window the stream is held by a spin kernel (torch.cuda._sleep) long enough for
+the host to queue the window's calls, so a window times the GPU's work, not the host's launch rate
+(each library's host time per call is recorded too). A window counts only if the GPU had not
+reached it when the host finished queuing it (its start event still pending); otherwise the hold
+doubles and the window is repeated, and a timing that never got ahead is marked host-bound (†).
+The caches are copied until the copies
+outweigh the L2 cache three times over, and consecutive calls read different copies: a small cache
+is read from memory, as in a model where the other layers' work evicts it.
+"""
+import argparse
+import datetime
+import importlib
+import importlib.metadata
+import itertools
+import math
+import os
+import statistics
+import sys
+import time
+import types
+
+import torch
+from torch.nn.attention import SDPBackend
+
+import sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GQAS = ((32, 8), (64, 8), (8, 1))
+BATCHES = (1, 4, 16, 64, 256)
+CACHE_LENS = (1024, 4096, 16384, 65536, 131072)
+PAGES = (0, 16, 64, 256)
+PREFILL_PAGES = (0, 64, 256)
+PARTS = ("decode", "append", "prefill")
+LIBS = ("fa4cpp", "FA3", "cuDNN")
+ELEMENT_BYTES = 2  # bf16
+CONTIGUOUS_ROOM = 256  # a contiguous cache's rows are the length + 1 rounded up to this
+L2_FACTOR = 3  # copies of a cache until they outweigh the L2 cache this many times
+MAX_COPIES = 64
+MAX_CALLS_PER_WINDOW = 128
+ROTARY_BASE = 10000.0
+CUDNN_PREFILL = ("not run: SDPA's is_causal is aligned top-left; the bottom-right variant "
+                 "(torch.nn.attention.bias.causal_lower_right) dispatches to FlashAttention-2 or "
+                 "the memory-efficient kernel, never to cuDNN")
+CUDNN_PAGED = "contiguous caches only (SDPA takes no page table)"
+CUDNN_RAGGED = "--ragged: SDPA's dense call has no per-sequence key lengths"
+
+
+# -- rows, bytes and FLOPs (no GPU needed) ---------------------------------------------------------
+
+def parse_len(text):
+    """'4k' -> 4096, '128K' -> 131072, '1000' -> 1000."""
+    text = text.strip().lower()
+    return int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+
+
+def parse_ints(text, parse=int):
+    return [parse(x) for x in text.split(",") if x.strip()]
+
+
+def parse_gqa(text):
+    """'32/8,8/1' -> [(32, 8), (8, 1)]."""
+    out = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        hq, sep, hkv = item.partition("/")
+        if not sep or int(hq) % int(hkv):
+            raise SystemExit("--gqa %r: expected HQ/HKV with HQ a multiple of HKV" % item)
+        out.append((int(hq), int(hkv)))
+    return out
+
+
+def length_label(n):
+    return "%dk" % (n // 1024) if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def layout_label(page_size):
+    return "contiguous" if page_size == 0 else "paged %d" % page_size
+
+
+def kv_bytes(seqlens, heads_kv, head_dim, element_bytes=ELEMENT_BYTES):
+    """Bytes of K and V a call reads: every sequence's cached keys, both tensors."""
+    return sum(seqlens) * heads_kv * head_dim * 2 * element_bytes
+
+
+def visible_pairs(seqlen_q, seqlen_k, causal):
+    """(query, key) pairs one head of one sequence computes; causal aligned bottom-right (query i
+    sees keys j <= i + seqlen_k - seqlen_q), as FlashAttention aligns it."""
+    if not causal:
+        return seqlen_q * seqlen_k
+    # Query i sees i + seqlen_k - seqlen_q + 1 keys when that is positive (never more than
+    # seqlen_k: the last query sees them all); an arithmetic series from the first query that
+    # sees one.
+    first = max(0, seqlen_q - seqlen_k)
+    terms = seqlen_q - first
+    return terms * (first + seqlen_k - seqlen_q + 1 + seqlen_k) // 2
+
+
+def attention_flops(batch, heads_q, seqlen_q, seqlen_k, head_dim, causal):
+    return 4.0 * batch * heads_q * head_dim * visible_pairs(seqlen_q, seqlen_k, causal)
+
+
+def capacity(cache_len, page_size):
+    """Rows of one sequence's cache: room for the appended token, in whole pages when paged."""
+    need = cache_len + 1
+    if page_size == 0:
+        return -(-need // CONTIGUOUS_ROOM) * CONTIGUOUS_ROOM
+    return -(-need // page_size) * page_size
+
+
+def decode_rows(gqas, batches, cache_lens, pages, head_dim, max_gb):
+    """(rows, skipped): decode rows in table order (GQA, batch, cache length, layout) whose K + V
+    fit in max_gb (decimal GB), and the others with their size."""
+    rows, skipped = [], []
+    for hq, hkv in gqas:
+        for b in batches:
+            for n in cache_lens:
+                for p in pages:
+                    row = {"kind": "decode", "heads_q": hq, "heads_kv": hkv, "head_dim": head_dim,
+                           "batch": b, "seqlen_q": 1, "cache_len": n, "page_size": p}
+                    gb = kv_bytes([n] * b, hkv, head_dim) / 1e9
+                    if gb > max_gb:
+                        skipped.append(dict(row, kv_gb=round(gb, 3),
+                                            reason="K + V %.1f GB > --max-gb %g" % (gb, max_gb)))
+                    else:
+                        rows.append(row)
+    return rows, skipped
+
+
+def prefill_rows(gqa, batch, chunk, cache_len, pages, head_dim):
+    hq, hkv = gqa
+    return [{"kind": "prefill", "heads_q": hq, "heads_kv": hkv, "head_dim": head_dim,
+             "batch": batch, "seqlen_q": chunk, "cache_len": cache_len, "page_size": p,
+             "causal": True} for p in pages]
+
+
+def window_plan(est_ms, reps, window_us, min_windows, max_ms):
+    """(calls per window, windows) for a call of est_ms: windows of at least window_us (at most
+    MAX_CALLS_PER_WINDOW calls), at least reps calls and min_windows windows, and no more windows
+    than fit in max_ms beyond min_windows."""
+    est_ms = max(est_ms, 1e-4)
+    calls = max(1, min(MAX_CALLS_PER_WINDOW, math.ceil(window_us / 1000.0 / est_ms)))
+    windows = math.ceil(reps / calls)
+    windows = min(windows, max(1, int(max_ms / (calls * est_ms))))
+    return calls, max(min_windows, windows)
+
+
+def kv_copies(alloc_bytes, l2_bytes):
+    """Copies of a cache whose round robin outweighs the L2 cache L2_FACTOR times."""
+    if alloc_bytes <= 0:
+        return 1
+    return max(1, min(MAX_COPIES, math.ceil(L2_FACTOR * l2_bytes / alloc_bytes)))
+
+
+def row_alloc_bytes(row):
+    """Bytes of one copy of a row's K and V caches as allocated (with room and page rounding)."""
+    return (row["batch"] * capacity(row["cache_len"], row["page_size"]) * row["heads_kv"]
+            * row["head_dim"] * 2 * ELEMENT_BYTES)
+
+
+def timed_calls(row, parts, fa3=True):
+    """The (library, call) pairs a row times."""
+    calls = [("fa4cpp", "plain")] + ([("FA3", "plain")] if fa3 else [])
+    if row["kind"] == "decode" and row["page_size"] == 0 and not row.get("ragged"):
+        calls.append(("cuDNN", "plain"))
+    if row["kind"] == "decode" and "append" in parts:
+        calls += [("fa4cpp", "append")] + ([("FA3", "append")] if fa3 else [])
+    return calls
+
+
+def estimate_seconds(rows, args, fa3=True, bandwidth=3.5e12, tflops=450e12, host_us=50.0,
+                     l2_bytes=50e6):
+    """A rough wall-time estimate of a run: memory-bound decode at `bandwidth`, prefill at
+    `tflops`, host time per call `host_us` (Timer's spin kernel holds the stream 1.5 times the
+    host's time per window), set-up and first calls per row (cuDNN's plan 0.3 s)."""
+    total = 0.0
+    host = host_us * 1e-6
+    for row in rows:
+        if row["kind"] == "decode":
+            t = kv_bytes([row["cache_len"]] * row["batch"], row["heads_kv"],
+                         row["head_dim"]) / bandwidth + 4e-6
+        else:
+            t = attention_flops(row["batch"], row["heads_q"], row["seqlen_q"], row["cache_len"],
+                                row["head_dim"], True) / tflops + 5e-6
+        calls, windows = window_plan(t * 1e3, args.reps, args.window_us, args.min_windows,
+                                     args.max_timing_ms)
+        per_timing = (5e-3 + 5 * max(t, host)
+                      + windows * (1.5 * calls * host + calls * t + 30e-6))
+        timed = timed_calls(row, args.parts, fa3)
+        alloc = row_alloc_bytes(row) * kv_copies(row_alloc_bytes(row), l2_bytes)
+        total += len(timed) * (args.rounds * per_timing + 2 * t)
+        total += alloc / 0.5e12 + 0.1 + (0.3 if ("cuDNN", "plain") in timed else 0.0)
+    return total
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", help="libfa4.so to load (sets FA4CPP_LIBRARY; default: "
+                                  "$FA4CPP_LIBRARY, else the installed package's)")
+    ap.add_argument("--sha", help="git sha of the fa4cpp tree (required unless --dry-run)")
+    ap.add_argument("--out", help="folder for the .json, .md and .png (required unless --dry-run)")
+    ap.add_argument("--name", help="file name without extension (default <date>_<sha>_decode)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20,
+                    help="timed calls per timing, at least (fewer where --max-timing-ms stops "
+                         "the windows, never fewer than --min-windows windows)")
+    ap.add_argument("--window-us", type=float, default=200.0,
+                    help="a timed window of back-to-back calls lasts at least this long")
+    ap.add_argument("--min-windows", type=int, default=5)
+    ap.add_argument("--max-timing-ms", type=float, default=100.0,
+                    help="windows beyond --min-windows stop at this much GPU time per timing")
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--gqa", default=",".join("%d/%d" % g for g in GQAS))
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--cache-lens", default=",".join(length_label(n) for n in CACHE_LENS))
+    ap.add_argument("--pages", default=",".join(map(str, PAGES)),
+                    help="page sizes; 0 = contiguous cache")
+    ap.add_argument("--max-gb", type=float, default=40.0, help="skip decode rows whose K + V "
+                                                                "exceed this (decimal GB)")
+    ap.add_argument("--ragged", action="store_true",
+                    help="decode sequences of lengths drawn in [length/2, length]")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="what to run: decode (plain), append (+ append and rotary), prefill")
+    ap.add_argument("--chunk", type=int, default=512, help="chunked prefill: queries per chunk")
+    ap.add_argument("--prefill-cache", default="8k",
+                    help="chunked prefill: keys per sequence, the chunk's included")
+    ap.add_argument("--prefill-batch", type=int, default=4)
+    ap.add_argument("--prefill-gqa", default="32/8")
+    ap.add_argument("--prefill-pages", default=",".join(map(str, PREFILL_PAGES)))
+    ap.add_argument("--tol", type=float, default=2e-2,
+                    help="flag rows whose max abs difference exceeds this")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true",
+                    help="two tiny decode rows (contiguous, paged 64) and one tiny prefill row")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the rows and a rough time estimate, run nothing")
+    ap.add_argument("--fa3-version", help="FlashAttention-3's version or commit for the header, "
+                                          "where its module does not say")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    args.parts = [p for p in args.parts.split(",") if p]
+    if set(args.parts) - set(PARTS):
+        raise SystemExit("--parts: expected some of %s" % ",".join(PARTS))
+    if args.smoke:
+        args.gqa, args.batches, args.cache_lens, args.pages = "32/8", "2", "1k", "0,64"
+        args.chunk, args.prefill_cache, args.prefill_batch = 128, "1k", 1
+        args.prefill_pages, args.rounds = "0", min(args.rounds, 2)
+    args.gqa = parse_gqa(args.gqa)
+    args.batches = parse_ints(args.batches)
+    args.cache_lens = parse_ints(args.cache_lens, parse_len)
+    args.pages = parse_ints(args.pages)
+    args.prefill_cache = parse_len(args.prefill_cache)
+    args.prefill_gqa = parse_gqa(args.prefill_gqa)[0]
+    args.prefill_pages = parse_ints(args.prefill_pages)
+    if args.rounds < 1 or args.reps < 1 or args.min_windows < 1:
+        raise SystemExit("--rounds, --reps and --min-windows must be >= 1")
+    if any(p < 0 for p in args.pages + args.prefill_pages):
+        raise SystemExit("--pages: page sizes are >= 0 (0 = contiguous)")
+    if args.chunk > args.prefill_cache:
+        raise SystemExit("--chunk: the chunk's keys are part of --prefill-cache")
+    if not args.dry_run and (not args.sha or not args.out):
+        raise SystemExit("--sha and --out are required (except with --dry-run)")
+    return args
+
+
+def plan(args):
+    """(rows, skipped) of the run the arguments ask for."""
+    rows, skipped = [], []
+    if "decode" in args.parts or "append" in args.parts:
+        rows, skipped = decode_rows(args.gqa, args.batches, args.cache_lens, args.pages,
+                                    args.hdim, args.max_gb)
+        for row in rows:
+            row["ragged"] = args.ragged
+    if "prefill" in args.parts:
+        rows += prefill_rows(args.prefill_gqa, args.prefill_batch, args.chunk,
+                             args.prefill_cache, args.prefill_pages, args.hdim)
+    return rows, skipped
+
+
+# -- the float32 reference and the rotary tables ---------------------------------------------------
+
+def rotary_tables(length, rotary_dim, dtype=torch.bfloat16, device="cuda"):
+    """NeoX-style cos / sin tables of (length, rotary_dim / 2)."""
+    inv = 1.0 / (ROTARY_BASE ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64,
+                                               device=device) / rotary_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float64, device=device), inv)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_neox(x, cos, sin, position):
+    """x (n, heads, d) in float32 with its first 2·cos.shape[1] dims rotated at `position`
+    (pairs i, i + half: GPT-NeoX)."""
+    half = cos.shape[1]
+    y = x.float().clone()
+    c, s = cos[position].float(), sin[position].float()
+    a, b = y[..., :half].clone(), y[..., half:2 * half].clone()
+    y[..., :half] = a * c - b * s
+    y[..., half:2 * half] = a * s + b * c
+    return y
+
+
+def reference_attention(q, k, v, causal):
+    """float32 attention of one sequence: q (sq, hq, d), k / v (sk, hkv, d), causal aligned
+    bottom-right; query head h reads kv head h // (hq / hkv). Returns (sq, hq, d) float32."""
+    q, k, v = q.float(), k.float(), v.float()
+    sq, hq, d = q.shape
+    sk, hkv = k.shape[0], k.shape[1]
+    group = hq // hkv
+    out = torch.empty(sq, hq, v.shape[-1], dtype=torch.float32, device=q.device)
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        hidden = j > i + (sk - sq)
+    for g in range(hkv):
+        qg = q[:, g * group:(g + 1) * group]  # (sq, G, d)
+        s = torch.einsum("qhd,kd->hqk", qg, k[:, g]) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(hidden, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see no key: zero output
+        out[:, g * group:(g + 1) * group] = torch.einsum("hqk,kd->qhd", p, v[:, g])
+    return out
+
+
+def first_sequence(cache, page_table, length):
+    """The first sequence's `length` cached rows (length, hkv, d) of a contiguous or paged cache."""
+    if page_table is None:
+        return cache[0, :length]
+    page = cache.shape[1]
+    pages = page_table[0, :-(-length // page)].long()
+    return cache[pages].reshape(-1, *cache.shape[2:])[:length]
+
+
+def first_line(e):
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def max_abs_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+class Timer:
+    """Back-to-back calls in windows timed with CUDA events, the stream held by a spin kernel
+    while the host queues each window (module docstring). A window counts only if its start event
+    was still pending when the host had queued all its calls (the GPU had not started it, so it
+    never waited for the host); otherwise the hold is doubled and the window repeated. A timing
+    whose windows never got ahead of the GPU is host-bound: its windows are kept and it says so."""
+
+    HOLD_FACTOR = 1.5  # hold = this × the host's time to queue a window (doubled when short)
+
+    def __init__(self, reps, window_us, min_windows, max_ms, cycles_per_us=None):
+        self.reps, self.window_us, self.min_windows, self.max_ms = (reps, window_us, min_windows,
+                                                                    max_ms)
+        self.factor = self.HOLD_FACTOR
+        self.cycles_per_us = cycles_per_us or self.calibrate()
+
+    @staticmethod
+    def calibrate():
+        """The spin kernel's cycles per µs."""
+        x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        for _ in range(50):  # some load first: the clock the spin kernel counts at rises
+            x @ x
+        cycles, rates = 2_000_000, []
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            torch.cuda.synchronize()
+            rates.append(cycles / (start.elapsed_time(end) * 1e3))
+        return max(rates)  # the fastest clock seen: a hold is never shorter than asked
+
+    def hold(self, us):
+        torch.cuda._sleep(int(min(us, 500_000.0) * self.cycles_per_us))
+
+    def __call__(self, fn):
+        """(ms per call: the median window's, details)."""
+        Event = torch.cuda.Event
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        start, end = Event(enable_timing=True), Event(enable_timing=True)
+        self.hold(5000.0)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        host_us = (time.perf_counter() - t0) / 3 * 1e6
+        end.record()
+        torch.cuda.synchronize()
+        est_ms = start.elapsed_time(end) / 3
+        calls, windows = window_plan(est_ms, self.reps, self.window_us, self.min_windows,
+                                     self.max_ms)
+        marks, covered, hosts = [], [], []
+        while len(marks) < 3 * windows and sum(covered) < windows:
+            s, e = Event(enable_timing=True), Event(enable_timing=True)
+            self.hold(host_us * calls * self.factor + 50.0)
+            s.record()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            ahead = not s.query()  # the GPU is still in the hold: it never waited for the host
+            e.record()
+            host = (time.perf_counter() - t0) / calls * 1e6
+            hosts.append(host)
+            host_us = max(host_us, host)
+            marks.append((s, e))
+            covered.append(ahead)
+            if not ahead:
+                self.factor = min(self.factor * 2, 64.0)
+        torch.cuda.synchronize()
+        valid = [m for m, ok in zip(marks, covered) if ok] or marks
+        per_call = [s.elapsed_time(e) / calls for s, e in valid]
+        return statistics.median(per_call), {"calls_per_window": calls, "windows": len(valid),
+                                             "host_us": statistics.median(hosts),
+                                             "host_bound": not any(covered)}
+
+
+def time_rounds(fns, rounds, timer):
+    """fns {key: callable}; every round times each once, the order rotated by one place per
+    round. Returns ({key: [ms per round]}, {key: [details]}, {key: error of a timing that
+    raised}); a key whose timing raised is not timed again."""
+    keys = list(fns)
+    times = {k: [] for k in keys}
+    details = {k: [] for k in keys}
+    failed = {}
+    for r in range(rounds):
+        shift = r % len(keys) if keys else 0
+        for key in keys[shift:] + keys[:shift]:
+            if key in failed:
+                continue
+            try:
+                ms, detail = timer(fns[key])
+            except Exception as e:  # a failure while timing: n/a, the others go on
+                failed[key] = first_line(e)
+                continue
+            times[key].append(ms)
+            details[key].append(detail)
+    return times, details, failed
+
+
+def rotating(fns):
+    """A callable that calls fns in turn (one per cache copy)."""
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
+
+
+# -- one row on the GPU ---------------------------------------------------------------------------
+
+class Bench:
+    """What every row needs: the libraries ({column: flash_attn_with_kvcache}), the timer, the
+    options. device: where the tensors live (the tests run rows on the CPU backend)."""
+
+    def __init__(self, args, libs, timer, l2_bytes, device="cuda"):
+        self.args, self.libs, self.timer, self.l2_bytes = args, libs, timer, l2_bytes
+        self.device = device
+
+    def measure(self, row, index):
+        args = self.args
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + index)  # lengths, pages
+        b, hq, hkv, d = row["batch"], row["heads_q"], row["heads_kv"], row["head_dim"]
+        n, page, sq = row["cache_len"], row["page_size"], row["seqlen_q"]
+        cap = capacity(n, page)
+        decode = row["kind"] == "decode"
+        if decode and row.get("ragged"):
+            lens = torch.randint(max(1, n // 2), n + 1, (b,), generator=gen)
+        else:
+            lens = torch.full((b,), n, dtype=torch.int64)
+        row["seqlens"] = {"min": int(lens.min()), "max": int(lens.max()), "sum": int(lens.sum())}
+        alloc = row_alloc_bytes(row)
+        copies = kv_copies(alloc, self.l2_bytes)
+        row["kv_bytes"] = kv_bytes(lens.tolist(), hkv, d)
+        row["kv_copies"] = copies
+        row["capacity"] = cap
+        dev, dt = self.device, torch.bfloat16
+        cache_seqlens = lens.to(torch.int32).to(dev)
+        seqlens_before = cache_seqlens.clone()  # no call may advance them (checked at the end)
+        if page:
+            pages_per_seq = cap // page
+            perm = torch.randperm(b * pages_per_seq, generator=gen)
+            page_table = perm.view(b, pages_per_seq).to(torch.int32).to(dev)
+            shape = (b * pages_per_seq, page, hkv, d)
+        else:
+            page_table, shape = None, (b, cap, hkv, d)
+        caches = [(torch.randn(shape, device=dev, dtype=dt), torch.randn(shape, device=dev,
+                                                                         dtype=dt))
+                  for _ in range(copies)]
+        q = torch.randn(b, sq, hq, d, device=dev, dtype=dt)
+        causal = not decode
+        row["libs"] = {}
+
+        def call(func, kc, vc, extra):
+            return lambda: sweep._first(func(q, kc, vc, cache_seqlens=cache_seqlens,
+                                             page_table=page_table, causal=causal, **extra))
+
+        variants = {"plain": {}}
+        if decode and "append" in args.parts:
+            cos, sin = rotary_tables(cap, d, dt, dev)
+            k_new = torch.randn(b, 1, hkv, d, device=dev, dtype=dt)
+            v_new = torch.randn(b, 1, hkv, d, device=dev, dtype=dt)
+            variants["append"] = dict(k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                      rotary_interleaved=False)
+        if decode and "decode" not in args.parts:
+            del variants["plain"]
+        fns = {}
+        for name, func in self.libs.items():
+            for variant, extra in variants.items():
+                fns[(name, variant)] = [call(func, kc, vc, extra) for kc, vc in caches]
+        if "plain" in variants:
+            reason = (CUDNN_PREFILL if not decode else CUDNN_PAGED if page else
+                      CUDNN_RAGGED if row.get("ragged") else None)
+            if reason:
+                row["libs"]["cuDNN"] = {"skipped": reason}
+            else:
+                fns[("cuDNN", "plain")] = [
+                    (lambda run: lambda: run().transpose(1, 2))(
+                        sweep.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, kc[:, :n], vc[:, :n], False))
+                    for kc, vc in caches]
+
+        # Once each before timing: outputs against fa4cpp's and the float32 reference.
+        k0 = first_sequence(caches[0][0], page_table, int(lens[0]))
+        v0 = first_sequence(caches[0][1], page_table, int(lens[0]))
+        refs = {}
+        if "plain" in variants:
+            refs["plain"] = reference_attention(q[0], k0, v0, causal)
+        if "append" in variants:
+            extra = variants["append"]
+            pos = int(lens[0])
+            k_app = torch.cat([k0.float(), rotate_neox(extra["k"][0], extra["rotary_cos"],
+                                                       extra["rotary_sin"], pos)])
+            v_app = torch.cat([v0.float(), extra["v"][0].float()])
+            q_rot = rotate_neox(q[0], extra["rotary_cos"], extra["rotary_sin"], pos)
+            refs["append"] = reference_attention(q_rot, k_app, v_app, causal)
+        del k0, v0
+        outs, runs = {}, {}
+        for (name, variant), per_copy in fns.items():
+            entry = row["libs"].setdefault(name, {})
+            prefix = "" if variant == "plain" else "append_"
+            try:
+                out = per_copy[0]()
+                torch.cuda.synchronize()
+            except Exception as e:  # the library refuses this row: n/a
+                entry[prefix + "refused"] = first_line(e)
+                continue
+            outs[(name, variant)] = out
+            entry[prefix + "max_abs_diff_vs_ref"] = max_abs_diff(out[0], refs[variant])
+            runs[(name, variant)] = rotating(per_copy)
+        for (name, variant), out in outs.items():
+            base = outs.get(("fa4cpp", variant))
+            if name != "fa4cpp" and base is not None:
+                prefix = "" if variant == "plain" else "append_"
+                row["libs"][name][prefix + "max_abs_diff_vs_fa4cpp"] = max_abs_diff(out, base)
+        del outs, refs
+
+        times, details, failed = time_rounds(runs, args.rounds, self.timer)
+        for (name, variant), ms_rounds in times.items():
+            entry = row["libs"][name]
+            prefix = "" if variant == "plain" else "append_"
+            if (name, variant) in failed:
+                entry[prefix + "refused"] = "while timing: " + failed[(name, variant)]
+            if not ms_rounds:
+                continue
+            ms = statistics.median(ms_rounds)
+            entry[prefix + "ms_rounds"] = ms_rounds
+            entry[prefix + "ms"] = ms
+            entry[prefix + "us"] = ms * 1e3
+            entry[prefix + "host_us"] = statistics.median(x["host_us"] for x in details[(name,
+                                                                                        variant)])
+            entry[prefix + "calls_per_window"] = details[(name, variant)][-1]["calls_per_window"]
+            if any(x.get("host_bound") for x in details[(name, variant)]):
+                entry[prefix + "host_bound"] = True
+        if not torch.equal(cache_seqlens, seqlens_before):
+            row["cache_seqlens_changed"] = True
+        add_rates(row, args.tol)
+        return row
+
+
+def add_rates(row, tol):
+    """GB/s (decode) or TFLOP/s (prefill) of every timed library, the append cost over plain,
+    the ratios of fa4cpp to cuDNN and FA3, and the flags of differences over tol."""
+    libs = row["libs"]
+    if row["kind"] == "decode":
+        amount, unit, per = row["kv_bytes"], "gbps", 1e9
+    else:
+        amount = attention_flops(row["batch"], row["heads_q"], row["seqlen_q"], row["cache_len"],
+                                 row["head_dim"], True)
+        row["flops"] = amount
+        unit, per = "tflops", 1e12
+    for entry in libs.values():
+        if "ms" in entry:
+            entry[unit] = amount / (entry["ms"] * 1e-3) / per
+        if "ms" in entry and "append_ms" in entry:
+            entry["append_over_plain_us"] = (entry["append_ms"] - entry["ms"]) * 1e3
+    mine = libs.get("fa4cpp", {}).get(unit)
+    for name, key in (("cuDNN", "fa4cpp_vs_cudnn"), ("FA3", "fa4cpp_vs_fa3")):
+        other = libs.get(name, {}).get(unit)
+        if mine and other:
+            row[key] = mine / other
+    flagged = []
+    for name, entry in libs.items():
+        for k, value in entry.items():
+            if k.endswith("max_abs_diff_vs_ref") or k.endswith("max_abs_diff_vs_fa4cpp"):
+                if not value <= tol:  # NaN is flagged too
+                    flagged.append("%s %s %.3g" % (name, k, value))
+    row["flagged"] = flagged
+
+
+def prefill_ratios(rows):
+    """Each library's paged / contiguous TFLOP/s in the prefill rows (same run)."""
+    base = {}
+    for row in rows:
+        if row.get("kind") != "prefill":
+            continue
+        for name, entry in row.get("libs", {}).items():
+            if row["page_size"] == 0 and "tflops" in entry:
+                base[name] = entry["tflops"]
+            elif row["page_size"] and "tflops" in entry and name in base:
+                entry["vs_contiguous"] = entry["tflops"] / base[name]
+
+
+# -- result files ---------------------------------------------------------------------------------
+
+def fmt_rate(entry, unit, digits):
+    if unit in entry:
+        return "%.*f (%.1f)%s" % (digits, entry[unit], entry["us"],
+                                  "†" if entry.get("host_bound") else "")
+    if "refused" in entry:
+        return "n/a"
+    return "—"
+
+
+def fmt_ratio(row, key):
+    return "%.2f" % row[key] if key in row else "—"
+
+
+def na_notes(rows, names):
+    """Lines listing each library's distinct refusal reasons in these rows, with counts."""
+    seen = {}
+    for row in rows:
+        for name in names:
+            entry = row.get("libs", {}).get(name, {})
+            for key in ("refused", "append_refused"):
+                if key in entry:
+                    what = "append" if key.startswith("append") else "plain"
+                    seen.setdefault((name, what, entry[key]), 0)
+                    seen[(name, what, entry[key])] += 1
+        if "error" in row:
+            seen.setdefault(("row", "error", row["error"]), 0)
+            seen[("row", "error", row["error"])] += 1
+    return ["- n/a: %s (%s, %d row%s): %s" % (name, what, count, "" if count == 1 else "s",
+                                               reason)
+            for (name, what, reason), count in sorted(seen.items())]
+
+
+def host_bound_note(rows):
+    if any(e.get("host_bound") or e.get("append_host_bound") for x in rows
+           for e in x.get("libs", {}).values()):
+        return ["", "† host-bound: in some round the GPU caught up with the host in every window "
+                "of this timing (the call synchronizes, or the hold was too short), so the time "
+                "includes host time."]
+    return []
+
+
+def check_cell(row):
+    if "error" in row:
+        return "error"
+    return "**over tol**: " + "; ".join(row["flagged"]) if row.get("flagged") else "ok"
+
+
+def diff_cell(row, names, prefix=""):
+    cells = []
+    for name in names:
+        entry = row.get("libs", {}).get(name, {})
+        value = entry.get(prefix + "max_abs_diff_vs_ref")
+        cells.append("%.2g" % value if value is not None else "—")
+    return " / ".join(cells)
+
+
+def header(r):
+    fa3 = r.get("fa3", {})
+    if fa3.get("available"):
+        fa3_text = "FA3 = flash_attn_interface.flash_attn_with_kvcache, version %s" % fa3.get(
+            "version", "unknown")
+    else:
+        fa3_text = ("FA3 not importable here (%s): its columns are omitted"
+                    % fa3.get("missing", "flash_attn_interface"))
+    native = r.get("fa4cpp_ops", "")
+    return ("%s; fa4cpp through fa4cpp.flash_attn_with_kvcache%s; %s; cuDNN = SDPA under "
+            "CUDNN_ATTENTION (contiguous caches). bf16, d%s; %d rounds; %s"
+            % (sweep.run_facts(r), " (%s)" % native if native else "", fa3_text,
+               r.get("head_dim", "?"), r["rounds"], r["timing"]))
+
+
+def markdown(r):
+    fa3 = r.get("fa3", {}).get("available", False)
+    names = ["fa4cpp"] + (["FA3"] if fa3 else []) + ["cuDNN"]
+    rows = r["rows"]
+    lines = ["# Decode and chunked prefill over a KV cache (bench/decode.py)", "", header(r),
+             "", "Decode: GB/s = bytes of K + V read (sum of cache_seqlens · hkv · d · 2 · 2 B) "
+             "/ time, µs per call in parentheses; %s. Ratios = fa4cpp's GB/s / the other's, same "
+             "row. Append+rotary: one new token per sequence written into the cache (k rotated, "
+             "NeoX) and q rotated, µs over the plain call. Max abs diff: each library's output "
+             "for the first sequence against a float32 torch reference (%s); the JSON also has "
+             "each library's against fa4cpp's over the whole batch. A difference over %g in "
+             "either flags the row." % (
+                 "sequence lengths drawn in [length/2, length]" if r.get("ragged") else
+                 "every sequence holds the full cache length", " / ".join(names),
+                 r.get("tol", 2e-2))]
+    lines += sweep.partial_note(r)
+    skipped = r.get("skipped_rows", [])
+    if skipped:
+        lines += ["", "Skipped (K + V over --max-gb %g): %s." % (
+            r.get("max_gb", 0), ", ".join("%d/%d b%d %s %s" % (
+                s["heads_q"], s["heads_kv"], s["batch"], length_label(s["cache_len"]),
+                layout_label(s["page_size"])) for s in skipped))]
+    decode = [x for x in rows if x.get("kind") == "decode"]
+    gqas = []
+    for x in decode:
+        if (x["heads_q"], x["heads_kv"]) not in gqas:
+            gqas.append((x["heads_q"], x["heads_kv"]))
+    for hq, hkv in gqas:
+        group = [x for x in decode if (x["heads_q"], x["heads_kv"]) == (hq, hkv)]
+        head = (["b", "cache", "layout"] + ["%s GB/s (µs)" % n for n in names]
+                + ["fa4cpp/cuDNN"] + (["fa4cpp/FA3"] if fa3 else [])
+                + ["append+rotary µs over plain: %s" % n for n in names if n != "cuDNN"]
+                + ["max abs diff vs ref (%s)" % " / ".join(names), "check"])
+        lines += ["", "## Decode, GQA %d/%d, d%d" % (hq, hkv, group[0]["head_dim"]), "",
+                  "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        for x in group:
+            libs = x.get("libs", {})
+            cells = [str(x["batch"]), length_label(x["cache_len"]),
+                     layout_label(x["page_size"])]
+            cells += [fmt_rate(libs.get(n, {}), "gbps", 0) for n in names]
+            cells += [fmt_ratio(x, "fa4cpp_vs_cudnn")]
+            cells += [fmt_ratio(x, "fa4cpp_vs_fa3")] if fa3 else []
+            for n in names:
+                if n == "cuDNN":
+                    continue
+                e = libs.get(n, {})
+                cells.append("%+.1f" % e["append_over_plain_us"] if "append_over_plain_us" in e
+                             else "n/a" if "append_refused" in e else "—")
+            cells += [diff_cell(x, names), check_cell(x)]
+            lines.append("| " + " | ".join(cells) + " |")
+        notes = na_notes(group, names)
+        lines += [""] + notes if notes else []
+    prefill = [x for x in rows if x.get("kind") == "prefill"]
+    if prefill:
+        p = prefill[0]
+        lnames = [n for n in names if n != "cuDNN"]
+        pairs = visible_pairs(p["seqlen_q"], p["cache_len"], True)
+        head = (["layout"] + ["%s TFLOP/s (µs)" % n for n in lnames]
+                + (["fa4cpp/FA3"] if fa3 else [])
+                + ["%s paged/contiguous" % n for n in lnames]
+                + ["max abs diff vs ref (%s)" % " / ".join(lnames), "check"])
+        lines += ["", "## Chunked prefill: %d queries against %s keys, causal (bottom-right), "
+                  "GQA %d/%d, b %d, d%d" % (p["seqlen_q"], length_label(p["cache_len"]),
+                                            p["heads_q"], p["heads_kv"], p["batch"],
+                                            p["head_dim"]), "",
+                  "The chunk is the last %d positions of each sequence; its keys are in the "
+                  "cache. TFLOP/s = 4 · b · hq · d · %d visible (query, key) pairs per head / "
+                  "time (sq · (sk − sq) + sq · (sq + 1) / 2). cuDNN: %s." % (
+                      p["seqlen_q"], pairs, CUDNN_PREFILL), "",
+                  "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        for x in prefill:
+            libs = x.get("libs", {})
+            cells = [layout_label(x["page_size"])]
+            cells += [fmt_rate(libs.get(n, {}), "tflops", 1) for n in lnames]
+            cells += [fmt_ratio(x, "fa4cpp_vs_fa3")] if fa3 else []
+            cells += ["%.2f" % libs[n]["vs_contiguous"] if "vs_contiguous" in libs.get(n, {})
+                      else "—" for n in lnames]
+            cells += [diff_cell(x, lnames), check_cell(x)]
+            lines.append("| " + " | ".join(cells) + " |")
+        notes = na_notes(prefill, lnames)
+        lines += [""] + notes if notes else []
+    lines += host_bound_note(rows)
+    return "\n".join(lines) + "\n"
+
+
+PLOT_BATCHES = (1, 64)
+PLOT_GQA = (32, 8)
+
+
+def plot(result, path):
+    """GB/s against cache length at GQA 32/8 for batch 1 and 64: one line per library and layout.
+    Returns the path, or None when matplotlib is missing or there is nothing to draw."""
+    rows = [x for x in result["rows"] if x.get("kind") == "decode"
+            and (x["heads_q"], x["heads_kv"]) == PLOT_GQA and x["batch"] in PLOT_BATCHES]
+    if not rows:
+        return None
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    batches = [b for b in PLOT_BATCHES if any(x["batch"] == b for x in rows)]
+    fig, axes = plt.subplots(1, len(batches), figsize=(6.0 * len(batches), 4.6), squeeze=False)
+    colors = {"fa4cpp": "C0", "FA3": "C1", "cuDNN": "C2"}
+    styles = {0: "-", 16: ":", 64: "--", 256: "-."}
+    for ax, b in zip(axes[0], batches):
+        lines = {}
+        for x in rows:
+            if x["batch"] != b:
+                continue
+            for name, entry in x.get("libs", {}).items():
+                if "gbps" in entry:
+                    lines.setdefault((name, x["page_size"]), []).append(
+                        (x["cache_len"], entry["gbps"]))
+        for (name, page), points in sorted(lines.items(), key=lambda kv: (
+                LIBS.index(kv[0][0]) if kv[0][0] in LIBS else 9, kv[0][1])):
+            points.sort()
+            ax.plot([s for s, _ in points], [g for _, g in points], marker="o",
+                    color=colors.get(name), linestyle=styles.get(page, "-"),
+                    label="%s, %s" % (name, layout_label(page)))
+        lens = sorted({x["cache_len"] for x in rows if x["batch"] == b})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lens, [length_label(n) for n in lens])
+        ax.set_title("batch %d, GQA %d/%d, d%d" % ((b,) + PLOT_GQA + (rows[0]["head_dim"],)))
+        ax.set_xlabel("cache length")
+        ax.set_ylabel("GB/s of K + V")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="lower right", fontsize=7)
+    gpu = result.get("gpu_before", {}).get("name", "GPU")
+    fig.suptitle("Decode over a KV cache, bf16, %s — fa4cpp %s, one run"
+                 % (gpu, result["git_sha"]), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+def find_fa3():
+    """(flash_attn_with_kvcache, version) of FlashAttention-3 through sweep's OTHERS import, or
+    (None, why not)."""
+    found, missing = sweep.find_others()
+    if "FA3" not in found:
+        return None, missing.get("FA3", "flash_attn_interface: not found")
+    module_name = next(m for n, m, _ in sweep.OTHERS if n == "FA3")
+    module = importlib.import_module(module_name)
+    func = getattr(module, "flash_attn_with_kvcache", None)
+    if func is None:
+        return None, "%s has no flash_attn_with_kvcache" % module_name
+    version = getattr(module, "__version__", None)
+    for dist in ("flash_attn_3", "flash-attn-3", "flashattn-hopper"):
+        if version:
+            break
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return func, version or "unknown"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rows, skipped = plan(args)
+    if args.dry_run:
+        for row in rows:
+            print("%-7s %d/%d b%-3d %5s %-10s K+V %.3f GB" % (
+                row["kind"], row["heads_q"], row["heads_kv"], row["batch"],
+                length_label(row["cache_len"]), layout_label(row["page_size"]),
+                kv_bytes([row["cache_len"]] * row["batch"], row["heads_kv"],
+                         row["head_dim"]) / 1e9))
+        for s in skipped:
+            print("skipped %d/%d b%d %s %s: %s" % (s["heads_q"], s["heads_kv"], s["batch"],
+                                                  length_label(s["cache_len"]),
+                                                  layout_label(s["page_size"]), s["reason"]))
+        print("%d rows, %d skipped; roughly %.0f s with FA3 (%d rounds)"
+              % (len(rows), len(skipped), estimate_seconds(rows, args), args.rounds))
+        return
+    if args.lib:
+        os.environ["FA4CPP_LIBRARY"] = os.path.abspath(args.lib)
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import fa4cpp
+    from fa4cpp import _library, ops
+
+    fa4cpp.set_mode(fallback=False, verify=0.0)  # a refusal must raise, never run the reference
+    lib_path = _library.library_path()
+    native = ops.native_ops()[0]
+    build = types.SimpleNamespace(name="fa4cpp", path=lib_path, version=fa4cpp.__version__,
+                                  deterministic=False, env={}, has_rescale_counts=lambda: False)
+    fa3, fa3_info = find_fa3()
+    if fa3 is not None and args.fa3_version:
+        fa3_info = args.fa3_version
+    libs = {"fa4cpp": fa4cpp.flash_attn_with_kvcache}
+    if fa3 is not None:
+        libs["FA3"] = fa3
+    torch.manual_seed(args.seed)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2 = getattr(props, "L2_cache_size", 50 * 2 ** 20)
+    timer = Timer(args.reps, args.window_us, args.min_windows, args.max_timing_ms)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    name = args.name or "%s_%s_decode%s" % (date, args.sha, "_smoke" if args.smoke else "")
+    timing = ("back-to-back calls in windows of >= %g µs (CUDA events per window, the stream "
+              "held by a spin kernel while the host queues the window), >= %d calls and >= %d "
+              "windows per timing, median window; median of %d rounds, the (library, call) pairs "
+              "in rotated order; caches copied %d× past the L2 (%d MB) and read in turn"
+              % (args.window_us, args.reps, args.min_windows, args.rounds, L2_FACTOR,
+                 l2 // 2 ** 20))
+    opts = {k: v for k, v in vars(args).items() if k not in ("sha", "out", "name", "lib")}
+    run = sweep.ResultFile(args.out, name, markdown, "decode and chunked prefill over a KV cache "
+                           "(bench/decode.py)", args.sha, [build], args.rounds, extra={
+                               "timing": timing, "head_dim": args.hdim, "ragged": args.ragged,
+                               "tol": args.tol, "max_gb": args.max_gb, "options": opts,
+                               "skipped_rows": skipped,
+                               "fa3": {"available": True, "version": fa3_info} if fa3 else
+                               {"available": False, "missing": fa3_info},
+                               "fa4cpp_ops": "native torch ops" if native else
+                               "the package's Python implementation of the ops",
+                               "l2_bytes": l2,
+                               "bytes": "sum(cache_seqlens) * hkv * d * 2 tensors * 2 bytes",
+                               "flops": "4 * b * hq * d * visible pairs (bottom-right causal)",
+                               "cudnn_prefill": CUDNN_PREFILL})
+    print("%d rows, %d skipped; roughly %.0f s" % (len(rows), len(skipped),
+                                                    estimate_seconds(rows, args, fa3 is not None,
+                                                                     l2_bytes=l2)), flush=True)
+    bench = Bench(args, libs, timer, l2)
+    done = []
+    for index, row in enumerate(rows):
+        try:
+            bench.measure(row, index)
+        except Exception as e:  # out of memory, or anything else: the row says so, the run goes on
+            row["error"] = first_line(e)
+        done.append(row)
+        prefill_ratios(done)
+        torch.cuda.empty_cache()
+        run.add(row)
+    run.finish()
+    if not args.no_plot:
+        path = plot(run.result, os.path.join(args.out, name + ".png"))
+        print(path or "no plot (no GQA %d/%d rows at batch 1 or 64, or no matplotlib)" % PLOT_GQA)
+
+
+if __name__ == "__main__":
+    main()
