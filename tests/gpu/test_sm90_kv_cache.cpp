@@ -111,9 +111,10 @@ void PrintTo(const GpuCacheCase& g, std::ostream* os) { *os << g.name; }
 std::vector<GpuCacheCase> gpu_cases() {
   std::vector<CacheCase> cases = cache_cases();
   for (CacheCase& c : gpu_only_cases()) cases.push_back(std::move(c));
-  // Every case again on a layout the sm90 kernels read (pages of 256 keys hold whole key tiles at
-  // every head dim; rows where a left pad rules pages out), so that the appends, rotary forms,
-  // masks and varlen batches of the cases on smaller pages run on the GPU too.
+  // Cases on pages smaller than a key tile run gathered (row by row through the page table); each
+  // runs again where the kernels read TMA boxes instead (pages of 256 keys hold whole key tiles at
+  // every head dim; cache rows where a left pad rules such pages out), so that the appends, rotary
+  // forms, masks and varlen batches see both paths.
   const size_t listed = cases.size();
   for (size_t i = 0; i < listed; ++i) {
     if (cases[i].page_size == 0 || cases[i].page_size % 256 == 0) continue;
@@ -262,13 +263,10 @@ void check_gpu_case(const GpuCacheCase& g) {
   if (g.pack_gqa != Choice::kAuto) overrides.pack_gqa = g.pack_gqa;
 
   // Unsupported must not pass silently: only a build without the kernel skips (the case list
-  // follows FA4_SM90_BUILT_KERNELS, so that means the list and the library disagree on it), and
-  // a paged layout the documented rule excludes (pages that do not hold whole key tiles, or a
-  // left pad with pages: docs/semantics.md), which the skip message names.
+  // follows FA4_SM90_BUILT_KERNELS, so that means the list and the library disagree on it).
   auto refused = [](const Status& st) {
     return st.code == StatusCode::kNotSupported &&
-           (st.message.find("no forward kernel for head dims") != std::string::npos ||
-            st.message.find("whole key tiles") != std::string::npos);
+           st.message.find("no forward kernel for head dims") != std::string::npos;
   };
   size_t bytes = 0;
   const Status sized = workspace_size(d.problem, Backend::kSm90, Pass::kForward, overrides, &bytes);

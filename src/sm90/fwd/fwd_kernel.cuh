@@ -7,7 +7,9 @@
 //   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
 //   tiles (the first V, where O is staged in V's ring, once the previous tile's O has been
 //   stored; at d64 / d96 / d128 O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
-//   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q.
+//   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q; with a paged
+//   KV cache whose pages do not hold whole key tiles a third and a fourth warp gather K and V
+//   through the page table (gather_keys) and the load thread loads Q alone.
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
 //   each, taking turns at the tensor cores. Per key tile j, going down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
@@ -309,6 +311,40 @@ struct FwdKernel {
     });
   }
 
+  // The producer's third and fourth warps with a paged cache whose pages do not hold whole key
+  // tiles: one gathers K, the other V (FwdLoad::gather_key_tile), in the order the load thread
+  // would load them (per tile, last key tile first), V waiting for O's staging in V's ring as
+  // the load thread would (FwdLoad::run).
+  CUTE_DEVICE static void gather_keys(Params const& p, SharedStorage& smem, Pipeline& pipeline,
+                                      bool values) {
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    Tensor sK = make_tensor(make_smem_ptr(smem.kv.k.data()), typename Config::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.kv.v.data()), typename Config::SmemLayoutV{});
+    auto const& l = p.load;
+    int o_staged = 0;
+    for_each_tile(p, [&](Work const& w, int) {
+      const int staged_before = o_staged;
+      if (stages_o_in_v(p, w)) ++o_staged;
+      if (w.keys.empty()) return;
+      if (values && staged_before > 0)
+        cutlass::arch::ClusterBarrier::wait(&smem.o_free, (staged_before - 1) & 1);
+      const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
+      for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
+        pipeline.producer_acquire(write);
+        uint64_t* full = pipeline.producer_get_barrier(write);
+        if (values)
+          Load::template gather_key_tile<Config::kHeadDimV>(
+              l, l.v, l.v_page_stride, l.v_row_stride, kv_head * l.v_head_stride, w.seq, n,
+              sV(_, _, write.index()), full);
+        else
+          Load::template gather_key_tile<Config::kHeadDimQK>(
+              l, l.k, l.k_page_stride, l.k_row_stride, kv_head * l.k_head_stride, w.seq, n,
+              sK(_, _, write.index()), full);
+        ++write;
+      }
+    });
+  }
+
   CUTE_DEVICE static void run_chunked(Params const& p, SharedStorage& smem, int warp,
                                       int warpgroup, bool leader) {
     ChunkPipeline pipeline(smem.kv.pipeline,
@@ -354,6 +390,8 @@ struct FwdKernel {
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
+      if (warp == 2 && p.load.gather) gather_keys(p, smem, pipeline_k, false);
+      if (warp == 3 && p.load.gather) gather_keys(p, smem, pipeline_v, true);
       if (!leader) return;
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
@@ -417,6 +455,12 @@ struct FwdKernel {
 
     const auto prepare_scores = score_preparation(p, w, score_coords);
     auto release_q = [&] { FwdKernel::release_q(smem, thread); };
+    // Gathered K / V stages were written through the generic proxy (cp.async); the wgmmas read
+    // them through the async proxy.
+    const bool gathered = p.load.gather;
+    auto gathered_fence = [gathered] {
+      if (gathered) cutlass::arch::fence_view_async_shared();
+    };
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     const KeyTiles own = own_key_tiles(w);
     auto pass_key_tiles = [&](int count) {
@@ -436,6 +480,7 @@ struct FwdKernel {
       {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
         pipeline_k.consumer_wait(read_k);
+        gathered_fence();
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         turns.pass();
@@ -454,9 +499,11 @@ struct FwdKernel {
       for (; n_block > own.begin; --n_block) {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
         pipeline_k.consumer_wait(read_k);
+        gathered_fence();
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         pipeline_v.consumer_wait(read_v);
+        gathered_fence();
         wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         turns.pass();
 
@@ -480,6 +527,7 @@ struct FwdKernel {
       }
 
       pipeline_v.consumer_wait(read_v);
+      gathered_fence();
       turns.wait();
       wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
       turns.pass();

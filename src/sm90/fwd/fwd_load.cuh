@@ -4,8 +4,9 @@
 // the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh). With
 // pack-GQA a tile's Q rows come from several heads, which one box cannot address: a warp gathers
 // them with 16-byte cp.async copies instead. With a KV cache the keys are rows of the sequence's
-// cache row, or of the pages its page-table row names: a key tile then lies inside one page (the
-// plan takes this path only when pages hold whole key tiles), whose rows the tile's box addresses.
+// cache row, or of the pages its page-table row names. Where pages hold whole key tiles
+// (cache/page_tiles.hpp) a key tile lies inside one page, whose rows the tile's box addresses;
+// otherwise two warps of the producer warpgroup gather K and V row by row (gather_key_tile).
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -13,6 +14,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "sm90/cache/page_tiles.hpp"
 #include "sm90/common/gmem_layout.cuh"
 #include "sm90/common/tile_mask.cuh"
 #include "sm90/fwd/query_rows.cuh"
@@ -74,6 +76,12 @@ struct FwdLoad {
     const int32_t* table;
     int64_t table_stride;
     int32_t page_size;
+    // Pages that do not hold whole key tiles: K and V gathered (page, row, head strides).
+    bool gather;
+    Element const* k;
+    Element const* v;
+    int64_t k_page_stride, k_row_stride, k_head_stride;
+    int64_t v_page_stride, v_row_stride, v_head_stride;
   };
 
   static Params make_params(const Problem& p, const ForwardTensors& t) {
@@ -106,7 +114,16 @@ struct FwdLoad {
             p.is_varlen() ? 0 : t.q.batch_stride,
             cache.page_table,
             cache.page_table_stride,
-            int32_t(cache.page_size)};
+            int32_t(cache.page_size),
+            !pages_hold_key_tiles(p, BlockN::value),
+            static_cast<Element const*>(t.k.data),
+            static_cast<Element const*>(t.v.data),
+            t.k.batch_stride,
+            t.k.seq_stride,
+            t.k.head_stride,
+            t.v.batch_stride,
+            t.v.seq_stride,
+            t.v.head_stride};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -195,6 +212,10 @@ struct FwdLoad {
                               PipelineState& write_v) {
     const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
     auto q = q_tiles(p, tile, first_row, seq, smem_q);
+    if (p.gather) {  // K and V are the gathering warps' (FwdKernel::gather_keys)
+      load_q(p, rows, q, q_tile, q_full, q_empty);
+      return;
+    }
     const SeqRows k_rows = seq.k_rows(get<0>(p.shape_k));
     Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});  // (N, D, stage)
     Tensor sV = make_tensor(make_smem_ptr(smem_v), SmemLayoutV{});
@@ -266,6 +287,41 @@ struct FwdLoad {
       if (n_block < keys.end - 1) load_halves(p.tma_k, p.shape_k, KBox{}, tKsC, n_block);
       load_halves(p.tma_v, p.shape_v, VBox{}, tVsC, n_block);
     }
+  }
+
+  // Key tile n of the sequence (K or V, kCols wide) into `s` (this stage's (keys, cols) buffer),
+  // gathered by one warp through the page table: 16 bytes per cp.async, zeros for rows past the
+  // sequence's end. Each lane then lets the stage's full barrier track its copies (an arrive
+  // when they land) and one lane arrives for the warp, so that the warp moves on to the next
+  // stage while the copies fly. cp.async writes through the generic proxy: the consumers fence
+  // before their wgmmas read the stage (FwdKernel::consume).
+  template <int kCols, class SmemTensor>
+  CUTE_DEVICE static void gather_key_tile(Params const& p, Element const* base, int64_t page_stride,
+                                          int64_t row_stride, int64_t head_offset,
+                                          Sequence const& seq, int n, SmemTensor&& s,
+                                          uint64_t* full) {
+    constexpr int kChunkElems = 16 / int(sizeof(Element));
+    constexpr int kRowChunks = kCols / kChunkElems;
+    const int lane = cutlass::canonical_lane_idx();
+    const int32_t first = n * BlockN::value;
+    const int32_t* table = p.table + int64_t(seq.k_batch) * p.table_stride;
+    CUTE_NO_UNROLL
+    for (int c = lane; c < BlockN::value * kRowChunks; c += 32) {
+      const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
+      const bool exists = first + r < seq.len_k;
+      Element const* src = base;  // not read when the row does not exist (zero fill)
+      if (exists) {
+        const int32_t pos = seq.start_k + first + r;
+        const int32_t page = __ldg(table + pos / p.page_size);
+        src = base + page * page_stride + (pos % p.page_size) * row_stride + head_offset + col;
+      }
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+          *reinterpret_cast<uint128_t const*>(src),
+          *reinterpret_cast<uint128_t*>(raw_pointer_cast(&s(r, col))), exists);
+    }
+    cutlass::arch::cpasync_barrier_arrive(full);
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(full);
   }
 
   // Pack-GQA: one warp gathers the tile's Q rows (rows.locate) into Q's buffer, 16 bytes per

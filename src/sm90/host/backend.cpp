@@ -17,7 +17,6 @@
 #include <cuda_runtime_api.h>
 #endif
 #include "sm90/bwd/bwd_tile_shape.hpp"
-#include "sm90/fwd/fwd_tile_shape.hpp"
 #include "sm90/host/bwd_plan.hpp"
 #include "sm90/host/fwd_plan.hpp"
 #include "sm90/fwd/tile_order.hpp"
@@ -177,16 +176,6 @@ Status can_implement_backward(const Problem& p) {
 }
 
 Status can_implement(const Problem& p, Pass pass) {
-  if (p.kv_cache.paged()) {
-    const int64_t block_n = sm90::fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v)).block_n;
-    if (block_n > 0 && !sm90::fwd_plan::pages_hold_key_tiles(p, block_n))
-      return not_supported("the sm90 forward reads a paged KV cache in whole key tiles: at head "
-                           "dims %lld / %lld page_size must be a multiple of %lld and leftpad null "
-                           "(got page_size %lld%s); the CPU backend computes other layouts",
-                           (long long)p.head_dim_qk, (long long)p.head_dim_v, (long long)block_n,
-                           (long long)p.kv_cache.page_size,
-                           p.kv_cache.leftpad != nullptr ? " with leftpad" : "");
-  }
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the

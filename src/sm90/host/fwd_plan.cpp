@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/mask.hpp"
+#include "sm90/cache/page_tiles.hpp"
 #include "sm90/common/grouped_order.hpp"
 #include "sm90/fwd/fwd_tile_shape.hpp"
 #include "sm90/fwd/split_kv.hpp"
@@ -89,13 +90,6 @@ bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice fo
   return keys >= min_keys;
 }
 
-// A paged cache's pages hold whole key tiles of `block_n` keys, each sequence starting at the
-// first row of its first page: the kernels' TMA boxes then lie inside one page.
-bool pages_hold_key_tiles(const Problem& p, int64_t block_n) {
-  const KvCache& c = p.kv_cache;
-  return !c.paged() || (block_n > 0 && c.page_size % block_n == 0 && c.leftpad == nullptr);
-}
-
 // Pack when the heads fill the query tiles markedly better than the positions alone (short query
 // sequences: decode, chunked prefill), as long as the packed rows stay below 2³⁰.
 int pack_group(const Problem& p, int block_m, Choice forced) {
@@ -175,7 +169,7 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
                                        p.window.right);
   plan.chunked = fwd_plan::takes_chunked_kv(p, band.banded(), shape.chunked.min_keys,
                                             overrides.chunked_kv) &&
-                 fwd_plan::pages_hold_key_tiles(p, shape.chunked.block_n);
+                 pages_hold_key_tiles(p, shape.chunked.block_n);
   plan.block_m = shape.block_m();
   plan.block_n = plan.chunked ? shape.chunked.block_n : shape.block_n;
   plan.pack_group = fwd_plan::pack_group(p, plan.block_m, overrides.pack_gqa);

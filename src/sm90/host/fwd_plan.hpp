@@ -70,8 +70,6 @@ constexpr int64_t kMinKeyTilesPerSplit = 2;
 
 // Whether the chunked variant runs (min_keys: the row's; 0: none exists).
 bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice forced);
-// Whether a paged cache's pages hold whole key tiles (and no left pad shifts them).
-bool pages_hold_key_tiles(const Problem& p, int64_t block_n);
 // Query heads per tile: G when packing fills the tiles markedly better, else 1.
 int pack_group(const Problem& p, int block_m, Choice forced);
 // The most splits the plan may choose for this problem (1: it never splits).
