@@ -26,10 +26,22 @@ note() {
   printf '[%4d s] %s\n' "$SECONDS" "${summary[${#summary[@]} - 1]}"
 }
 
+# FlashAttention-3 for the comparisons (scripts/build_fa3.sh), built in the background from `build`
+# on when FA3_SRC names its source archive; the steps that time it wait for it (fa3_ready).
+fa3_pid=
+fa3_ready() {
+  [ -n "$fa3_pid" ] || return 0
+  if wait "$fa3_pid"; then
+    export FA3_HOPPER=/tmp/fa3/fa/hopper
+    note fa3 "built at $SECONDS s ($FA3_HOPPER)"
+  else
+    note fa3 "build failed (build_fa3.log): $(tail -n 1 "$out/build_fa3.log" | cut -c1-150)"
+  fi
+  fa3_pid=
+}
+
 run_build() {
-  local dir="$root/build/device" gtest_args=() t0=$SECONDS fa3_pid=
-  # FlashAttention-3 for the comparisons (scripts/build_fa3.sh), built beside fa4cpp when FA3_SRC
-  # names its source archive; the later steps then import it (FA3_HOPPER).
+  local dir="$root/build/device" gtest_args=() t0=$SECONDS
   if [ -n "${FA3_SRC:-}" ]; then
     "$root/scripts/build_fa3.sh" "$FA3_SRC" /tmp/fa3 >"$out/build_fa3.log" 2>&1 &
     fa3_pid=$!
@@ -68,14 +80,7 @@ run_build() {
     rc=$?
   fi
   note build "rc $rc in $((SECONDS - t0)) s; ptxas spills: $(grep -c ' [1-9][0-9]* bytes spill' "$out/build.log")"
-  if [ -n "$fa3_pid" ]; then
-    if wait "$fa3_pid"; then
-      export FA3_HOPPER=/tmp/fa3/fa/hopper
-      note fa3 "built in $((SECONDS - t0)) s ($FA3_HOPPER)"
-    else
-      note fa3 "build failed (build_fa3.log): $(tail -n 1 "$out/build_fa3.log" | cut -c1-150)"
-    fi
-  fi
+
   [ $rc -eq 0 ] || { tail -n 30 "$out/build.log"; return 1; }
   mkdir -p "$dir/bin"
   cp "$dir/libfa4.so" "$dir/tests/gpu/fa4_gpu_tests" "$dir/bench/fa4-bench" "$dir/bin/"
@@ -294,6 +299,7 @@ run_python() {
 }
 
 run_host() {
+  fa3_ready
   # Host time per call (bench/host_overhead.py) beside SDPA's flash op and, with FA3_HOPPER naming
   # a built FlashAttention-3 hopper/ folder, FlashAttention-3's op; results into $OUT.
   FA4CPP_LIBRARY="$bin/libfa4.so" PYTHONPATH="$root/python${FA3_HOPPER:+:$FA3_HOPPER}" \
@@ -313,6 +319,7 @@ run_sass() {
 }
 
 run_bench() {
+  fa3_ready
   # The project's side-by-side sweep (bench/sweep.py): fa4cpp beside cuDNN and torch FA2, one run.
   PYTHONUNBUFFERED=1 timeout 420 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
     --sha "${FA4_GIT_SHA:-unknown}" --out "$out" --pass fwd >"$out/bench.log" 2>&1
@@ -326,6 +333,7 @@ run_bench() {
 # backward table (FA4_BENCH_HDIMS narrows them).
 run_bench_pass() {
   local pass=$1
+  fa3_ready
   PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
     --pass "$pass" --hdims "${FA4_BENCH_HDIMS:-64,96,128,192,256}" --sha "${FA4_GIT_SHA:-unknown}" --out "$out" \
     >"$out/bench_$pass.log" 2>&1
@@ -343,6 +351,7 @@ else
   tail -n 40 "$out/smoke.log"
 fi
 
+fa3_ready
 {
   echo "==== fa4cpp gpu_check ===="
   printf '%s\n' "${summary[@]}"
