@@ -53,6 +53,22 @@ bool kernel_listed(const std::vector<Kernel>& list, int64_t dim_qk, int64_t dim_
   return false;
 }
 
+#if !defined(FA4_SM90_BUILT_KERNELS) || !defined(FA4_SM90_BUILT_BWD_KERNELS)
+#error "tests/gpu/CMakeLists.txt passes the built kernel lists"
+#endif
+
+const std::vector<Kernel>& built_kernels() {
+  static const std::vector<Kernel> kernels =
+      parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS");
+  return kernels;
+}
+
+const std::vector<Kernel>& built_backward_kernels() {
+  static const std::vector<Kernel> kernels =
+      parse_kernel_list(FA4_SM90_BUILT_BWD_KERNELS, "FA4_SM90_BUILT_BWD_KERNELS");
+  return kernels;
+}
+
 bool is_full_kernel(const Kernel& k) {
   return k.dim_qk == 128 && k.dim_v == 128 && k.dtype == DType::kBF16;
 }

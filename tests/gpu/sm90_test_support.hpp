@@ -40,6 +40,10 @@ struct Kernel {
 // (naming `what`, the list's macro) at start-up: a silently skipped kernel would go untested.
 std::vector<Kernel> parse_kernel_list(const std::string& list, const std::string& what);
 bool kernel_listed(const std::vector<Kernel>& list, int64_t dim_qk, int64_t dim_v, DType dtype);
+// The kernels this build has (cmake/fa4_sm90.cmake's FA4_SM90_KERNELS, which tests/gpu/CMakeLists.txt
+// passes as FA4_SM90_BUILT_KERNELS and FA4_SM90_BUILT_BWD_KERNELS): forward and backward.
+const std::vector<Kernel>& built_kernels();
+const std::vector<Kernel>& built_backward_kernels();
 
 // The kernel every feature is tested on in full; the others share every piece but the tile sizes.
 bool is_full_kernel(const Kernel& k);

@@ -30,29 +30,8 @@
 #include "device_buffer.hpp"
 #include "sm90_test_support.hpp"
 
-#ifndef FA4_SM90_BUILT_KERNELS
-#error "tests/gpu/CMakeLists.txt passes the built forward kernel list"
-#endif
-#ifndef FA4_SM90_BUILT_BWD_KERNELS
-#error "tests/gpu/CMakeLists.txt passes the built backward kernel list"
-#endif
-
 namespace fa4::test {
 namespace {
-
-// cmake/fa4_sm90.cmake's FA4_SM90_BWD_KERNELS: the backward kernels this build has.
-const std::vector<Kernel>& backward_kernels() {
-  static const std::vector<Kernel> kernels =
-      parse_kernel_list(FA4_SM90_BUILT_BWD_KERNELS, "FA4_SM90_BUILT_BWD_KERNELS");
-  return kernels;
-}
-
-// The forward kernels: each backward case runs the forward of its kernel first.
-const std::vector<Kernel>& forward_kernels() {
-  static const std::vector<Kernel> kernels =
-      parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS");
-  return kernels;
-}
 
 struct Heads {
   int64_t q, kv;
@@ -300,7 +279,7 @@ std::vector<Case> backward_cases() {
   auto append = [&](const std::vector<Case>& more) {
     cases.insert(cases.end(), more.begin(), more.end());
   };
-  for (const Kernel& k : backward_kernels()) {
+  for (const Kernel& k : built_backward_kernels()) {
     append(is_full_kernel(k) ? full_fixed_cases(k) : other_fixed_cases(k));
     // Without a band d256's key tiles start at their own query tiles (QueryOrder): 5 query
     // tiles, the last partial, so that the walks wrap and the steps' parities cross the wrap
@@ -501,7 +480,7 @@ void expect_inputs_unchanged(BackwardRun& run,
 // Runs the sm90 forward on the uploaded inputs: out and LSE as a user would hand them over.
 void run_forward(BackwardRun& run, cudaStream_t stream) {
   const Problem& p = run.fwd->problem;
-  ASSERT_TRUE(kernel_listed(forward_kernels(), p.head_dim_qk, p.head_dim_v, p.dtype))
+  ASSERT_TRUE(kernel_listed(built_kernels(), p.head_dim_qk, p.head_dim_v, p.dtype))
       << "this build has the backward kernel but not the forward one its inputs come from";
   const Status can = can_implement(p, Backend::kSm90, Pass::kForward);
   ASSERT_TRUE(can.ok()) << "forward: " << to_string(can.code) << ": " << can.message;
@@ -669,8 +648,8 @@ INSTANTIATE_TEST_SUITE_P(Overrides, Sm90BackwardPlanPath, ::testing::ValuesIn(bw
 // reference). The default mode is measured beside it: how far its runs differ is printed.
 TEST(Sm90Backward, DeterministicRunsAreBitwiseEqual) {
   FA4_SKIP_WITHOUT_HOPPER();
-  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
-  const Kernel k = backward_kernels().front();
+  if (built_backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  const Kernel k = built_backward_kernels().front();
   for (bool deterministic : {true, false}) {
     Case c = fixed_case(k, {"q300_k600", 2, 300, 600}, Mask::kCausal, kGqa4, false, false);
     c.deterministic = deterministic;
@@ -726,11 +705,11 @@ TEST(Sm90Backward, DeterministicRunsAreBitwiseEqual) {
 // would read accumulators the main kernel had not finished were the dQ grid's end not its end.
 TEST(Sm90Backward, DqFinishWaitsForItsKeyTiles) {
   FA4_SKIP_WITHOUT_HOPPER();
-  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  if (built_backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
   std::vector<Kernel> kernels;  // the narrow kernel's and the wide kernel's largest
-  for (const Kernel& k : backward_kernels())
+  for (const Kernel& k : built_backward_kernels())
     if (k.dtype == DType::kBF16 && (k.dim_qk == 128 || k.dim_qk == 256)) kernels.push_back(k);
-  if (kernels.empty()) kernels.push_back(backward_kernels().front());
+  if (kernels.empty()) kernels.push_back(built_backward_kernels().front());
   for (const Kernel& k : kernels)
     for (Heads heads : {Heads{8, 8}, kGqa4}) {
       // 2 × 8 query heads × 16 (d128) or 32 (d256) key tiles: 256 / 512 CTAs on 132 SMs.
@@ -779,10 +758,11 @@ TEST(Sm90Backward, DqFinishWaitsForItsKeyTiles) {
 // tiles, dK / dV over up to 66 query steps. The reference computes every row (~17 s, a third of
 // the suite's reference time), hence one head and one kernel.
 TEST(Sm90BackwardLong, Seq4224Causal) {
-  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
-  const auto full = std::find_if(backward_kernels().begin(), backward_kernels().end(),
+  if (built_backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  const std::vector<Kernel>& kernels = built_backward_kernels();
+  const auto full = std::find_if(kernels.begin(), kernels.end(),
                                  [](const Kernel& k) { return is_full_kernel(k); });
-  const Kernel k = full != backward_kernels().end() ? *full : backward_kernels().front();
+  const Kernel k = full != kernels.end() ? *full : kernels.front();
   Case c = base_case(k, {"", 1, 4224, 4224});
   set_heads(c, {1, 1});
   c.causal = true;
@@ -812,8 +792,8 @@ bool contains_word(std::string text, std::string word) {
 
 std::vector<Refusal> refusals() {
   // A problem the backward would take but for the one thing each refusal changes.
-  const Kernel k = backward_kernels().empty() ? Kernel{128, 128, DType::kBF16}
-                                              : backward_kernels().front();
+  const Kernel k = built_backward_kernels().empty() ? Kernel{128, 128, DType::kBF16}
+                                              : built_backward_kernels().front();
   Case base = base_case(k, {"", 2, 70, 90});
   set_heads(base, kGqa4);
   base.causal = true;
@@ -832,7 +812,7 @@ std::vector<Refusal> refusals() {
                {128, 64},  {64, 128},  {64, 64},   {128, 128}};
   for (DType dtype : {DType::kBF16, DType::kFP16})
     for (const auto& d : kDims) {
-      if (kernel_listed(backward_kernels(), d.qk, d.v, dtype)) continue;
+      if (kernel_listed(built_backward_kernels(), d.qk, d.v, dtype)) continue;
       add("no backward kernel " + kernel_tag({d.qk, d.v, dtype}), "head dim", [&](Case& c) {
         c.dim_qk = d.qk;
         c.dim_v = d.v;
@@ -848,7 +828,7 @@ TEST(Sm90Backward, CanImplementAnswers) {
   std::string why;
   const bool gpu = hopper_present(&why);
   const StatusCode accepted_code = gpu ? StatusCode::kSuccess : StatusCode::kBackendUnavailable;
-  for (const Kernel& k : backward_kernels()) {
+  for (const Kernel& k : built_backward_kernels()) {
     std::vector<Case> accepted;
     for (Heads h : {kMha, kGqa4, kMqa}) {
       Case c = base_case(k, {"", 2, 1, 300});
@@ -915,8 +895,8 @@ TEST(Sm90Backward, RefusalsWriteNothing) {
 // so the call must be refused up front, naming the array, with nothing written.
 TEST(Sm90Backward, RefusesHostSequenceArrays) {
   FA4_SKIP_WITHOUT_HOPPER();
-  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
-  Case c = varlen_case(backward_kernels().front(), kShort, Mask::kCausal, kGqa4, false, false);
+  if (built_backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  Case c = varlen_case(built_backward_kernels().front(), kShort, Mask::kCausal, kGqa4, false, false);
   c.name = "host_sequence_arrays";
   BackwardRun run(c);
   Stream stream;
@@ -946,8 +926,8 @@ TEST(Sm90Backward, RefusesHostSequenceArrays) {
 // the real key, so dQ = dK = 0 and dV = 1, all finite.
 TEST(Sm90Backward, VeryNegativeLseAndAPartialKeyTile) {
   FA4_SKIP_WITHOUT_HOPPER();
-  if (backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
-  for (const Kernel& k : backward_kernels()) {
+  if (built_backward_kernels().empty()) GTEST_SKIP() << "this build has no sm90 backward kernel";
+  for (const Kernel& k : built_backward_kernels()) {
     SCOPED_TRACE(kernel_tag(k));
     const int64_t d = k.dim_qk, dv_dim = k.dim_v;
     Problem p;

@@ -25,19 +25,8 @@
 #include "device_buffer.hpp"
 #include "sm90_test_support.hpp"
 
-#ifndef FA4_SM90_BUILT_KERNELS
-#error "tests/gpu/CMakeLists.txt passes the built kernel list"
-#endif
-
 namespace fa4::test {
 namespace {
-
-// FA4_SM90_BUILT_KERNELS: cmake/fa4_sm90.cmake's FA4_SM90_KERNELS, entries separated by ','.
-const std::vector<Kernel>& built_kernels() {
-  static const std::vector<Kernel> kernels =
-      parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS");
-  return kernels;
-}
 
 bool is_built(int64_t dim_qk, int64_t dim_v, DType dtype) {
   return kernel_listed(built_kernels(), dim_qk, dim_v, dtype);

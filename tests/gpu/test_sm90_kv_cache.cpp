@@ -28,19 +28,8 @@
 #include "device_buffer.hpp"
 #include "sm90_test_support.hpp"
 
-#ifndef FA4_SM90_BUILT_KERNELS
-#error "tests/gpu/CMakeLists.txt passes the built kernel list"
-#endif
-
 namespace fa4::test {
 namespace {
-
-// FA4_SM90_BUILT_KERNELS: cmake/fa4_sm90.cmake's FA4_SM90_KERNELS, entries separated by ','.
-const std::vector<Kernel>& built_kernels() {
-  static const std::vector<Kernel> kernels =
-      parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS");
-  return kernels;
-}
 
 bool has_kernel(const CacheCase& c) {
   return c.dtype != DType::kFP32 && kernel_listed(built_kernels(), c.dim, c.dim, c.dtype);
