@@ -430,6 +430,12 @@ std::vector<CacheCase> cache_cases() {
     c.interleaved = false;
     c.name = "varlen_q_no_append";
     add(c);
+    // Appends with no query row at all (every sequence empty): the cache is still written.
+    c.seqlen_q = 0;
+    c.append = 3;
+    c.rotary_dim = 32;
+    c.name = "appends_without_queries";
+    add(c);
   }
   return cases;
 }

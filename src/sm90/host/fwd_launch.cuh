@@ -1,7 +1,7 @@
 // A forward plan (fwd_plan.hpp) → kernel parameters (TMA descriptors encoded on the host, passed
-// by value) → launches on the caller's stream: the varlen tile order where the plan orders, the
-// forward kernel, split-KV's combine where it splits. Nothing here allocates, waits or decides, so
-// a launch can be captured in a graph.
+// by value) → launches on the caller's stream: a KV cache's prepare kernel, the varlen tile order
+// where the plan orders, the forward kernel, split-KV's combine where it splits. Nothing here
+// allocates, waits or decides, so a launch can be captured in a graph.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,6 +30,26 @@ inline TileScheduler::Params scheduler_params(const FwdPlan& plan, int batch, in
           order,         splits,          grouped, GroupedUnits::of(grouped, plan.tile_heads)};
 }
 
+// A KV cache's prepare kernel (cache/kv_prepare.cuh): it checks the sequences, appends and rotates
+// Q; the attention then reads the sequences' marks, and Q from the workspace where it was rotated
+// (`sequences` and `kernel_tensors` say so).
+inline cudaError_t prepare_cache(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
+                                 Workspace workspace, DType dtype, void* stream,
+                                 SequenceParams* sequences, ForwardTensors* kernel_tensors) {
+  if (!p.kv_cache.enabled()) return cudaSuccess;
+  auto* base = static_cast<char*>(workspace.data);
+  auto* valid = reinterpret_cast<int32_t*>(base + plan.workspace.cache_valid);
+  void* q_rotated = base + plan.workspace.q_rotated;
+  const KvPrepareParams prepare = make_kv_prepare_params(p, t, valid, q_rotated);
+  sequences->cache = prepare.sequences;
+  if (prepare.q_rotated != nullptr) {
+    const int64_t row = p.heads_q * p.head_dim_qk;
+    kernel_tensors->q =
+        TensorView{q_rotated, p.is_varlen() ? 0 : p.seqlen_q * row, row, p.head_dim_qk, 1};
+  }
+  return launch_kv_prepare(prepare, dtype, stream);
+}
+
 template <class Config, DType kDType>
 Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
                       Workspace workspace, void* stream) {
@@ -51,22 +71,9 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
                            int32_t(p.seqlen_q),    int32_t(p.seqlen_k),
                            int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
   auto* base = static_cast<char*>(workspace.data);
-  cudaError_t err = cudaSuccess;
-  // A KV cache: the prepare kernel checks the sequences, appends and rotates Q first; the
-  // attention then reads Q from the workspace where it was rotated.
   ForwardTensors kernel_tensors = t;
-  if (p.kv_cache.enabled()) {
-    auto* valid = reinterpret_cast<int32_t*>(base + plan.workspace.cache_valid);
-    void* q_rotated = base + plan.workspace.q_rotated;
-    const KvPrepareParams prepare = make_kv_prepare_params(p, t, valid, q_rotated);
-    sequences.cache = prepare.sequences;
-    err = launch_kv_prepare(prepare, kDType, stream);
-    if (prepare.q_rotated != nullptr) {
-      const int64_t row = p.heads_q * p.head_dim_qk;
-      kernel_tensors.q = TensorView{q_rotated, p.is_varlen() ? 0 : p.seqlen_q * row, row,
-                                    p.head_dim_qk, 1};
-    }
-  }
+  cudaError_t err = prepare_cache(plan, p, t, workspace, kDType, stream, &sequences,
+                                  &kernel_tensors);
   int32_t* const order = plan.ordered ? reinterpret_cast<int32_t*>(base) : nullptr;
   SplitPartials partials{};
   if (plan.splits > 1) partials = SplitPartials::at(base + plan.workspace.partials, p, plan.splits);
@@ -126,7 +133,19 @@ template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
                    Workspace workspace, void* stream) {
   using Element = typename CutlassElement<kDType>::type;
-  if (plan.ctas == 0) return Status::success();
+  if (plan.ctas == 0) {
+    // No query rows to compute; a cache's appends are still written.
+    if (!p.kv_cache.appends()) return Status::success();
+    SequenceParams sequences{};
+    ForwardTensors kernel_tensors = t;
+    const cudaError_t err =
+        prepare_cache(plan, p, t, workspace, kDType, stream, &sequences, &kernel_tensors);
+    if (err != cudaSuccess)
+      return detail::make_status(StatusCode::kDeviceError,
+                                 "sm90 KV-cache prepare kernel failed to launch: %s",
+                                 cudaGetErrorString(err));
+    return Status::success();
+  }
   if constexpr (FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
     if (plan.chunked)
       return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>, kDType>(
