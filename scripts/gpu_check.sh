@@ -40,6 +40,15 @@ fa3_ready() {
   fa3_pid=
 }
 
+# PYTHONPATH for the steps that time the peers: fa4cpp's package, FlashAttention-3's hopper/ folder
+# (FA3_HOPPER, or built by `build`), FlashAttention-4 unpacked by scripts/fetch_fa4.sh --install
+# (FA4_SITE).
+peer_path() {
+  local path="$root/python${FA3_HOPPER:+:$FA3_HOPPER}"
+  [ -n "${FA4_SITE:-}" ] && path+=":$FA4_SITE/nvidia_cutlass_dsl/dsl_packages:$FA4_SITE"
+  echo "$path"
+}
+
 run_build() {
   local dir="$root/build/device" gtest_args=() t0=$SECONDS
   if [ -n "${FA3_SRC:-}" ]; then
@@ -302,7 +311,7 @@ run_host() {
   fa3_ready
   # Host time per call (bench/host_overhead.py) beside SDPA's flash op and, with FA3_HOPPER naming
   # a built FlashAttention-3 hopper/ folder, FlashAttention-3's op; results into $OUT.
-  FA4CPP_LIBRARY="$bin/libfa4.so" PYTHONPATH="$root/python${FA3_HOPPER:+:$FA3_HOPPER}" \
+  FA4CPP_LIBRARY="$bin/libfa4.so" PYTHONPATH="$(peer_path)" \
     timeout 300 python3 "$root/bench/host_overhead.py" --device cuda --dtypes bf16 \
     --seqlens 1,128 --heads 8 --out "$out" --sha "${FA4_GIT_SHA:-unknown}" >"$out/host.log" 2>&1
   note host "rc $? (host_overhead.md; log in host.log)"
@@ -321,8 +330,9 @@ run_sass() {
 run_bench() {
   fa3_ready
   # The project's side-by-side sweep (bench/sweep.py): fa4cpp beside cuDNN and torch FA2, one run.
-  PYTHONUNBUFFERED=1 timeout 420 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
-    --sha "${FA4_GIT_SHA:-unknown}" --out "$out" --pass fwd >"$out/bench.log" 2>&1
+  PYTHONPATH="$(peer_path)" PYTHONUNBUFFERED=1 timeout 420 python3 "$root/bench/sweep.py" \
+    --lib "$bin/libfa4.so" --sha "${FA4_GIT_SHA:-unknown}" --out "$out" --pass fwd \
+    >"$out/bench.log" 2>&1
   note bench "rc $? (table below; log in bench.log)"
   [ -f "$out/fwd_sweep.md" ] && cp "$out/fwd_sweep.md" "$out/bench.txt"
   [ -f "$out/fwd_sweep.json" ] && python3 "$root/bench/plot.py" "$out/fwd_sweep.json" >/dev/null 2>&1
@@ -334,8 +344,8 @@ run_bench() {
 run_bench_pass() {
   local pass=$1
   fa3_ready
-  PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/sweep.py" --lib "$bin/libfa4.so" \
-    --pass "$pass" --hdims "${FA4_BENCH_HDIMS:-64,96,128,192,256}" --sha "${FA4_GIT_SHA:-unknown}" --out "$out" \
+  PYTHONPATH="$(peer_path)" PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/sweep.py" \
+    --lib "$bin/libfa4.so" --pass "$pass" --hdims "${FA4_BENCH_HDIMS:-64,96,128,192,256}" --sha "${FA4_GIT_SHA:-unknown}" --out "$out" \
     >"$out/bench_$pass.log" 2>&1
   note "bench_$pass" "rc $? (${pass}_sweep.md; log in bench_$pass.log)"
   [ -f "$out/${pass}_sweep.json" ] && python3 "$root/bench/plot.py" "$out/${pass}_sweep.json" >/dev/null 2>&1
