@@ -1,6 +1,7 @@
 // The Hopper (sm_90a) backend as dispatch sees it: availability, the TMA alignment rules the kernels
 // rely on, which problems have a kernel (the table cmake/fa4_sm90.cmake generates), and each
 // call's launch plan (fwd_plan.hpp, bwd_plan.hpp) handed to its kernel's launcher.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -203,6 +204,17 @@ Status can_implement(const Problem& p, Pass pass) {
       m_tiles * p.heads_q > kMaxTiles / (p.batch > 0 ? p.batch : 1))
     return not_supported("the sm90 forward kernel takes fewer than 2^31 - 1 rows, heads and batch "
                          "entries, and at most 2^30 query tiles (128 rows x heads x batch)");
+  // A KV cache's sizes are 32-bit in the prepare kernel and in the TMA views, whose grid has a
+  // CTA per 16 rows (appended or query) per sequence.
+  const KvCache& c = p.kv_cache;
+  const int64_t prepare_rows = std::max(c.seqlen_new, p.seqlen_q) / 16 + 1;
+  if (c.enabled() &&
+      (c.num_pages >= kMaxExtent || c.cache_batch >= kMaxExtent || c.total_new >= kMaxExtent ||
+       c.seqlen_new >= kMaxExtent || c.rotary_seqlen >= kMaxExtent ||
+       prepare_rows > kMaxExtent / (p.batch > 0 ? p.batch : 1)))
+    return not_supported("the sm90 KV cache takes fewer than 2^31 - 1 pages, cache rows, appended "
+                         "rows and rotary positions, and at most 2^31 prepare CTAs (16 rows x "
+                         "batch)");
   return Status::success();
 }
 
