@@ -165,6 +165,10 @@ std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64
     s->lse = HostLse(c.batch, c.heads_q, c.seqlen_q, false);
   }
   s->q.fill_normal(rng);
+  s->k_initial = s->k.dense();
+  s->v_initial = s->v.dense();
+  s->out.poison();
+  s->lse.poison();
   return s;
 }
 
@@ -215,11 +219,11 @@ Rotated rotated(const CacheSetup& s, const std::vector<double>& x, int64_t pos) 
   return r;
 }
 
-std::vector<CheckResult> check_appends(const CacheSetup& s, const std::vector<double>& k_before,
-                                       const std::vector<double>& v_before) {
+std::vector<CheckResult> check_appends(const CacheSetup& s) {
   const Problem& p = s.p;
   const KvCache& kc = p.kv_cache;
-  std::vector<double> k_want = k_before, v_want = v_before, k_bound(k_before.size(), 0.0);
+  std::vector<double> k_want = s.k_initial, v_want = s.v_initial,
+                      k_bound(s.k_initial.size(), 0.0);
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t n = s.new_rows[size_t(b)];
     const int64_t first = kc.cu_seqlens_new != nullptr ? s.cu_new[size_t(b)] : 0;

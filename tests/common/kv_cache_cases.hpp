@@ -60,10 +60,12 @@ struct CacheSetup {
   HostTensor q, k, v, k_new, v_new, out, cos, sin;
   HostLse lse;
   int64_t cache_rows = 0;
+  std::vector<double> k_initial, v_initial;  // the cache as drawn, before any call wrote it
 };
 
 // Draws the case's arrays and tensors from rng (make_rng(c.name) in the tests, so that the backends
-// see the same inputs for the same seed). A fresh setup per call: appends write the cache.
+// see the same inputs for the same seed), keeps the cache as drawn and poisons the outputs. A
+// fresh setup per call: appends write the cache.
 std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64& rng);
 
 // The forward's tensors over the setup's host tensors.
@@ -81,10 +83,9 @@ struct Rotated {
 };
 Rotated rotated(const CacheSetup& s, const std::vector<double>& x, int64_t pos);
 
-// The cache the call left (s.k, s.v) against the one before it with the appends made here: one
-// result for k, one for v.
-std::vector<CheckResult> check_appends(const CacheSetup& s, const std::vector<double>& k_before,
-                                       const std::vector<double>& v_before);
+// The cache the call left (s.k, s.v) against the one drawn (k_initial, v_initial) with the appends
+// made here: one result for k, one for v.
+std::vector<CheckResult> check_appends(const CacheSetup& s);
 
 // O and LSE (s.out, s.lse) against the reference on a plain varlen problem: each sequence's keys
 // gathered from the cache the call left. One result for out, one for lse. `lse_ulps` widens LSE's

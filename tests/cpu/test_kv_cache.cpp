@@ -23,15 +23,12 @@ void check_cache_case(const CacheCase& c) {
   SCOPED_TRACE(describe(c));
   std::mt19937_64 rng = make_rng(c.name);
   const std::unique_ptr<CacheSetup> s = make_cache_setup(c, rng);
-  const std::vector<double> k_before = s->k.dense(), v_before = s->v.dense();
-  s->out.poison();
-  s->lse.poison();
   size_t bytes = 1;
   ASSERT_TRUE(workspace_size(s->p, Backend::kCpu, Pass::kForward, &bytes).ok());
   HostWorkspace ws(bytes);
   const Status st = forward(s->p, tensors_of(*s), ws.view(), nullptr, Backend::kCpu);
   ASSERT_TRUE(st.ok()) << st.message;
-  for (const CheckResult& r : check_appends(*s, k_before, v_before)) EXPECT_TRUE(r.ok) << r.message;
+  for (const CheckResult& r : check_appends(*s)) EXPECT_TRUE(r.ok) << r.message;
   for (const CheckResult& r : check_attention(*s)) EXPECT_TRUE(r.ok) << r.message;
 }
 
@@ -100,16 +97,12 @@ TEST(CpuKvCache, RefusesBadInputWritingNothing) {
     if (r.spoil != nullptr) r.spoil(*s);
     ForwardTensors t = tensors_of(*s);
     if (r.spoil == nullptr) t.k_new.data = nullptr;
-    const std::vector<double> k_before = s->k.dense(), v_before = s->v.dense();
-    s->out.poison();
     const Status st = forward(s->p, t, {}, nullptr, Backend::kCpu);
     EXPECT_EQ(st.code, StatusCode::kInvalidArgument) << st.message;
     EXPECT_NE(st.message.find(r.named), std::string::npos) << st.message;
     const std::vector<double> k_after = s->k.dense(), v_after = s->v.dense();
-    EXPECT_TRUE(std::equal(k_before.begin(), k_before.end(), k_after.begin()))
-        << "the k cache was written";
-    EXPECT_TRUE(std::equal(v_before.begin(), v_before.end(), v_after.begin()))
-        << "the v cache was written";
+    EXPECT_TRUE(k_after == s->k_initial) << "the k cache was written";
+    EXPECT_TRUE(v_after == s->v_initial) << "the v cache was written";
     for (int64_t i = 0; i < s->out.size(); ++i)
       ASSERT_TRUE(s->out.is_poison(i)) << "out was written at " << i;
   }

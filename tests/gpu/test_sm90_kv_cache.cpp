@@ -243,9 +243,6 @@ void check_gpu_case(const GpuCacheCase& g) {
   // Seeded by the case's own name: with the same FA4_TEST_SEED, the CPU test's inputs.
   std::mt19937_64 rng = make_rng(g.c.name);
   const std::unique_ptr<CacheSetup> s = make_cache_setup(g.c, rng);
-  const std::vector<double> k_before = s->k.dense(), v_before = s->v.dense();
-  s->out.poison();
-  s->lse.poison();
   DeviceCache d(*s);
   Overrides overrides = test_overrides();
   if (g.splits > 0) overrides.splits = g.splits;
@@ -276,7 +273,7 @@ void check_gpu_case(const GpuCacheCase& g) {
   ASSERT_CUDA(d.untouched(&written));
   EXPECT_TRUE(written.empty()) << written;
   ASSERT_CUDA(d.download());
-  for (const CheckResult& r : check_appends(*s, k_before, v_before)) EXPECT_TRUE(r.ok) << r.message;
+  for (const CheckResult& r : check_appends(*s)) EXPECT_TRUE(r.ok) << r.message;
   for (const CheckResult& r : check_attention(*s, kLseUlps)) EXPECT_TRUE(r.ok) << r.message;
 }
 
@@ -316,9 +313,6 @@ TEST(Sm90KvCacheRefusal, OddRotaryDimWritesNothing) {
   SCOPED_TRACE(describe(c));
   std::mt19937_64 rng = make_rng(c.name);
   const std::unique_ptr<CacheSetup> s = make_cache_setup(c, rng);
-  const std::vector<double> k_before = s->k.dense(), v_before = s->v.dense();
-  s->out.poison();
-  s->lse.poison();
   DeviceCache d(*s);
   ASSERT_CUDA(d.upload());
   Problem p = d.problem;
@@ -332,10 +326,8 @@ TEST(Sm90KvCacheRefusal, OddRotaryDimWritesNothing) {
   EXPECT_TRUE(written.empty()) << written;
   ASSERT_CUDA(d.download());
   const std::vector<double> k_after = s->k.dense(), v_after = s->v.dense();
-  EXPECT_TRUE(std::equal(k_before.begin(), k_before.end(), k_after.begin()))
-      << "the k cache was written";
-  EXPECT_TRUE(std::equal(v_before.begin(), v_before.end(), v_after.begin()))
-      << "the v cache was written";
+  EXPECT_TRUE(k_after == s->k_initial) << "the k cache was written";
+  EXPECT_TRUE(v_after == s->v_initial) << "the v cache was written";
   for (int64_t i = 0; i < s->out.size(); ++i)
     ASSERT_TRUE(s->out.is_poison(i)) << "out was written at " << i;
   for (int64_t i = 0; i < s->lse.size(); ++i)
