@@ -224,9 +224,11 @@ run_tests() {
 
 # `sanitize NAME LABEL "TOOLS" FILTER [VAR=value ...]`: the GPU tests of FILTER under each
 # compute-sanitizer tool, with the variables set; logs sanitize_NAME_TOOL.log, a line per tool.
+# FA4_SANITIZE_SETS=NAME,... (env) runs only those sanitize sets ("core" is the unnamed first one).
 sanitize() {
   local name=$1 label=$2 tools=$3 filter=$4 tool rc log
   shift 4
+  [ -z "${FA4_SANITIZE_SETS:-}" ] || [[ ",$FA4_SANITIZE_SETS," == *",${name:-core},"* ]] || return 0
   for tool in $tools; do
     log="$out/sanitize${name:+_$name}_$tool.log"
     env "$@" timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin/fa4_gpu_tests" \
@@ -285,7 +287,16 @@ run_sanitize() {
   chunked+=':Matrix/Sm90Forward.MatchesReference/d256_bf16_varlen_ktiles_causal_gqa4_spiky'
   sanitize fwd_chunked "forward chunked, 2 persistent CTAs" "memcheck racecheck synccheck" "$chunked" \
     FA4_SM90_CHUNKED_KV=on FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2
+  # KV caches: pages gathered row by row (pages of 7 and 16 keys, shared, left pads, appends with
+  # rotary, 3 splits) and pages read as TMA boxes; the prepare kernel's appends before them.
+  local kv='Cases/Sm90KvCache.MatchesReference/decode_d128_gqa4_page16_append1_rotary128_neox'
+  kv+=':Cases/Sm90KvCache.MatchesReference/page16_spec3_append3_causal_shared_d128_split3'
+  kv+=':Cases/Sm90KvCache.MatchesReference/decode_d128_gqa4_page16_as_page256_packed'
+  kv+=':Cases/Sm90KvCache.MatchesReference/batch_idx_leftpad_rotary_page7'
+  kv+=':Cases/Sm90KvCache.MatchesReference/appends_without_queries'
+  sanitize kv_cache "kv cache" "memcheck racecheck synccheck" "$kv"
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
+  [ -z "${FA4_SANITIZE_SETS:-}" ] || [[ ",$FA4_SANITIZE_SETS," == *",persistent,"* ]] || return 0
   local tool rc
   if [ -x "$bin/fa4-bench" ]; then
     for tool in memcheck racecheck; do

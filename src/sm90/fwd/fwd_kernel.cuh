@@ -90,6 +90,12 @@ struct FwdKernel {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutChunk>, 1024> c;
     typename ChunkPipeline::SharedStorage pipeline;
   };
+  // The gathering warps' row tables (K's, V's: gather_keys); the chunked kernel never gathers
+  // (its pages hold whole key tiles).
+  struct GatherRows {
+    alignas(16) uintptr_t rows[2][Config::kBlockN];
+  };
+  struct NoGatherRows {};
   // What a CTA does for one tile of the grid.
   struct Work {
     TileCoord tile;
@@ -111,6 +117,7 @@ struct FwdKernel {
     alignas(8) uint64_t q_full;   // Q of the current tile has landed
     alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
     alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
+    std::conditional_t<Config::kChunked, NoGatherRows, GatherRows> gather;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
@@ -194,15 +201,17 @@ struct FwdKernel {
   // warpgroup only passes on (pass_key_tiles), so that the tensor cores and the MUFU run the other
   // warpgroups' work meanwhile.
   CUTE_DEVICE static KeyTiles own_key_tiles(Work const& w) {
+    // Warp-uniform: from thread / 128 the branches on the result are not known to be uniform,
+    // and d64's kernel then spills 84-100 bytes (measured).
+    const int warpgroup = cutlass::canonical_warp_group_idx() - 1;
+    TileRows slice{w.rows.first + 64 * warpgroup, 0};
+    slice.end = cute::min(w.rows.end, slice.first + 64);
+    if (slice.empty() || w.keys.empty()) return {};
     if constexpr (!Config::kOwnKeyTiles) {
+      // Only a slice past the rows is skipped: a decode tile of a few packed rows then costs one
+      // warpgroup's GEMMs and softmax, not all of them.
       return w.keys;
     } else {
-      // Warp-uniform: from thread / 128 the branches on the result are not known to be uniform,
-      // and d64's kernel then spills 84-100 bytes (measured).
-      const int warpgroup = cutlass::canonical_warp_group_idx() - 1;
-      TileRows slice{w.rows.first + 64 * warpgroup, 0};
-      slice.end = cute::min(w.rows.end, slice.first + 64);
-      if (slice.empty() || w.keys.empty()) return {};
       const KeyTiles own = w.mask.key_tiles(w.mask.span(slice));
       // Within the tile's key tiles, which a split narrows to its share.
       return {cute::max(own.begin, w.keys.begin), cute::min(own.end, w.keys.end)};
@@ -314,33 +323,41 @@ struct FwdKernel {
   // The producer's third and fourth warps with a paged cache whose pages do not hold whole key
   // tiles: one gathers K, the other V (FwdLoad::gather_key_tile), in the order the load thread
   // would load them (per tile, last key tile first), V waiting for O's staging in V's ring as
-  // the load thread would (FwdLoad::run).
-  CUTE_DEVICE static void gather_keys(Params const& p, SharedStorage& smem, Pipeline& pipeline,
-                                      bool values) {
+  // the load thread would (FwdLoad::run). Each warp locates a key tile's rows in its row table
+  // once the previous tile's copies are issued (gather_key_tile ends with the warp together), so
+  // that the table loads run while those copies fly, before the wait for the next stage.
+  template <bool kValues>
+  CUTE_DEVICE static void gather_keys(Params const& p, SharedStorage& smem, Pipeline& pipeline) {
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-    Tensor sK = make_tensor(make_smem_ptr(smem.kv.k.data()), typename Config::SmemLayoutK{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.kv.v.data()), typename Config::SmemLayoutV{});
+    using Layout = std::conditional_t<kValues, typename Config::SmemLayoutV,
+                                      typename Config::SmemLayoutK>;
+    Tensor s = make_tensor(make_smem_ptr(kValues ? smem.kv.v.data() : smem.kv.k.data()), Layout{});
     auto const& l = p.load;
+    uintptr_t* rows = smem.gather.rows[kValues];
     int o_staged = 0;
     for_each_tile(p, [&](Work const& w, int) {
       const int staged_before = o_staged;
       if (stages_o_in_v(p, w)) ++o_staged;
       if (w.keys.empty()) return;
-      if (values && staged_before > 0)
+      if (kValues && staged_before > 0)
         cutlass::arch::ClusterBarrier::wait(&smem.o_free, (staged_before - 1) & 1);
-      const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
-      for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
-        pipeline.producer_acquire(write);
-        uint64_t* full = pipeline.producer_get_barrier(write);
-        if (values)
-          Load::template gather_key_tile<Config::kHeadDimV>(
-              l, l.v, l.v_page_stride, l.v_row_stride, kv_head * l.v_head_stride, w.seq, n,
-              sV(_, _, write.index()), full);
+      auto locate = [&](int n) {
+        const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
+        if constexpr (kValues)
+          Load::locate_key_rows(l, l.v + kv_head * l.v_head_stride, l.v_page_stride,
+                                l.v_row_stride, w.seq, n, rows);
         else
-          Load::template gather_key_tile<Config::kHeadDimQK>(
-              l, l.k, l.k_page_stride, l.k_row_stride, kv_head * l.k_head_stride, w.seq, n,
-              sK(_, _, write.index()), full);
+          Load::locate_key_rows(l, l.k + kv_head * l.k_head_stride, l.k_page_stride,
+                                l.k_row_stride, w.seq, n, rows);
+      };
+      locate(w.keys.end - 1);
+      for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
+        __syncwarp();
+        pipeline.producer_acquire(write);
+        Load::template gather_key_tile<kValues ? Config::kHeadDimV : Config::kHeadDimQK>(
+            rows, s(_, _, write.index()), pipeline.producer_get_barrier(write));
         ++write;
+        if (n > w.keys.begin) locate(n - 1);
       }
     });
   }
@@ -390,8 +407,8 @@ struct FwdKernel {
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
-      if (warp == 2 && p.load.gather) gather_keys(p, smem, pipeline_k, false);
-      if (warp == 3 && p.load.gather) gather_keys(p, smem, pipeline_v, true);
+      if (warp == 2 && p.load.gather) gather_keys<false>(p, smem, pipeline_k);
+      if (warp == 3 && p.load.gather) gather_keys<true>(p, smem, pipeline_v);
       if (!leader) return;
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();

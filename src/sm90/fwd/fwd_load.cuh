@@ -12,9 +12,11 @@
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/fast_math.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "sm90/cache/page_tiles.hpp"
+#include "sm90/common/cp_async.cuh"
 #include "sm90/common/gmem_layout.cuh"
 #include "sm90/common/tile_mask.cuh"
 #include "sm90/fwd/query_rows.cuh"
@@ -76,8 +78,10 @@ struct FwdLoad {
     const int32_t* table;
     int64_t table_stride;
     int32_t page_size;
-    // Pages that do not hold whole key tiles: K and V gathered (page, row, head strides).
+    // Pages that do not hold whole key tiles: K and V gathered (page, row, head strides), a
+    // position's page and row found by page_rows (page_size, divided by a multiply-high).
     bool gather;
+    cutlass::FastDivmod page_rows;
     Element const* k;
     Element const* v;
     int64_t k_page_stride, k_row_stride, k_head_stride;
@@ -116,6 +120,7 @@ struct FwdLoad {
             cache.page_table_stride,
             int32_t(cache.page_size),
             !pages_hold_key_tiles(p, BlockN::value),
+            cutlass::FastDivmod(cache.page_size > 0 ? int(cache.page_size) : 1),
             static_cast<Element const*>(t.k.data),
             static_cast<Element const*>(t.v.data),
             t.k.batch_stride,
@@ -289,35 +294,57 @@ struct FwdLoad {
     }
   }
 
-  // Key tile n of the sequence (K or V, kCols wide) into `s` (this stage's (keys, cols) buffer),
-  // gathered by one warp through the page table: 16 bytes per cp.async, zeros for rows past the
-  // sequence's end. Each lane then lets the stage's full barrier track its copies (an arrive
-  // when they land) and one lane arrives for the warp, so that the warp moves on to the next
-  // stage while the copies fly. cp.async writes through the generic proxy: the consumers fence
-  // before their wgmmas read the stage (FwdKernel::consume).
+  // Where each row of key tile n lies in K or V, through the page table: `rows[r]` is row r's
+  // address, or `base` with its lowest bit set past the sequence's end (rows are 16-byte
+  // aligned), one lane per row. The gathering warp does this for the next tile while the copies
+  // of this one fly (FwdKernel::gather_keys), so that the copies wait on no table load and hold
+  // no strides. (The producer's 24 registers allow one table load in flight per lane: four,
+  // branch-free, spill.)
+  CUTE_DEVICE static void locate_key_rows(Params const& p, Element const* base,
+                                          int64_t page_stride, int64_t row_stride,
+                                          Sequence const& seq, int n, uintptr_t* rows) {
+    constexpr int kGroups = BlockN::value / 32;
+    static_assert(BlockN::value % 32 == 0, "a lane locates one row of each 32");
+    const int lane = cutlass::canonical_lane_idx();
+    const int32_t* table = p.table + int64_t(seq.k_batch) * p.table_stride;
+    const int32_t first = n * BlockN::value + lane;
+    CUTE_UNROLL
+    for (int g = 0; g < kGroups; ++g) {
+      uintptr_t at = reinterpret_cast<uintptr_t>(base) | 1;
+      if (first + 32 * g < seq.len_k) {
+        int index, in_page;
+        p.page_rows.fast_divmod(index, in_page, seq.start_k + first + 32 * g);
+        at = reinterpret_cast<uintptr_t>(base + int64_t(__ldg(table + index)) * page_stride +
+                                         int64_t(in_page) * row_stride);
+      }
+      rows[32 * g + lane] = at;
+    }
+  }
+
+  // Key tile n (K or V, kCols wide) into `s` (this stage's (keys, cols) buffer) by one warp, from
+  // the rows locate_key_rows found: 16 bytes per cp.async, a warp's copies covering whole rows
+  // (coalesced), zeros for rows past the sequence's end. The destinations are offsets in the
+  // buffer's swizzled layout (32-bit shared-memory arithmetic). Each lane then lets the stage's
+  // full barrier track its copies (an arrive when they land) and one lane arrives for the warp,
+  // so that the warp moves on while the copies fly. cp.async writes through the generic proxy:
+  // the consumers fence before their wgmmas read the stage (FwdKernel::consume).
   template <int kCols, class SmemTensor>
-  CUTE_DEVICE static void gather_key_tile(Params const& p, Element const* base, int64_t page_stride,
-                                          int64_t row_stride, int64_t head_offset,
-                                          Sequence const& seq, int n, SmemTensor&& s,
-                                          uint64_t* full) {
+  CUTE_DEVICE static void gather_key_tile(uintptr_t const* rows, SmemTensor&& s, uint64_t* full) {
     constexpr int kChunkElems = 16 / int(sizeof(Element));
     constexpr int kRowChunks = kCols / kChunkElems;
+    constexpr int kSteps = BlockN::value * kRowChunks / 32;
+    static_assert(BlockN::value * kRowChunks % 32 == 0, "whole warps of chunks per tile");
     const int lane = cutlass::canonical_lane_idx();
-    const int32_t first = n * BlockN::value;
-    const int32_t* table = p.table + int64_t(seq.k_batch) * p.table_stride;
-    CUTE_NO_UNROLL
-    for (int c = lane; c < BlockN::value * kRowChunks; c += 32) {
-      const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
-      const bool exists = first + r < seq.len_k;
-      Element const* src = base;  // not read when the row does not exist (zero fill)
-      if (exists) {
-        const int32_t pos = seq.start_k + first + r;
-        const int32_t page = __ldg(table + pos / p.page_size);
-        src = base + page * page_stride + (pos % p.page_size) * row_stride + head_offset + col;
-      }
-      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-          *reinterpret_cast<uint128_t const*>(src),
-          *reinterpret_cast<uint128_t*>(raw_pointer_cast(&s(r, col))), exists);
+    Tensor sp = as_position_independent_swizzle_tensor(s);
+    const uint32_t smem = cast_smem_ptr_to_uint(raw_pointer_cast(sp.data()));
+#pragma unroll 2
+    for (int i = 0; i < kSteps; ++i) {
+      const int f = i * 32 + lane;
+      const int r = f / kRowChunks, col = f % kRowChunks * kChunkElems;
+      const uintptr_t at = rows[r];
+      cp_async_zfill_16(smem + uint32_t(sp.layout()(r, col)) * uint32_t(sizeof(Element)),
+                        reinterpret_cast<Element const*>(at & ~uintptr_t(1)) + col,
+                        (at & 1) == 0);
     }
     cutlass::arch::cpasync_barrier_arrive(full);
     __syncwarp();
