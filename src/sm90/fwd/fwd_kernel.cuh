@@ -324,8 +324,9 @@ struct FwdKernel {
   // tiles: one gathers K, the other V (FwdLoad::gather_key_tile), in the order the load thread
   // would load them (per tile, last key tile first), V waiting for O's staging in V's ring as
   // the load thread would (FwdLoad::run). Each warp locates a key tile's rows in its row table
-  // once the previous tile's copies are issued (gather_key_tile ends with the warp together), so
-  // that the table loads run while those copies fly, before the wait for the next stage.
+  // from the tile's page-table entries, loaded while the previous tile's copies were issued, then
+  // loads the next tile's entries and copies (gather_key_tile ends with the warp together, before
+  // the table is written again; the __syncwarp before the copies makes it visible to every lane).
   template <bool kValues>
   CUTE_DEVICE static void gather_keys(Params const& p, SharedStorage& smem, Pipeline& pipeline) {
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
@@ -341,23 +342,25 @@ struct FwdKernel {
       if (w.keys.empty()) return;
       if (kValues && staged_before > 0)
         cutlass::arch::ClusterBarrier::wait(&smem.o_free, (staged_before - 1) & 1);
-      auto locate = [&](int n) {
+      auto locate = [&](int n, int32_t pages) {
         const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
         if constexpr (kValues)
           Load::locate_key_rows(l, l.v + kv_head * l.v_head_stride, l.v_page_stride,
-                                l.v_row_stride, w.seq, n, rows);
+                                l.v_row_stride, w.seq, n, pages, rows);
         else
           Load::locate_key_rows(l, l.k + kv_head * l.k_head_stride, l.k_page_stride,
-                                l.k_row_stride, w.seq, n, rows);
+                                l.k_row_stride, w.seq, n, pages, rows);
       };
-      locate(w.keys.end - 1);
+      int32_t pages = Load::load_tile_pages(l, w.seq, w.keys.end - 1);
       for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
+        locate(n, pages);
+        // The next tile's entries load while this tile's copies are issued and fly.
+        if (n > w.keys.begin) pages = Load::load_tile_pages(l, w.seq, n - 1);
         __syncwarp();
         pipeline.producer_acquire(write);
         Load::template gather_key_tile<kValues ? Config::kHeadDimV : Config::kHeadDimQK>(
             rows, s(_, _, write.index()), pipeline.producer_get_barrier(write));
         ++write;
-        if (n > w.keys.begin) locate(n - 1);
       }
     });
   }

@@ -82,6 +82,8 @@ struct FwdLoad {
     // position's page and row found by page_rows (page_size, divided by a multiply-high).
     bool gather;
     cutlass::FastDivmod page_rows;
+    // A key tile's page-table entries fit in a warp's lanes (load_tile_pages).
+    bool tile_pages_in_lanes;
     Element const* k;
     Element const* v;
     int64_t k_page_stride, k_row_stride, k_head_stride;
@@ -121,6 +123,8 @@ struct FwdLoad {
             int32_t(cache.page_size),
             !pages_hold_key_tiles(p, BlockN::value),
             cutlass::FastDivmod(cache.page_size > 0 ? int(cache.page_size) : 1),
+            // A tile's rows span at most (BlockN - 1) / page_size + 2 entries.
+            cache.page_size > 0 && (BlockN::value - 1) / cache.page_size + 2 <= 32,
             static_cast<Element const*>(t.k.data),
             static_cast<Element const*>(t.v.data),
             t.k.batch_stride,
@@ -294,30 +298,47 @@ struct FwdLoad {
     }
   }
 
-  // Where each row of key tile n lies in K or V, through the page table: `rows[r]` is row r's
-  // address, or `base` with its lowest bit set past the sequence's end (rows are 16-byte
-  // aligned), one lane per row. The gathering warp does this for the next tile while the copies
-  // of this one fly (FwdKernel::gather_keys), so that the copies wait on no table load and hold
-  // no strides. (The producer's 24 registers allow one table load in flight per lane: four,
-  // branch-free, spill.)
+  // The page-table entries of key tile n, one per lane (lane i: the tile's first entry + i;
+  // 0 past the sequence's last), where they fit in a warp (tile_pages_in_lanes); else 0 and
+  // locate_key_rows loads each row's. One coalesced load per tile, issued a tile ahead
+  // (FwdKernel::gather_keys), so that its latency hides behind the copies of the tile before.
+  CUTE_DEVICE static int32_t load_tile_pages(Params const& p, Sequence const& seq, int n) {
+    if (!p.tile_pages_in_lanes) return 0;
+    const int lane = cutlass::canonical_lane_idx();
+    const int32_t first = p.page_rows.div(seq.start_k + n * BlockN::value);
+    const int32_t last =
+        p.page_rows.div(seq.start_k + cute::min((n + 1) * BlockN::value, seq.len_k) - 1);
+    const int32_t* table = p.table + int64_t(seq.k_batch) * p.table_stride;
+    return first + lane <= last ? __ldg(table + first + lane) : 0;
+  }
+
+  // Where each row of key tile n lies in K or V: `rows[r]` is row r's address, or `base` with
+  // its lowest bit set past the sequence's end (rows are 16-byte aligned), one lane per row;
+  // `pages` is load_tile_pages' for the tile, whose entries the lanes take by shuffle. The
+  // copies then wait on no table load and hold no strides.
   CUTE_DEVICE static void locate_key_rows(Params const& p, Element const* base,
                                           int64_t page_stride, int64_t row_stride,
-                                          Sequence const& seq, int n, uintptr_t* rows) {
+                                          Sequence const& seq, int n, int32_t pages,
+                                          uintptr_t* rows) {
     constexpr int kGroups = BlockN::value / 32;
     static_assert(BlockN::value % 32 == 0, "a lane locates one row of each 32");
     const int lane = cutlass::canonical_lane_idx();
     const int32_t* table = p.table + int64_t(seq.k_batch) * p.table_stride;
     const int32_t first = n * BlockN::value + lane;
+    const int32_t first_index = p.page_rows.div(seq.start_k + n * BlockN::value);
     CUTE_UNROLL
     for (int g = 0; g < kGroups; ++g) {
-      uintptr_t at = reinterpret_cast<uintptr_t>(base) | 1;
-      if (first + 32 * g < seq.len_k) {
-        int index, in_page;
-        p.page_rows.fast_divmod(index, in_page, seq.start_k + first + 32 * g);
-        at = reinterpret_cast<uintptr_t>(base + int64_t(__ldg(table + index)) * page_stride +
-                                         int64_t(in_page) * row_stride);
-      }
-      rows[32 * g + lane] = at;
+      // Every lane takes part in the shuffle; a row past the end takes the tile's last entry.
+      int index, in_page;
+      p.page_rows.fast_divmod(index, in_page,
+                              seq.start_k + cute::min(first + 32 * g, seq.len_k - 1));
+      int32_t page = __shfl_sync(0xffffffffu, pages, (index - first_index) & 31);
+      if (!p.tile_pages_in_lanes && first + 32 * g < seq.len_k) page = __ldg(table + index);
+      rows[32 * g + lane] =
+          first + 32 * g < seq.len_k
+              ? reinterpret_cast<uintptr_t>(base + int64_t(page) * page_stride +
+                                            int64_t(in_page) * row_stride)
+              : reinterpret_cast<uintptr_t>(base) | 1;
     }
   }
 
