@@ -257,13 +257,17 @@ struct FwdKernel {
   }
 
  private:
+  // Gathered K and V (`gathered`): each lane of a ring's gathering warp arrives on a stage's full
+  // barrier when its copies land (FwdLoad::gather_key_tile); else the load thread, with the
+  // stage's TMA bytes.
   template <class PipelineT>
   CUTE_DEVICE static typename PipelineT::Params pipeline_params(int warpgroup, bool leader,
-                                                                 int bytes) {
+                                                                 int bytes, bool gathered = false) {
     typename PipelineT::Params pipe;
     pipe.role = warpgroup == 0 ? PipelineT::ThreadCategory::Producer
                                : PipelineT::ThreadCategory::Consumer;
-    pipe.is_leader = leader;
+    pipe.is_leader = leader && !gathered;
+    pipe.num_producers = gathered ? 32 : 1;
     pipe.num_consumers = 128 * Config::kConsumerWarpgroups;
     pipe.transaction_bytes = bytes;
     return pipe;
@@ -397,11 +401,12 @@ struct FwdKernel {
 
   CUTE_DEVICE static void run_rings(Params const& p, SharedStorage& smem, int warp,
                                     int warpgroup, bool leader) {
+    const bool gathered = p.load.gather;
     Pipeline pipeline_k(smem.kv.pipeline_k,
-                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesK),
+                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesK, gathered),
                         Shape<_1, _1, _1>{});
     Pipeline pipeline_v(smem.kv.pipeline_v,
-                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesV),
+                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesV, gathered),
                         Shape<_1, _1, _1>{});
     Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
     end_prologue();

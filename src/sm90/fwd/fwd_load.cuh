@@ -345,10 +345,10 @@ struct FwdLoad {
   // Key tile n (K or V, kCols wide) into `s` (this stage's (keys, cols) buffer) by one warp, from
   // the rows locate_key_rows found: 16 bytes per cp.async, a warp's copies covering whole rows
   // (coalesced), zeros for rows past the sequence's end. The destinations are offsets in the
-  // buffer's swizzled layout (32-bit shared-memory arithmetic). Each lane then lets the stage's
-  // full barrier track its copies (an arrive when they land) and one lane arrives for the warp,
-  // so that the warp moves on while the copies fly. cp.async writes through the generic proxy:
-  // the consumers fence before their wgmmas read the stage (FwdKernel::consume).
+  // buffer's swizzled layout (32-bit shared-memory arithmetic). Each lane's arrival on the stage's
+  // full barrier then waits for its copies (noinc: the barrier expects one per lane of the
+  // gathering warp), so that the warp moves on while they fly. cp.async writes through the
+  // generic proxy: the consumers fence before their wgmmas read the stage (FwdKernel::consume).
   template <int kCols, class SmemTensor>
   CUTE_DEVICE static void gather_key_tile(uintptr_t const* rows, SmemTensor&& s, uint64_t* full) {
     constexpr int kChunkElems = 16 / int(sizeof(Element));
@@ -367,9 +367,8 @@ struct FwdLoad {
                         reinterpret_cast<Element const*>(at & ~uintptr_t(1)) + col,
                         (at & 1) == 0);
     }
-    cutlass::arch::cpasync_barrier_arrive(full);
-    __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(full);
+    cutlass::arch::cpasync_barrier_arrive_noinc(full);
+    __syncwarp();  // every lane has read `rows` before the warp writes it again
   }
 
   // Pack-GQA: one warp gathers the tile's Q rows (rows.locate) into Q's buffer, 16 bytes per
