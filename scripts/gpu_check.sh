@@ -10,8 +10,8 @@
 # also printed as soon as its step is done, so that a run cut short by the device's time limit
 # still says how far it got.
 # With FA3_SRC naming FlashAttention-3's source archive, `build` builds it too (scripts/build_fa3.sh).
-#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|host|sass|bench|bench_bwd|bench_fwdbwd]...
-#          (default: all of them); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
+#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|host|sass|bench|bench_bwd|bench_fwdbwd|decode]...
+#          (default: all of them but decode); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
 #          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240)
 set -uo pipefail
 
@@ -361,6 +361,18 @@ run_bench_pass() {
   note "bench_$pass" "rc $? (${pass}_sweep.md; log in bench_$pass.log)"
   [ -f "$out/${pass}_sweep.json" ] && python3 "$root/bench/plot.py" "$out/${pass}_sweep.json" >/dev/null 2>&1
   if [ -n "${OUT:-}" ]; then cp "$out/${pass}"_sweep.* "$OUT/" 2>/dev/null; fi
+}
+# Decode and chunked prefill over KV caches (bench/decode.py) beside FlashAttention-3 and cuDNN;
+# FA4_DECODE_ARGS replaces its default rows (e.g. "--gqa 32/8 --batches 16 --pages 0,64"),
+# FA4_DECODE_TIMEOUT its time limit (default 420 s).
+run_decode() {
+  fa3_ready
+  # shellcheck disable=SC2086  # the arguments are meant to split
+  FA4CPP_LIBRARY="$bin/libfa4.so" PYTHONPATH="$(peer_path)" PYTHONUNBUFFERED=1 \
+    timeout "${FA4_DECODE_TIMEOUT:-420}" python3 "$root/bench/decode.py" \
+    --sha "${FA4_GIT_SHA:-unknown}" --out "$out" ${FA4_DECODE_ARGS:-} >"$out/decode.log" 2>&1
+  note decode "rc $? (*_decode.md; log in decode.log)"
+  if [ -n "${OUT:-}" ]; then cp "$out"/*_decode.* "$OUT/" 2>/dev/null; fi
 }
 run_bench_bwd() { run_bench_pass bwd; }
 run_bench_fwdbwd() { run_bench_pass fwdbwd; }
