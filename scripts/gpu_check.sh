@@ -72,12 +72,12 @@ run_build() {
   local prefix_args=() deb deps=/tmp/fa4_deps/usr
   for deb in "$root"/.devdeb/*.deb; do
     [ -f "$deb" ] || continue
-    dpkg -x "$deb" /tmp/fa4_deps && prefix_args=(-DCMAKE_PREFIX_PATH=$deps)
+    dpkg -x "$deb" /tmp/fa4_deps && prefix_args=("-DCMAKE_PREFIX_PATH=$deps")
   done
   local blas=$deps/lib/x86_64-linux-gnu/openblas-pthread
   [ -f "$blas/libopenblas.a" ] && prefix_args+=(
-    -DFA4_OPENBLAS_INCLUDE=$deps/include/x86_64-linux-gnu/openblas-pthread
-    -DFA4_OPENBLAS_STATIC=$blas/libopenblas.a -DFA4_HWY_INCLUDE=$deps/include)
+    "-DFA4_OPENBLAS_INCLUDE=$deps/include/x86_64-linux-gnu/openblas-pthread"
+    "-DFA4_OPENBLAS_STATIC=$blas/libopenblas.a" "-DFA4_HWY_INCLUDE=$deps/include")
   cmake -S "$root" -B "$dir" -G Ninja -DFA4_SM90_PTXAS_VERBOSE=ON -DFA4_TORCH_PYTHON="$(command -v python3)" \
     ${FA4_KERNELS:+"-DFA4_SM90_KERNELS=$FA4_KERNELS"} ${FA4_CUTLASS_DIR:+"-DFA4_CUTLASS_DIR=$FA4_CUTLASS_DIR"} \
     "${gtest_args[@]}" "${prefix_args[@]}" >"$out/build.log" 2>&1 &&
@@ -331,7 +331,6 @@ run_host() {
 
 run_sass() {
   cuobjdump --dump-sass "$bin/libfa4.so" >"$out/sass.txt" 2>&1
-  local fn
   awk '/Function : /{fn=$3} /HGMMA/{n[fn]++} END {for (f in n) print n[f], f}' "$out/sass.txt" \
     >"$out/hgmma_counts.txt"
   note sass "HGMMA per kernel: $(awk '{printf "%s ", $1}' "$out/hgmma_counts.txt")"
