@@ -237,15 +237,6 @@ void finish(const CLI::App& app, const Raw& raw, Options& o) {
 
 }  // namespace
 
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return "bf16";
-    case DType::kFP16: return "fp16";
-    case DType::kFP32: return "fp32";
-  }
-  return "?";
-}
-
 std::string usage() {
   CLI::App app;
   Options o;

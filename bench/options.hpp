@@ -49,6 +49,5 @@ struct ParseResult {
 
 ParseResult parse_args(int argc, char** argv);
 std::string usage();
-const char* dtype_name(DType dtype);
 
 }  // namespace fa4::bench

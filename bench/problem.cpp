@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/mask.hpp"
+#include "common/numeric.hpp"
 
 namespace fa4::bench {
 namespace {

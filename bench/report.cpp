@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/numeric.hpp"
 #include "fa4_bench_git_sha.hpp"  // generated at build time (bench/write_git_sha.cmake)
 #include "options.hpp"
 #include "problem.hpp"

@@ -46,6 +46,10 @@ enum class DType : int {
   kBF16 = 0,
   kFP16 = 1,
   kFP32 = 2,  // CPU backend only
+  // FP8 e4m3 (torch.float8_e4m3fn: no infinities, largest finite value 448) for Q, K and V of the
+  // forward, each with a descale per (batch entry, kv head) (ForwardTensors) and an output in
+  // Problem::fp8.out_dtype. Forward only.
+  kE4M3 = 3,
 };
 
 enum class Backend : int {
@@ -122,6 +126,21 @@ struct KvCache {
   bool appends() const { return seqlen_new > 0 || cu_seqlens_new != nullptr; }
 };
 
+// FP8 inputs (Problem::dtype kE4M3); read only then. Q, K and V hold e4m3 values whose true values
+// are the stored ones times their descales (ForwardTensors::q/k/v_descale), so that
+//   S = softmax_scale · q_descale · k_descale · (Q Kᵀ) (then softcap and masking as always),
+//   O = v_descale · softmax(S) V, LSE of those S,
+// with the descales of the row's batch entry and kv head. A rotary embedding (KvCache) rotates the
+// queries in fp32 and rounds them back to e4m3 (the tensor cores take e4m3 operands).
+struct Fp8 {
+  DType out_dtype = DType::kBF16;  // O's dtype, kBF16 or kFP16; the rotary tables' too
+  // KV cache appends: false, k_new / v_new are e4m3 and written as given (rotated keys are rounded
+  // back to e4m3); true, they are in out_dtype (as a model computes them) and quantised on write:
+  // each element (rotated first, in fp32) divided by its k / v descale and rounded to the nearest
+  // e4m3, ties to even, saturating at ±448.
+  bool quantize_appends = false;
+};
+
 // The user's problem. In varlen mode `batch` is the number of sequences and seqlen_q / seqlen_k are
 // the maximum sequence lengths (upper bounds the GPU uses to size its grid).
 struct Problem {
@@ -132,7 +151,8 @@ struct Problem {
   int64_t heads_kv = 0;  // heads_q % heads_kv == 0 (GQA / MQA)
   int64_t head_dim_qk = 0;
   int64_t head_dim_v = 0;  // may differ from head_dim_qk (e.g. 192 / 128)
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;  // of Q, K, V (and a KV cache); of O too unless e4m3
+  Fp8 fp8{};                   // e4m3 inputs only
 
   bool causal = false;
   Window window{};
@@ -175,7 +195,18 @@ struct LseView {
   int64_t seq_stride = 1;
 };
 
-// Rotary tables: (rotary_seqlen, rotary_dim / 2) in the problem's dtype, elements contiguous.
+// Descales of e4m3 inputs, fp32 (batch, heads_kv): the descale of batch entry b and kv head h is
+// data[b·batch_stride + h·head_stride] (strides may be 0: one descale shared); null: 1. Memory of
+// the backend, as the sequence arrays. In varlen mode b is the sequence; with a KV cache the batch
+// entry, not the cache row it reads.
+struct DescaleView {
+  const float* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+};
+
+// Rotary tables: (rotary_seqlen, rotary_dim / 2) in the problem's dtype (with e4m3 inputs,
+// fp8.out_dtype), elements contiguous.
 struct RotaryView {
   const void* cos = nullptr;
   const void* sin = nullptr;
@@ -184,10 +215,11 @@ struct RotaryView {
 
 struct ForwardTensors {
   TensorView q, k, v;  // inputs (with a KV cache, k and v are the cache, written by appends)
-  TensorView out;      // output, dtype of the problem, head_dim_v wide
+  TensorView out;      // output, dtype of the problem (e4m3: fp8.out_dtype), head_dim_v wide
   LseView lse;         // output, required when problem.return_lse
   TensorView k_new, v_new;  // KV cache appends: (batch, seqlen_new, heads_kv, dim) or varlen
   RotaryView rotary;        // KV cache rotary embedding
+  DescaleView q_descale, k_descale, v_descale;  // e4m3 inputs only
 };
 
 struct BackwardTensors {

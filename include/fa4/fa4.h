@@ -18,8 +18,9 @@ extern "C" {
 #endif
 
 /* 2: fa4_problem gained the KV cache and num_splits, fa4_forward_tensors the appended rows and
- * rotary tables; version-1 structs are still accepted. */
-#define FA4_ABI_VERSION 2
+ * rotary tables. 3: FP8 — the e4m3 dtype, fa4_problem's out_dtype and quantize_appends,
+ * fa4_forward_tensors' descales. Structs of versions 1 and 2 are still accepted. */
+#define FA4_ABI_VERSION 3
 
 typedef enum fa4_status {
   FA4_SUCCESS = 0,
@@ -31,7 +32,14 @@ typedef enum fa4_status {
   FA4_ERROR_INTERNAL = 6
 } fa4_status;
 
-typedef enum fa4_dtype { FA4_DTYPE_BF16 = 0, FA4_DTYPE_FP16 = 1, FA4_DTYPE_FP32 = 2 } fa4_dtype;
+/* E4M3: FP8 inputs of the forward (attention.hpp's DType::kE4M3), with descales and an output in
+ * fa4_problem's out_dtype. */
+typedef enum fa4_dtype {
+  FA4_DTYPE_BF16 = 0,
+  FA4_DTYPE_FP16 = 1,
+  FA4_DTYPE_FP32 = 2,
+  FA4_DTYPE_E4M3 = 3
+} fa4_dtype;
 
 typedef enum fa4_backend {
   FA4_BACKEND_AUTO = 0,
@@ -73,6 +81,10 @@ typedef struct fa4_problem {
   int32_t reserved;               /* 0 */
   int64_t rotary_seqlen;
   int64_t num_splits;             /* 0: the library's choice, 1: none, n: at most n */
+  /* ABI version 3. e4m3 inputs only (attention.hpp's Fp8): the output's dtype (BF16 or FP16, the
+   * rotary tables' too), and whether appended rows come in that dtype, quantised on write. */
+  int32_t out_dtype;        /* fa4_dtype; default BF16 */
+  int32_t quantize_appends; /* 0 / 1 */
 } fa4_problem;
 
 /* A (batch, seq, head, dim) view — (total, head, dim) in varlen mode; strides in elements. */
@@ -87,6 +99,12 @@ typedef struct fa4_lse {
   int64_t batch_stride, head_stride, seq_stride;
 } fa4_lse;
 
+/* fp32 descales of e4m3 inputs, (batch, heads_kv); null data: 1. */
+typedef struct fa4_descale {
+  const float* data;
+  int64_t batch_stride, head_stride;
+} fa4_descale;
+
 typedef struct fa4_forward_tensors {
   uint32_t struct_size;
   fa4_tensor q, k, v, out;
@@ -97,6 +115,8 @@ typedef struct fa4_forward_tensors {
   const void* rotary_cos;
   const void* rotary_sin;
   int64_t rotary_stride;
+  /* ABI version 3: descales of e4m3 q, k, v. */
+  fa4_descale q_descale, k_descale, v_descale;
 } fa4_forward_tensors;
 
 typedef struct fa4_backward_tensors {

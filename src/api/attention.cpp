@@ -70,6 +70,9 @@ Status select(const Problem& p, Backend requested, const void* q_data, Pass pass
                            int(requested));
   if (pass != Pass::kForward && pass != Pass::kBackward)
     return detail::invalid("pass %d is not a pass (forward = 0, backward = 1)", int(pass));
+  if (pass == Pass::kBackward && p.dtype == DType::kE4M3)
+    return detail::not_supported("e4m3 inputs are forward-only: the backward takes bf16, fp16 or "
+                                 "fp32 tensors (and the forward's output of that dtype)");
   if (pass == Pass::kBackward && p.kv_cache.enabled())
     return detail::not_supported("a KV cache (kv_cache: pages, cache rows, appends, rotary) is "
                                  "forward-only: the backward takes keys and values as tensors");

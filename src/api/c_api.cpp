@@ -24,21 +24,27 @@ fa4_status fail(const char* message) {
   return FA4_ERROR_INVALID_ARGUMENT;
 }
 
-// The struct sizes of ABI version 1, which ended where version 2's fields begin.
+// The struct sizes of earlier ABI versions: each ended where the next version's fields begin. A
+// struct that has not grown lists its own size.
 template <typename T>
-constexpr size_t kVersion1Size = sizeof(T);
+constexpr size_t kEarlierSizes[] = {sizeof(T)};
 template <>
-constexpr size_t kVersion1Size<fa4_problem> = offsetof(fa4_problem, page_table);
+constexpr size_t kEarlierSizes<fa4_problem>[] = {offsetof(fa4_problem, page_table),   // 1
+                                                 offsetof(fa4_problem, out_dtype)};   // 2
 template <>
-constexpr size_t kVersion1Size<fa4_forward_tensors> = offsetof(fa4_forward_tensors, k_new);
+constexpr size_t kEarlierSizes<fa4_forward_tensors>[] = {
+    offsetof(fa4_forward_tensors, k_new),       // 1
+    offsetof(fa4_forward_tensors, q_descale)};  // 2
 
 // A struct of this ABI version or of an earlier one; any other struct_size is a caller's mistake
 // (or a later version's struct), rejected rather than read past what is there.
 template <typename T>
 const char* check_struct(const T* s, const char* name) {
   if (s == nullptr) return name;
-  if (s->struct_size != sizeof(T) && s->struct_size != kVersion1Size<T>) return name;
-  return nullptr;
+  if (s->struct_size == sizeof(T)) return nullptr;
+  for (size_t size : kEarlierSizes<T>)
+    if (s->struct_size == size) return nullptr;
+  return name;
 }
 
 // The caller's struct as this version's: the fields an earlier version lacks at their defaults.
@@ -89,6 +95,8 @@ fa4::Problem to_cpp(const fa4_problem& given) {
   kc.rotary_interleaved = c.rotary_interleaved != 0;
   kc.rotary_seqlen = c.rotary_seqlen;
   p.num_splits = c.num_splits;
+  p.fp8.out_dtype = static_cast<fa4::DType>(c.out_dtype);
+  p.fp8.quantize_appends = c.quantize_appends != 0;
   return p;
 }
 
@@ -99,6 +107,8 @@ fa4::TensorView to_cpp(const fa4_tensor& t) {
 fa4::LseView to_cpp(const fa4_lse& t) {
   return {t.data, t.batch_stride, t.head_stride, t.seq_stride};
 }
+
+fa4::DescaleView to_cpp(const fa4_descale& d) { return {d.data, d.batch_stride, d.head_stride}; }
 
 // Null: every choice the library's. A choice outside -1 / 0 / 1 is refused here, before the C++
 // enum could wrap it.
@@ -153,6 +163,7 @@ void fa4_problem_init(fa4_problem* p) {
   p->dtype = FA4_DTYPE_BF16;
   p->window_left = -1;
   p->window_right = -1;
+  p->out_dtype = FA4_DTYPE_BF16;
 }
 
 static fa4_tensor empty_tensor() { return fa4_tensor{nullptr, 0, 0, 0, 1}; }
@@ -225,6 +236,9 @@ fa4_status fa4_forward_with_overrides(const fa4_problem* problem,
   t.k_new = to_cpp(c.k_new);
   t.v_new = to_cpp(c.v_new);
   t.rotary = {c.rotary_cos, c.rotary_sin, c.rotary_stride};
+  t.q_descale = to_cpp(c.q_descale);
+  t.k_descale = to_cpp(c.k_descale);
+  t.v_descale = to_cpp(c.v_descale);
   return record(fa4::forward(to_cpp(*problem), t, {workspace, workspace_bytes}, stream,
                              static_cast<fa4::Backend>(backend), o));
 }

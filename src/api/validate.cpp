@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "api/override_fields.hpp"
+#include "common/numeric.hpp"
 #include "common/seq_layout.hpp"
 
 namespace fa4::detail {
@@ -33,9 +34,10 @@ struct Extent {
   }
 };
 
+// A (batch, seq, head, dim) view of elements of `dtype` (varlen: (total, head, dim)).
 Extent tensor_extent(const char* name, const TensorView& t, const Problem& p, int64_t seqlen,
-                     int64_t total, int64_t heads, int64_t dim) {
-  const int64_t elem = int64_t(p.dtype == DType::kFP32 ? 4 : 2);
+                     int64_t total, int64_t heads, int64_t dim, DType dtype) {
+  const int64_t elem = int64_t(dtype_size(dtype));
   if (p.is_varlen())
     return {name, t.data, elem, {{total, t.seq_stride}, {heads, t.head_stride}, {dim, t.dim_stride}},
             3};
@@ -207,8 +209,14 @@ Status validate_problem(const Problem& p) {
     return invalid("head_dim_qk is %lld; it must be >= 1", (long long)p.head_dim_qk);
   if (p.head_dim_v < 1)
     return invalid("head_dim_v is %lld; it must be >= 1", (long long)p.head_dim_v);
-  if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16 && p.dtype != DType::kFP32)
-    return invalid("dtype %d is not a dtype (bf16 = 0, fp16 = 1, fp32 = 2)", int(p.dtype));
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16 && p.dtype != DType::kFP32 &&
+      p.dtype != DType::kE4M3)
+    return invalid("dtype %d is not a dtype (bf16 = 0, fp16 = 1, fp32 = 2, e4m3 = 3)",
+                   int(p.dtype));
+  if (p.dtype == DType::kE4M3 && p.fp8.out_dtype != DType::kBF16 &&
+      p.fp8.out_dtype != DType::kFP16)
+    return invalid("fp8.out_dtype is %d; e4m3 inputs give a bf16 (0) or fp16 (1) output",
+                   int(p.fp8.out_dtype));
   if (p.window.left < -1)
     return invalid("window.left is %lld; it must be >= 0, or -1 for unbounded",
                    (long long)p.window.left);
@@ -355,9 +363,10 @@ struct Views {
 
 Views input_extents(const Problem& p, const TensorView& q, const TensorView& k,
                     const TensorView& v) {
-  return {tensor_extent("q", q, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_qk),
-          tensor_extent("k", k, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_qk),
-          tensor_extent("v", v, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_v)};
+  return {
+      tensor_extent("q", q, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_qk, p.dtype),
+      tensor_extent("k", k, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_qk, p.dtype),
+      tensor_extent("v", v, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_v, p.dtype)};
 }
 
 }  // namespace
@@ -368,7 +377,11 @@ namespace {
 // rows, the rotary tables.
 Status validate_kv_cache_tensors(const Problem& p, const ForwardTensors& t) {
   const KvCache& c = p.kv_cache;
-  const int64_t elem = int64_t(p.dtype == DType::kFP32 ? 4 : 2);
+  const int64_t elem = int64_t(dtype_size(p.dtype));
+  // Appended rows in the output's precision are quantised on write (e4m3 caches).
+  const int64_t new_elem = int64_t(
+      dtype_size(p.dtype == DType::kE4M3 && p.fp8.quantize_appends ? p.fp8.out_dtype : p.dtype));
+  const int64_t table_elem = int64_t(dtype_size(output_dtype(p)));
   const int64_t outer = c.paged() ? c.num_pages : cache_rows(p);
   const int64_t rows = c.paged() ? c.page_size : p.seqlen_k;
   const struct {
@@ -397,13 +410,13 @@ Status validate_kv_cache_tensors(const Problem& p, const ForwardTensors& t) {
           c.cu_seqlens_new != nullptr
               ? Extent{x.name,
                        x.view.data,
-                       elem,
+                       new_elem,
                        {{c.total_new, x.view.seq_stride}, {p.heads_kv, x.view.head_stride},
                         {x.dim, x.view.dim_stride}},
                        3}
               : Extent{x.name,
                        x.view.data,
-                       elem,
+                       new_elem,
                        {{p.batch, x.view.batch_stride}, {c.seqlen_new, x.view.seq_stride},
                         {p.heads_kv, x.view.head_stride}, {x.dim, x.view.dim_stride}},
                        4};
@@ -419,12 +432,34 @@ Status validate_kv_cache_tensors(const Problem& p, const ForwardTensors& t) {
                                      {"rotary.sin", t.rotary.sin}}) {
       const Extent e{name,
                      data,
-                     elem,
+                     table_elem,
                      {{c.rotary_seqlen, t.rotary.row_stride}, {c.rotary_dim / 2, 1}},
                      2};
       Status s = check_input(e);
       if (!s.ok()) return s;
     }
+  }
+  return Status::success();
+}
+
+// The descales: only with e4m3 inputs; fp32 (batch, heads_kv) views whose offsets fit.
+Status validate_descales(const Problem& p, const ForwardTensors& t) {
+  const struct {
+    const char* name;
+    const DescaleView& view;
+  } descales[] = {{"q_descale", t.q_descale}, {"k_descale", t.k_descale},
+                  {"v_descale", t.v_descale}};
+  for (const auto& d : descales) {
+    if (d.view.data == nullptr) continue;
+    if (p.dtype != DType::kE4M3)
+      return invalid("%s is set, but dtype is %s: descales scale e4m3 inputs only", d.name,
+                     dtype_name(p.dtype));
+    const Extent e{d.name, d.view.data, 4,
+                   {{p.batch, d.view.batch_stride}, {p.heads_kv, d.view.head_stride}}, 2};
+    Status s = check_view(e, 1, "data");  // a scalar per element: no innermost dimension
+    if (!s.ok()) return s;
+    if (reinterpret_cast<uintptr_t>(d.view.data) % alignof(float) != 0)
+      return invalid("%s.data is not %zu-byte aligned (it holds floats)", d.name, alignof(float));
   }
   return Status::success();
 }
@@ -442,8 +477,10 @@ Status validate_forward_tensors(const Problem& p, const ForwardTensors& t) {
     Status s = validate_kv_cache_tensors(p, t);
     if (!s.ok()) return s;
   }
-  Status s = check_output(
-      tensor_extent("out", t.out, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v));
+  Status s = check_output(tensor_extent("out", t.out, p, p.seqlen_q, p.varlen.total_q, p.heads_q,
+                                        p.head_dim_v, output_dtype(p)));
+  if (!s.ok()) return s;
+  s = validate_descales(p, t);
   if (!s.ok()) return s;
   if (p.return_lse) return check_lse(lse_extent("lse", t.lse, p), /*output=*/true);
   return Status::success();
@@ -453,8 +490,10 @@ Status validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
   const Views in = input_extents(p, t.q, t.k, t.v);
   const Extent inputs[] = {
       in.q, in.k, in.v,
-      tensor_extent("out", t.out, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v),
-      tensor_extent("dout", t.dout, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v)};
+      tensor_extent("out", t.out, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v,
+                    p.dtype),
+      tensor_extent("dout", t.dout, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_v,
+                    p.dtype)};
   for (const Extent& e : inputs) {
     Status s = check_input(e);
     if (!s.ok()) return s;
@@ -462,9 +501,12 @@ Status validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
   Status s = check_lse(lse_extent("lse", t.lse, p), /*output=*/false);
   if (!s.ok()) return s;
   const Extent outputs[] = {
-      tensor_extent("dq", t.dq, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_qk),
-      tensor_extent("dk", t.dk, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_qk),
-      tensor_extent("dv", t.dv, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_v)};
+      tensor_extent("dq", t.dq, p, p.seqlen_q, p.varlen.total_q, p.heads_q, p.head_dim_qk,
+                    p.dtype),
+      tensor_extent("dk", t.dk, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_qk,
+                    p.dtype),
+      tensor_extent("dv", t.dv, p, p.seqlen_k, p.varlen.total_k, p.heads_kv, p.head_dim_v,
+                    p.dtype)};
   for (const Extent& e : outputs) {
     Status s2 = check_output(e);
     if (!s2.ok()) return s2;

@@ -1,4 +1,4 @@
-// The CPU backend as dispatch sees it: always available, every dtype, any head dim up to 256, every
+// The CPU backend as dispatch sees it: always available, every dtype (e4m3 forward only), any head dim up to 256, every
 // mask / softcap / varlen / GQA feature the Problem can express.
 #include "cpu/cpu_backend.hpp"
 
@@ -56,7 +56,10 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
                   {"kv_cache.page_table", p.kv_cache.page_table},
                   {"kv_cache.batch_idx", p.kv_cache.batch_idx},
                   {"kv_cache.leftpad", p.kv_cache.leftpad},
-                  {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new}};
+                  {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new},
+                  {"q_descale.data", f ? f->q_descale.data : nullptr},
+                  {"k_descale.data", f ? f->k_descale.data : nullptr},
+                  {"v_descale.data", f ? f->v_descale.data : nullptr}};
   for (const auto& ptr : pointers) {
     Status s = check_host(ptr.name, ptr.data);
     if (!s.ok()) return s;

@@ -3,9 +3,11 @@
 // mask leaves visible, keeping per row a running max m, a running sum l and an fp32 accumulator
 // that is rescaled whenever m grows. The tile products (S = Q Kᵀ, acc += P V) are OpenBLAS sgemm
 // calls, the softmax's row operations Highway's vectorised ones; everything accumulates in fp32 and
-// the output is rounded to the dtype once.
+// the output is rounded to the dtype once. e4m3 inputs are read through a table of their 256
+// values; their descales join the score scale and the output's final division, and P stays fp32.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "common/mask.hpp"
@@ -20,6 +22,53 @@
 namespace fa4::cpu {
 
 namespace {
+
+// The storage types of a problem's tensors: In for Q, K, V (and the cache), Out for O, New for the
+// appended rows, Table for the rotary tables. One type for all but with e4m3 inputs, whose output
+// and tables are 16-bit, and whose appended rows are e4m3 or, quantised on write, 16-bit.
+template <typename InT, typename OutT, typename NewT>
+struct Storage {
+  using In = InT;
+  using Out = OutT;
+  using New = NewT;
+  using Table = std::conditional_t<std::is_same_v<InT, e4m3_t>, OutT, InT>;
+  static constexpr bool kFp8 = std::is_same_v<InT, e4m3_t>;
+};
+
+// Calls fn(Storage<...>{}) for the problem's types.
+template <typename Fn>
+void visit_storage(const Problem& p, Fn&& fn) {
+  if (p.dtype != DType::kE4M3) {
+    visit_dtype(p.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      fn(Storage<T, T, T>{});
+    });
+    return;
+  }
+  const auto with_out = [&](auto out_tag) {
+    using O = decltype(out_tag);
+    if (p.fp8.quantize_appends) {
+      fn(Storage<e4m3_t, O, O>{});
+    } else {
+      fn(Storage<e4m3_t, O, e4m3_t>{});
+    }
+  };
+  if (p.fp8.out_dtype == DType::kFP16) {
+    with_out(fp16_t{});
+  } else {
+    with_out(bf16_t{});
+  }
+}
+
+// The descale of batch entry b, kv head h (1 without one).
+float descale(const DescaleView& d, int64_t b, int64_t h) {
+  return d.data != nullptr ? d.data[b * d.batch_stride + h * d.head_stride] : 1.0f;
+}
+
+// x[0, n) rounded to e4m3's precision: rotated rows of e4m3 tensors stay e4m3 values.
+void round_to_e4m3(float* x, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) x[c] = to_float(to_e4m3(x[c]));
+}
 
 // Query tiles per task: they share each key tile the task converts to fp32 (bf16 and fp16 inputs,
 // the KV cache), so that a key tile is converted once per four query tiles.
@@ -78,12 +127,13 @@ void online_softmax_step(int64_t rows, int64_t cols, int64_t dv, float scale, Sc
   vec::col_exp(w.st.data(), cols, rows, kTileQ, scale, w.sub.data(), qs.l.data());
 }
 
-// The KV cache's rotary embedding of one row (fp32, in place) at cache position `pos`.
-template <typename T>
+// The KV cache's rotary embedding of one row (fp32, in place) at cache position `pos`, from tables
+// of storage type Table.
+template <typename Table>
 void rotate(const Problem& p, const RotaryView& r, int64_t pos, float* x, float* table) {
   const int64_t half = p.kv_cache.rotary_dim / 2;
-  const T* cos = static_cast<const T*>(r.cos) + pos * r.row_stride;
-  const T* sin = static_cast<const T*>(r.sin) + pos * r.row_stride;
+  const Table* cos = static_cast<const Table*>(r.cos) + pos * r.row_stride;
+  const Table* sin = static_cast<const Table*>(r.sin) + pos * r.row_stride;
   for (int64_t i = 0; i < half; ++i) {
     table[i] = to_float(cos[i]);
     table[half + i] = to_float(sin[i]);
@@ -99,30 +149,45 @@ int64_t query_position(const Problem& p, const SeqSpan& span, int64_t i) {
 }
 
 // The appends of every sequence, before any attention reads the cache: k_new (rotated) and v_new
-// written at cache positions cache_len … cache_len + new_rows − 1. One thread, in batch order: two
+// written at cache positions cache_len … cache_len + new_rows − 1; with e4m3 caches fed 16-bit
+// rows, each element divided by its descale and rounded to e4m3. One thread, in batch order: two
 // sequences appending to one cache row or page write in that order.
-template <typename T>
+template <typename S>
 void append_to_cache(const Problem& p, const ForwardTensors& t) {
+  using In = typename S::In;
+  using New = typename S::New;
+  constexpr bool kQuantize = !std::is_same_v<In, New>;
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
-  std::vector<float> row(static_cast<size_t>(dqk));
+  std::vector<float> row(static_cast<size_t>(std::max(dqk, dv)));
   std::vector<float> table(static_cast<size_t>(p.kv_cache.rotary_dim));
+  // Rows in fp32 (rotated keys) stored as the cache's type, scaled by 1 / descale when quantised.
+  const auto store = [&](const float* x, int64_t n, float descale_of_row, In* dst) {
+    for (int64_t c = 0; c < n; ++c)
+      dst[c] = from_float<In>(kQuantize ? x[c] / descale_of_row : x[c]);
+  };
   for (int64_t b = 0; b < p.batch; ++b) {
     const SeqSpan span = seq_span(p, b);
     for (int64_t j = 0; j < span.new_rows; ++j) {
       const int64_t pos = span.cache_len + j;
       for (int64_t h = 0; h < p.heads_kv; ++h) {
-        const T* k_new = element<T>(t.k_new, new_offset(t.k_new, p, span, j, h));
-        const T* v_new = element<T>(t.v_new, new_offset(t.v_new, p, span, j, h));
-        T* k = static_cast<T*>(t.k.data) + cache_offset(t.k, p, span, pos, h);
-        T* v = static_cast<T*>(t.v.data) + cache_offset(t.v, p, span, pos, h);
-        if (p.kv_cache.rotary_dim > 0) {
+        const New* k_new = element<New>(t.k_new, new_offset(t.k_new, p, span, j, h));
+        const New* v_new = element<New>(t.v_new, new_offset(t.v_new, p, span, j, h));
+        In* k = static_cast<In*>(t.k.data) + cache_offset(t.k, p, span, pos, h);
+        In* v = static_cast<In*>(t.v.data) + cache_offset(t.v, p, span, pos, h);
+        if (p.kv_cache.rotary_dim > 0 || kQuantize) {
           load_row(k_new, dqk, row.data());
-          rotate<T>(p, t.rotary, pos, row.data(), table.data());
-          for (int64_t c = 0; c < dqk; ++c) k[c] = from_float<T>(row[size_t(c)]);
-        } else {
+          if (p.kv_cache.rotary_dim > 0)
+            rotate<typename S::Table>(p, t.rotary, pos, row.data(), table.data());
+          store(row.data(), dqk, descale(t.k_descale, b, h), k);
+        } else if constexpr (!kQuantize) {
           std::copy(k_new, k_new + dqk, k);
         }
-        std::copy(v_new, v_new + dv, v);
+        if constexpr (kQuantize) {
+          load_row(v_new, dv, row.data());
+          store(row.data(), dv, descale(t.v_descale, b, h), v);
+        } else {
+          std::copy(v_new, v_new + dv, v);
+        }
       }
     }
   }
@@ -149,9 +214,10 @@ void key_tile(const Problem& p, const ForwardTensors& t, const SeqSpan& span, in
                  w.v.data());
 }
 
-template <typename T>
-void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod, const Task& task,
-                  Scratch& w) {
+template <typename S>
+void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& problem_mod,
+                  const Task& task, Scratch& w) {
+  using T = typename S::In;
   const SeqSpan span = seq_span(p, task.batch);
   const BandMask mask = band_mask(p, span);
   const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
@@ -159,6 +225,14 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
   const int64_t task_rows = std::min(kTilesPerTask * kTileQ, span.seqlen_q - q0);
   const int64_t n_tiles = (task_rows + kTileQ - 1) / kTileQ;
   const int64_t kv_head = task.head / (p.heads_q / p.heads_kv);
+  // e4m3: the descales of Q and K scale the scores, V's the output.
+  ScoreMod mod = problem_mod;
+  float out_scale = 1.0f;
+  if constexpr (S::kFp8) {
+    mod.scale *= descale(t.q_descale, task.batch, kv_head) *
+                 descale(t.k_descale, task.batch, kv_head);
+    out_scale = descale(t.v_descale, task.batch, kv_head);
+  }
   const auto tile_rows = [&](int64_t i) { return std::min(kTileQ, task_rows - i * kTileQ); };
 
   for (int64_t i = 0; i < n_tiles; ++i) {
@@ -167,9 +241,12 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
     load_rows(element<T>(t.q, q_offset(t.q, span, qi, task.head)), t.q.seq_stride, rows, dqk,
               w.q.data());
     if (p.kv_cache.rotary_dim > 0)
-      for (int64_t r = 0; r < rows; ++r)
-        rotate<T>(p, t.rotary, query_position(p, span, qi + r), w.q.data() + r * dqk,
-                  w.rotary.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        float* x = w.q.data() + r * dqk;
+        rotate<typename S::Table>(p, t.rotary, query_position(p, span, qi + r), x,
+                                  w.rotary.data());
+        if constexpr (S::kFp8) round_to_e4m3(x, p.kv_cache.rotary_dim);
+      }
     transpose(rows, dqk, w.q.data(), dqk, qs.qt.data(), kTileQ);
     std::fill(qs.m.begin(), qs.m.end(), -kInf);
     std::fill(qs.l.begin(), qs.l.end(), 0.0f);
@@ -205,12 +282,16 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& mod
   for (int64_t i = 0; i < n_tiles; ++i) {
     const int64_t qi = q0 + i * kTileQ, rows = tile_rows(i);
     const QueryState& qs = w.tiles[size_t(i)];
-    T* out = static_cast<T*>(t.out.data) + q_offset(t.out, span, qi, task.head);
+    using Out = typename S::Out;
+    Out* out = static_cast<Out*>(t.out.data) + q_offset(t.out, span, qi, task.head);
     for (int64_t r = 0; r < rows; ++r) {
       const bool saw_keys = qs.m[r] != -kInf;
       const float* acc = qs.acc.data() + r * dv;
-      for (int64_t c = 0; c < dv; ++c)
-        out[r * t.out.seq_stride + c] = from_float<T>(saw_keys ? acc[c] / qs.l[r] : 0.0f);
+      for (int64_t c = 0; c < dv; ++c) {
+        float o = saw_keys ? acc[c] / qs.l[r] : 0.0f;
+        if constexpr (S::kFp8) o *= out_scale;
+        out[r * t.out.seq_stride + c] = from_float<Out>(o);
+      }
       if (p.return_lse)
         t.lse.data[lse_offset(t.lse, span, qi + r, task.head)] =
             saw_keys ? qs.m[r] + std::log(qs.l[r]) : kInf;
@@ -226,11 +307,11 @@ Status forward(const Problem& problem, const ForwardTensors& tensors, Workspace,
       problem, problem.heads_q, kTilesPerTask * kTileQ,
       [&](int64_t b) { return seq_span(problem, b).seqlen_q; });
   std::vector<Scratch> scratch = make_scratch<Scratch>(tasks, problem, threads);
-  visit_dtype(problem.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if (problem.kv_cache.appends()) append_to_cache<T>(problem, tensors);
+  visit_storage(problem, [&](auto storage) {
+    using S = decltype(storage);
+    if (problem.kv_cache.appends()) append_to_cache<S>(problem, tensors);
     run_tasks(tasks, scratch, [&](const Task& task, Scratch& w) {
-      forward_task<T>(problem, tensors, mod, task, w);
+      forward_task<S>(problem, tensors, mod, task, w);
     });
   });
   return Status::success();

@@ -80,6 +80,7 @@ inline void load_row(const float* src, int64_t dim, float* dst) {
 }
 inline void load_row(const bf16_t* src, int64_t dim, float* dst) { vec::to_float(src, dst, dim); }
 inline void load_row(const fp16_t* src, int64_t dim, float* dst) { vec::to_float(src, dst, dim); }
+inline void load_row(const e4m3_t* src, int64_t dim, float* dst) { vec::to_float(src, dst, dim); }
 
 // dst[r][c] (rows `dim` apart) = src row r, element c, for `rows` rows `row_stride` elements apart.
 template <typename T>

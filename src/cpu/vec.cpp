@@ -10,6 +10,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -272,6 +273,15 @@ void to_float(const bf16_t* src, float* dst, int64_t n) {
 }
 void to_float(const fp16_t* src, float* dst, int64_t n) {
   kernels().fp16(reinterpret_cast<const hwy::float16_t*>(src), dst, n);
+}
+void to_float(const e4m3_t* src, float* dst, int64_t n) {
+  // A table of the 256 values: one load per element, built once.
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[size_t(b)] = fa4::to_float(e4m3_t{uint8_t(b)});
+    return t;
+  }();
+  for (int64_t j = 0; j < n; ++j) dst[j] = table[src[j].bits];
 }
 const char* isa() { return kernels().name; }
 

@@ -1,5 +1,5 @@
 // The CPU backend's vectorised row operations (Highway): exponentials, maxima, scaling, softcap,
-// the gradient of the scores and fp32 conversion of bf16 / fp16 rows. Each is compiled for AVX-512,
+// the gradient of the scores and fp32 conversion of bf16 / fp16 / e4m3 rows. Each is compiled for AVX-512,
 // AVX2 and the baseline instruction set; the first call picks the best the processor has. NaN
 // inputs stay NaN through every operation.
 #pragma once
@@ -37,6 +37,7 @@ float dot(const float* a, const float* b, int64_t n);
 // dst[j] = src[j] in fp32.
 void to_float(const bf16_t* src, float* dst, int64_t n);
 void to_float(const fp16_t* src, float* dst, int64_t n);
+void to_float(const e4m3_t* src, float* dst, int64_t n);
 
 // The instruction set the functions above run on: "AVX-512", "AVX2" or "baseline".
 const char* isa();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/numeric.hpp"
 #include "common/reference.hpp"
 
 namespace fa4::test {
@@ -18,10 +19,32 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// e4m3 cases: stored values this many times their true size (descales of 1/32 to 1/16).
+constexpr double kFp8Stored = 16.0;
+
+bool is_fp8(const Problem& p) { return p.dtype == DType::kE4M3; }
+
+// The largest error of rounding a value near y (computed with an error of e) to the cache's dtype:
+// half an ulp of it, and of the smallest subnormal.
+double rounding_bound(DType dtype, double y, double e) {
+  switch (dtype) {
+    case DType::kBF16: return 0x1p-8 * (std::fabs(y) + e) + 0x1p-134;
+    case DType::kFP16: return 0x1p-11 * (std::fabs(y) + e) + 0x1p-25;
+    case DType::kE4M3: return 0x1p-4 * (std::fabs(y) + e) + 0x1p-10;
+    default: return 0x1p-24 * (std::fabs(y) + e) + 0x1p-150;
+  }
+}
+
+// The (batch, kv head) descale of a dense array: 1 without one.
+double descale_at(const std::vector<float>& d, const Problem& p, int64_t b, int64_t h) {
+  return d.empty() ? 1.0 : double(d[size_t(b * p.heads_kv + h)]);
+}
+
 }  // namespace
 
 std::string describe(const CacheCase& c) {
-  std::string s = c.name + ": " + dtype_name(c.dtype) + " b" + std::to_string(c.batch) + " h" +
+  std::string s = c.name + ": " + dtype_name(c.dtype) +
+                  (c.quantize_appends ? " (bf16 appends quantised)" : "") + " b" + std::to_string(c.batch) + " h" +
                   std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) + " d" +
                   std::to_string(c.dim) + " page " + std::to_string(c.page_size) + " append " +
                   std::to_string(c.append) + " rotary " + std::to_string(c.rotary_dim) +
@@ -47,6 +70,17 @@ std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64
   p.softcap = c.softcap;
   p.return_lse = true;
   KvCache& kc = p.kv_cache;
+  const bool fp8 = c.dtype == DType::kE4M3;
+  p.fp8.quantize_appends = c.quantize_appends;
+  const DType out_dtype = output_dtype(p);  // of the output and the rotary tables
+  const DType new_dtype = fp8 && c.quantize_appends ? out_dtype : c.dtype;
+  // Stored values of e4m3 tensors kFp8Stored times their true size.
+  const double stored = fp8 ? kFp8Stored : 1.0;
+  if (fp8) {
+    std::uniform_real_distribution<float> descale(1.0f / 32.0f, 1.0f / 16.0f);
+    for (auto* d : {&s->q_descale, &s->k_descale, &s->v_descale})
+      for (int64_t e = 0; e < c.batch * c.heads_kv; ++e) d->push_back(descale(rng));
+  }
 
   // Per sequence: appended rows, query rows, cache length (room left for the append), left pad.
   const bool banded = c.causal || c.window.left >= 0 || c.window.right >= 0;
@@ -105,7 +139,7 @@ std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64
     *t = HostTensor::strided(c.dtype, {outer, inner, c.heads_kv, c.dim},
                              c.head_major ? strides_hnd : strides_nhd, 0, outer * inner *
                                                                               elements_per_key);
-    t->fill_normal(rng);
+    t->fill_normal(rng, stored);
   }
   kc.page_table = c.page_size > 0 ? s->page_table.data() : nullptr;
   kc.cache_batch = s->cache_rows;
@@ -123,14 +157,14 @@ std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64
     kc.total_new = s->cu_new.back();
     kc.seqlen_new = c.append;
     for (HostTensor* t : {&s->k_new, &s->v_new}) {
-      *t = HostTensor(c.dtype, {1, kc.total_new, c.heads_kv, c.dim});
-      t->fill_normal(rng);
+      *t = HostTensor(new_dtype, {1, kc.total_new, c.heads_kv, c.dim});
+      t->fill_normal(rng, new_dtype == c.dtype ? stored : 1.0);
     }
   } else if (c.append > 0) {
     kc.seqlen_new = c.append;
     for (HostTensor* t : {&s->k_new, &s->v_new}) {
-      *t = HostTensor(c.dtype, {c.batch, c.append, c.heads_kv, c.dim}, Layout::kPadded);
-      t->fill_normal(rng);
+      *t = HostTensor(new_dtype, {c.batch, c.append, c.heads_kv, c.dim}, Layout::kPadded);
+      t->fill_normal(rng, new_dtype == c.dtype ? stored : 1.0);
     }
   }
   // Rotary tables: the usual RoPE frequencies, rounded to the dtype.
@@ -139,8 +173,8 @@ std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64
     kc.rotary_interleaved = c.interleaved;
     kc.rotary_seqlen = c.capacity + 7;
     const int64_t half = c.rotary_dim / 2;
-    s->cos = HostTensor(c.dtype, {1, kc.rotary_seqlen, 1, half});
-    s->sin = HostTensor(c.dtype, {1, kc.rotary_seqlen, 1, half});
+    s->cos = HostTensor(out_dtype, {1, kc.rotary_seqlen, 1, half});
+    s->sin = HostTensor(out_dtype, {1, kc.rotary_seqlen, 1, half});
     for (int64_t pos = 0; pos < kc.rotary_seqlen; ++pos)
       for (int64_t i = 0; i < half; ++i) {
         const double angle = double(pos) * std::pow(10000.0, -2.0 * double(i) / c.rotary_dim);
@@ -156,15 +190,15 @@ std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64
     p.varlen.total_q = s->cu_q.back();
     p.seqlen_q = c.seqlen_q;
     s->q = HostTensor(c.dtype, {1, p.varlen.total_q, c.heads_q, c.dim});
-    s->out = HostTensor(c.dtype, {1, p.varlen.total_q, c.heads_q, c.dim});
+    s->out = HostTensor(out_dtype, {1, p.varlen.total_q, c.heads_q, c.dim});
     s->lse = HostLse(1, c.heads_q, p.varlen.total_q, false);
   } else {
     p.seqlen_q = c.seqlen_q;
     s->q = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.dim});
-    s->out = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.dim});
+    s->out = HostTensor(out_dtype, {c.batch, c.seqlen_q, c.heads_q, c.dim});
     s->lse = HostLse(c.batch, c.heads_q, c.seqlen_q, false);
   }
-  s->q.fill_normal(rng);
+  s->q.fill_normal(rng, stored);
   s->k_initial = s->k.dense();
   s->v_initial = s->v.dense();
   s->out.poison();
@@ -188,6 +222,12 @@ ForwardTensors tensors_of(const CacheSetup& s) {
     t.rotary.sin = s.sin.view().data;
     t.rotary.row_stride = s.p.kv_cache.rotary_dim / 2;
   }
+  if (is_fp8(s.p)) {
+    const int64_t heads = s.p.heads_kv;
+    t.q_descale = {s.q_descale.data(), heads, 1};
+    t.k_descale = {s.k_descale.data(), heads, 1};
+    t.v_descale = {s.v_descale.data(), heads, 1};
+  }
   return t;
 }
 
@@ -202,8 +242,6 @@ int64_t cache_index(const CacheSetup& s, int64_t b, int64_t pos, int64_t h, int6
 
 Rotated rotated(const CacheSetup& s, const std::vector<double>& x, int64_t pos) {
   const KvCache& kc = s.p.kv_cache;
-  const DType dtype = s.p.dtype;
-  const double unit = dtype == DType::kBF16 ? 0x1p-8 : dtype == DType::kFP16 ? 0x1p-11 : 0x1p-24;
   Rotated r{x, std::vector<double>(x.size(), 0.0)};
   const int64_t half = kc.rotary_dim / 2;
   for (int64_t i = 0; i < half; ++i) {
@@ -214,7 +252,7 @@ Rotated rotated(const CacheSetup& s, const std::vector<double>& x, int64_t pos) 
     r.value[z] = x[a] * sn + x[z] * cs;
     const double terms = std::fabs(x[a]) * (std::fabs(cs) + std::fabs(sn)) +
                          std::fabs(x[z]) * (std::fabs(cs) + std::fabs(sn));
-    for (size_t e : {a, z}) r.bound[e] = unit * std::fabs(r.value[e]) + 0x1p-22 * terms;
+    for (size_t e : {a, z}) r.bound[e] = 0x1p-22 * terms;
   }
   return r;
 }
@@ -222,8 +260,10 @@ Rotated rotated(const CacheSetup& s, const std::vector<double>& x, int64_t pos) 
 std::vector<CheckResult> check_appends(const CacheSetup& s) {
   const Problem& p = s.p;
   const KvCache& kc = p.kv_cache;
+  // Rows quantised on write are divided by their descale, in fp32, before the rounding.
+  const bool quantized = is_fp8(p) && p.fp8.quantize_appends;
   std::vector<double> k_want = s.k_initial, v_want = s.v_initial,
-                      k_bound(s.k_initial.size(), 0.0);
+                      k_bound(s.k_initial.size(), 0.0), v_bound(s.v_initial.size(), 0.0);
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t n = s.new_rows[size_t(b)];
     const int64_t first = kc.cu_seqlens_new != nullptr ? s.cu_new[size_t(b)] : 0;
@@ -237,22 +277,30 @@ std::vector<CheckResult> check_appends(const CacheSetup& s) {
                                  : ((b * nd.seq + j) * nd.heads + h) * nd.dim;
         for (int64_t c = 0; c < p.head_dim_qk; ++c) kx[size_t(c)] = s.k_new.get(base + c);
         for (int64_t c = 0; c < p.head_dim_v; ++c) vx[size_t(c)] = s.v_new.get(base + c);
-        const Rotated kr =
-            kc.rotary_dim > 0 ? rotated(s, kx, pos) : Rotated{kx, std::vector<double>(kx.size())};
+        const bool rotates = kc.rotary_dim > 0;
+        const Rotated kr = rotates ? rotated(s, kx, pos) : Rotated{kx, std::vector<double>(kx.size())};
+        const double kd = quantized ? descale_at(s.k_descale, p, b, h) : 1.0;
+        const double vd = quantized ? descale_at(s.v_descale, p, b, h) : 1.0;
+        // A row copied as given is exact; one computed (rotated or divided) carries its fp32
+        // error and one rounding to the cache's dtype.
         for (int64_t c = 0; c < p.head_dim_qk; ++c) {
           const size_t at = size_t(cache_index(s, b, pos, h, c));
-          k_want[at] = kr.value[size_t(c)];
-          k_bound[at] = kr.bound[size_t(c)];
+          k_want[at] = kr.value[size_t(c)] / kd;
+          const double e = kr.bound[size_t(c)] / kd + (quantized ? 0x1p-23 * std::fabs(k_want[at]) : 0.0);
+          k_bound[at] = rotates || quantized ? e + rounding_bound(p.dtype, k_want[at], e) : 0.0;
         }
-        for (int64_t c = 0; c < p.head_dim_v; ++c)
-          v_want[size_t(cache_index(s, b, pos, h, c))] = vx[size_t(c)];
+        for (int64_t c = 0; c < p.head_dim_v; ++c) {
+          const size_t at = size_t(cache_index(s, b, pos, h, c));
+          v_want[at] = vx[size_t(c)] / vd;
+          const double e = quantized ? 0x1p-23 * std::fabs(v_want[at]) : 0.0;
+          v_bound[at] = quantized ? e + rounding_bound(p.dtype, v_want[at], e) : 0.0;
+        }
       }
     }
   }
   const DenseShape shape = tensor_shape(s.k.dims());
   return {check_bounded("k cache", shape, s.k.dense(), k_want, k_bound),
-          check_bounded("v cache", shape, s.v.dense(), v_want,
-                        std::vector<double>(v_want.size(), 0.0))};
+          check_bounded("v cache", shape, s.v.dense(), v_want, v_bound)};
 }
 
 std::vector<CheckResult> check_attention(const CacheSetup& s, double lse_ulps) {
@@ -268,6 +316,7 @@ std::vector<CheckResult> check_attention(const CacheSetup& s, double lse_ulps) {
   r.causal = p.causal;
   r.window = p.window;
   r.softcap = p.softcap;
+  r.fp8 = p.fp8;
   r.return_lse = true;
   std::vector<int32_t> cu_q{0}, cu_k{0};
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -306,10 +355,13 @@ std::vector<CheckResult> check_attention(const CacheSetup& s, double lse_ulps) {
     for (int64_t b = 0; b < p.batch; ++b) rotary.position.push_back(s.cache_len[size_t(b)]);
     rot = &rotary;
   }
-  const ref::ForwardResult exact =
-      ref::forward(r, q, keys.view(), values.view(), ref::Precision::kExact, {}, rot);
-  const ref::ForwardResult lp =
-      ref::forward(r, q, keys.view(), values.view(), ref::Precision::kLowPrecision, {}, rot);
+  // The descales are per batch entry, as the call's: the same arrays serve the reference.
+  const ForwardTensors t = tensors_of(s);
+  const ref::Descales descales{t.q_descale, t.k_descale, t.v_descale};
+  const ref::ForwardResult exact = ref::forward(r, q, keys.view(), values.view(),
+                                                ref::Precision::kExact, {}, rot, &descales);
+  const ref::ForwardResult lp = ref::forward(r, q, keys.view(), values.view(),
+                                             ref::Precision::kLowPrecision, {}, rot, &descales);
   const FlashRule rule = flash_rule(p, Pass::kForward);
   const Dims out_dims{1, r.varlen.total_q, p.heads_q, p.head_dim_v};
   const CheckResult o = check_flash_rule("out", tensor_shape(out_dims), s.out.dense(), exact.out,
@@ -439,6 +491,75 @@ std::vector<CacheCase> cache_cases() {
     c.append = 3;
     c.rotary_dim = 32;
     c.name = "appends_without_queries";
+    add(c);
+  }
+  // e4m3 caches: the engine's mode (bf16 rows quantised on write) and e4m3 rows as given, over
+  // decode, speculative decode, varlen batches and a chunk; TMA-sized and gathered pages.
+  {
+    CacheCase c;
+    c.dtype = DType::kE4M3;
+    c.quantize_appends = true;
+    c.page_size = 16;
+    c.append = 1;
+    c.causal = true;
+    c.rotary_dim = 64;
+    c.name = "fp8_page16_decode_append1_rotary_quantized";
+    add(c);
+    c.page_size = 7;
+    c.append = 3;
+    c.seqlen_q = 3;
+    c.rotary_dim = 32;
+    c.interleaved = true;
+    c.quantize_appends = false;
+    c.shared_pages = true;
+    c.name = "fp8_page7_spec3_append3_rotary_gptj_shared";
+    add(c);
+    c.page_size = 0;
+    c.batch_idx = true;
+    c.leftpad = true;
+    c.quantize_appends = true;
+    c.name = "fp8_batch_idx_leftpad_rotary_quantized";
+    add(c);
+  }
+  {
+    CacheCase c;
+    c.dtype = DType::kE4M3;
+    c.quantize_appends = true;
+    c.batch = 5;
+    c.page_size = 16;
+    c.varlen_q = true;
+    c.varlen_append = true;
+    c.seqlen_q = 9;
+    c.append = 9;
+    c.causal = true;
+    c.rotary_dim = 64;
+    c.name = "fp8_varlen_q_varlen_append_rotary_quantized";
+    add(c);
+  }
+  {
+    CacheCase c;
+    c.dtype = DType::kE4M3;
+    c.quantize_appends = true;
+    c.page_size = 64;
+    c.append = 200;
+    c.seqlen_q = 200;
+    c.capacity = 700;
+    c.causal = true;
+    c.rotary_dim = 64;
+    c.name = "fp8_chunk200_causal_rotary_quantized";
+    add(c);
+  }
+  {
+    CacheCase c;
+    c.dtype = DType::kE4M3;
+    c.page_size = 16;
+    c.head_major = true;
+    c.window = {40, 0};
+    c.seqlen_q = 16;
+    c.append = 16;
+    c.softcap = 20.0f;
+    c.heads_q = 16;
+    c.name = "fp8_window_softcap_gqa8_hnd";
     add(c);
   }
   return cases;

@@ -46,6 +46,10 @@ struct CacheCase {
   bool causal = false;
   Window window{};
   float softcap = 0.0f;
+  // e4m3 (dtype kE4M3): Q and the cache hold values about 16 times their true size, with descales
+  // of 1/32 to 1/16 per (batch, kv head); the output and the rotary tables are bf16. Appended rows
+  // are e4m3 as given, or bf16 quantised on write (Fp8::quantize_appends).
+  bool quantize_appends = false;
 };
 
 std::string describe(const CacheCase& c);  // the case in words, for failure messages
@@ -59,6 +63,7 @@ struct CacheSetup {
   std::vector<int64_t> new_rows, q_rows;
   HostTensor q, k, v, k_new, v_new, out, cos, sin;
   HostLse lse;
+  std::vector<float> q_descale, k_descale, v_descale;  // e4m3: (batch, heads_kv), dense
   int64_t cache_rows = 0;
   std::vector<double> k_initial, v_initial;  // the cache as drawn, before any call wrote it
 };
@@ -75,9 +80,9 @@ ForwardTensors tensors_of(const CacheSetup& s);
 // page arithmetic.
 int64_t cache_index(const CacheSetup& s, int64_t b, int64_t pos, int64_t h, int64_t c);
 
-// The rotation of one row in double at `pos`, and each element's error bound in a computation
-// in fp32 rounded to the dtype: half an ulp of the result, plus the fp32 products' and difference's
-// rounding, which scales with the terms (a result that cancels keeps their absolute error).
+// The rotation of one row in double at `pos`, and each element's error bound in a computation in
+// fp32: the products' and the difference's rounding, which scales with the terms (a result that
+// cancels keeps their absolute error). The rounding to the cache's dtype comes on top.
 struct Rotated {
   std::vector<double> value, bound;
 };

@@ -19,8 +19,16 @@ double load(const void* data, DType dtype, int64_t offset) {
   switch (dtype) {
     case DType::kBF16: return to_float(static_cast<const bf16_t*>(data)[offset]);
     case DType::kFP16: return to_float(static_cast<const fp16_t*>(data)[offset]);
+    case DType::kE4M3: return to_float(static_cast<const e4m3_t*>(data)[offset]);
     default: return static_cast<const float*>(data)[offset];
   }
+}
+
+// The descale of batch entry b, kv head h: 1 without one.
+float descale_of(const Descales* d, DescaleView Descales::*which, int64_t b, int64_t h) {
+  if (d == nullptr || (d->*which).data == nullptr) return 1.0f;
+  const DescaleView& v = d->*which;
+  return v.data[b * v.batch_stride + h * v.head_stride];
 }
 
 // Batch entry b: where its rows are and how many of them take part.
@@ -161,7 +169,8 @@ struct LowPrecisionRow {
 
 LowPrecisionRow low_precision_row(const Problem& p, const Sequence& s, int64_t i, const float* q,
                                   const std::vector<float>& keys_matrix,
-                                  const std::vector<float>& values_matrix, float scale) {
+                                  const std::vector<float>& values_matrix, float scale,
+                                  float out_scale) {
   const int64_t d = p.head_dim_qk, dv = p.head_dim_v;
   const float cap = p.softcap;
   LowPrecisionRow row;
@@ -187,7 +196,8 @@ LowPrecisionRow low_precision_row(const Problem& p, const Sequence& s, int64_t i
     const float* vj = &values_matrix[size_t(row.keys[n] * dv)];
     for (int64_t c = 0; c < dv; ++c) acc[size_t(c)] += w_stored * vj[c];
   }
-  for (int64_t c = 0; c < dv; ++c) row.out[size_t(c)] = round_to(p.dtype, acc[size_t(c)] / sum);
+  for (int64_t c = 0; c < dv; ++c)
+    row.out[size_t(c)] = round_to(output_dtype(p), acc[size_t(c)] / sum * out_scale);
   row.lse = m + std::log(sum);
   return row;
 }
@@ -229,8 +239,8 @@ void rotate_query(const Problem& p, const QueryRotary& r, int64_t b, int64_t i, 
   const int64_t pos = r.position[size_t(b)] + (r.per_row ? i : 0);
   const int64_t half = r.dim / 2;
   for (int64_t n = 0; n < half; ++n) {
-    const double c = load(r.cos, p.dtype, pos * r.row_stride + n);
-    const double sn = load(r.sin, p.dtype, pos * r.row_stride + n);
+    const double c = load(r.cos, output_dtype(p), pos * r.row_stride + n);
+    const double sn = load(r.sin, output_dtype(p), pos * r.row_stride + n);
     const size_t a = size_t(r.interleaved ? 2 * n : n);
     const size_t z = size_t(r.interleaved ? 2 * n + 1 : n + half);
     if (low) {
@@ -249,7 +259,8 @@ void rotate_query(const Problem& p, const QueryRotary& r, int64_t b, int64_t i, 
 
 ForwardResult forward(const Problem& p, const TensorView& q, const TensorView& k,
                       const TensorView& v, Precision precision,
-                      const std::vector<RowSample>& rows, const QueryRotary* rotary) {
+                      const std::vector<RowSample>& rows, const QueryRotary* rotary,
+                      const Descales* descales) {
   const bool exact = precision == Precision::kExact;
   const int64_t d = p.head_dim_qk, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
   const size_t lse_size = size_t(rows_q_total(p) * p.heads_q);
@@ -261,12 +272,14 @@ ForwardResult forward(const Problem& p, const TensorView& q, const TensorView& k
     r.score_abs.assign(lse_size, kNaN);
   }
   const RowSelection selection(p, rows);
-  const double scale = exact_scale(p);
-  const float scale32 = fp32_scale(p);
-
   for (int64_t b = 0; b < p.batch; ++b) {
     const Sequence s = sequence_of(p, b);
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      const float qd = descale_of(descales, &Descales::q, b, hk);
+      const float kd = descale_of(descales, &Descales::k, b, hk);
+      const float vd = descale_of(descales, &Descales::v, b, hk);
+      const double scale = exact_scale(p) * double(qd) * double(kd);
+      const float scale32 = fp32_scale(p) * qd * kd;
       const std::vector<double> keys = gather(k, p.dtype, s.batch, s.first_k, s.len_k, hk, d);
       const std::vector<double> values = gather(v, p.dtype, s.batch, s.first_k, s.len_k, hk, dv);
       const std::vector<float> keys32 = exact ? std::vector<float>{} : to_fp32(keys);
@@ -281,12 +294,16 @@ ForwardResult forward(const Problem& p, const TensorView& q, const TensorView& k
             const ExactRow row = exact_row(p, s, i, qrow.data(), keys, scale);
             double* out_abs = &r.out_abs[size_t((dense_q_row(p, s, i) * p.heads_q + h) * dv)];
             weighted_values(row, values, dv, out, out_abs);
+            for (int64_t c = 0; c < dv; ++c) {
+              out[c] *= double(vd);
+              out_abs[c] *= std::fabs(double(vd));
+            }
             r.lse[li] = row.lse;
             r.score_abs[li] = row.score_abs;
           } else {
             const std::vector<float> qrow32 = to_fp32(qrow);
             const LowPrecisionRow row =
-                low_precision_row(p, s, i, qrow32.data(), keys32, values32, scale32);
+                low_precision_row(p, s, i, qrow32.data(), keys32, values32, scale32, vd);
             std::copy(row.out.begin(), row.out.end(), out);
             r.lse[li] = row.lse;
           }
@@ -390,7 +407,7 @@ void low_precision_backward_head(const Problem& p, const Sequence& s, int64_t hk
       const std::vector<float> qi = to_fp32(gather(q, p.dtype, s.batch, s.first_q + i, 1, h, d));
       const std::vector<float> doi =
           to_fp32(gather(dout, p.dtype, s.batch, s.first_q + i, 1, h, dv));
-      const LowPrecisionRow row = low_precision_row(p, s, i, qi.data(), keys32, values32, scale);
+      const LowPrecisionRow row = low_precision_row(p, s, i, qi.data(), keys32, values32, scale, 1.0f);
       const std::vector<double> o =
           given_out ? gather(*given_out, p.dtype, s.batch, s.first_q + i, 1, h, dv) : row.out;
       float D = 0.0f;

@@ -14,7 +14,7 @@ namespace fa4::ref {
 enum class Precision {
   kExact,        // double everywhere (the "ref" of the correctness rule)
   kLowPrecision  // the kernel's way: S and the softmax in fp32, P rounded to the problem's dtype
-                 // before P·V, the output rounded to the dtype (the "lp" of the correctness rule)
+                 // before P·V, the output rounded to its dtype (the "lp" of the correctness rule)
 };
 
 // Dense results, laid out contiguously:
@@ -78,10 +78,18 @@ struct QueryRotary {
   bool per_row = false;           // query i at position[b] + i; else every query at position[b]
 };
 
+// The descales of e4m3 inputs (Problem::dtype kE4M3; ForwardTensors' q/k/v_descale): the scores
+// of batch entry b, kv head h scaled by q_descale·k_descale, its output by v_descale — in double
+// (exact mode), or as the kernels do, the three products in fp32 (low-precision mode, where P is
+// rounded to e4m3 before P·V and O to fp8.out_dtype).
+struct Descales {
+  DescaleView q, k, v;
+};
+
 ForwardResult forward(const Problem& problem, const TensorView& q, const TensorView& k,
                       const TensorView& v, Precision precision = Precision::kExact,
                       const std::vector<RowSample>& rows = {},
-                      const QueryRotary* rotary = nullptr);
+                      const QueryRotary* rotary = nullptr, const Descales* descales = nullptr);
 
 // Gradients of sum(out ∘ dout) w.r.t. q, k, v. Exact mode: in double, from the given inputs (O is
 // recomputed exactly, so the result is the true gradient of the function the inputs define).

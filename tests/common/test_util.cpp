@@ -60,11 +60,15 @@ namespace {
 constexpr uint64_t kPoisonBF16 = 0x7fe1;
 constexpr uint64_t kPoisonFP16 = 0x7f21;
 constexpr uint64_t kPoisonFP32 = 0x7fe1dead;
+// e4m3 has two NaNs and no payload: the negative one, which no rounding of ours produces from a
+// number.
+constexpr uint64_t kPoisonE4M3 = 0xff;
 
 uint64_t poison_bits(DType dtype) {
   switch (dtype) {
     case DType::kBF16: return kPoisonBF16;
     case DType::kFP16: return kPoisonFP16;
+    case DType::kE4M3: return kPoisonE4M3;
     default: return kPoisonFP32;
   }
 }
@@ -161,6 +165,8 @@ void HostTensor::store_bits(int64_t off, uint64_t bits) {
   if (dtype_ == DType::kFP32) {
     const uint32_t b = uint32_t(bits);
     std::memcpy(p, &b, 4);
+  } else if (dtype_ == DType::kE4M3) {
+    *p = uint8_t(bits);
   } else {
     const uint16_t b = uint16_t(bits);
     std::memcpy(p, &b, 2);
@@ -174,6 +180,7 @@ uint64_t HostTensor::load_bits(int64_t off) const {
     std::memcpy(&b, p, 4);
     return b;
   }
+  if (dtype_ == DType::kE4M3) return *p;
   uint16_t b;
   std::memcpy(&b, p, 2);
   return b;
@@ -186,6 +193,7 @@ double HostTensor::get(int64_t index) const {
   switch (dtype_) {
     case DType::kBF16: return to_float(bf16_t{uint16_t(b)});
     case DType::kFP16: return to_float(fp16_t{uint16_t(b)});
+    case DType::kE4M3: return to_float(e4m3_t{uint8_t(b)});
     default: return bits_float(uint32_t(b));
   }
 }
@@ -196,6 +204,7 @@ void HostTensor::set(int64_t index, double value) {
   switch (dtype_) {
     case DType::kBF16: b = to_bf16(f).bits; break;
     case DType::kFP16: b = to_fp16(f).bits; break;
+    case DType::kE4M3: b = to_e4m3(f).bits; break;
     default: b = float_bits(f); break;
   }
   store_bits(offset(index), b);
@@ -277,15 +286,6 @@ HostWorkspace::HostWorkspace(size_t bytes) : storage_(bytes + 256), bytes_(bytes
 }
 
 // ---- Test problems
-
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return "bf16";
-    case DType::kFP16: return "fp16";
-    case DType::kFP32: return "fp32";
-  }
-  return "?";
-}
 
 namespace {
 std::string join(const std::vector<int32_t>& v) {
@@ -751,7 +751,7 @@ std::vector<double> cpu_out_bound(const Problem& p, const ref::ForwardResult& ex
       for (int64_t c = 0; c < dv; ++c) {
         const size_t e = size_t((row * p.heads_q + h) * dv + c);
         const double e32 = u * (per_key + per_score * score) * exact.out_abs[e];
-        bound[e] = rounded_bound(p.dtype, e32, exact.out[e]);
+        bound[e] = rounded_bound(output_dtype(p), e32, exact.out[e]);
       }
     }
   return bound;

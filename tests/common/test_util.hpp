@@ -147,7 +147,6 @@ struct Case {
 std::string describe(const Case& c);  // every parameter, for failure messages
 // How GoogleTest prints a Case parameter (its name, not its bytes).
 void PrintTo(const Case& c, std::ostream* os);
-const char* dtype_name(DType dtype);
 
 // The shape part of a case: fixed-length (batch, seqlen_q, seqlen_k), or varlen when lens_q is
 // non-empty; seqused_k when used_k is non-empty.

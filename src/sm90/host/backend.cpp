@@ -11,6 +11,7 @@
 
 #include "common/status.hpp"
 #include "common/math_constants.hpp"
+#include "common/numeric.hpp"
 #include "dispatch/backend.hpp"
 #include "dispatch/pointer_memory.hpp"
 
@@ -49,12 +50,13 @@ ViewExtents view_extents(const Problem& p, bool keys) {
   return {p.batch, longest, keys ? p.heads_kv : p.heads_q, longest};
 }
 
-Status check_tma_view(const char* name, const TensorView& t, const Problem& p, bool keys) {
+Status check_tma_view(const char* name, const TensorView& t, const Problem& p, bool keys,
+                      DType dtype) {
   if (t.data == nullptr) return Status::success();  // an empty view; generic checks handled it
   const ViewExtents e = view_extents(p, keys);
   // A tensor without rows is never read or written: its strides do not matter.
   if (e.rows == 0 || e.batch == 0 || p.batch == 0) return Status::success();
-  const int64_t elem = p.dtype == DType::kFP32 ? 4 : 2;
+  const int64_t elem = int64_t(dtype_size(dtype));
   if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0)
     return invalid("%s.data is not %lld-byte aligned, which the sm90 backend needs (TMA loads)",
                    name, (long long)kTmaAlignBytes);
@@ -99,7 +101,8 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
                {"dk", b ? &b->dk : nullptr, true},     {"dv", b ? &b->dv : nullptr, true}};
   for (const auto& v : views) {
     if (v.view == nullptr) continue;
-    Status s = check_tma_view(v.name, *v.view, p, v.keys);
+    Status s = check_tma_view(v.name, *v.view, p, v.keys,
+                              f != nullptr && v.view == &f->out ? output_dtype(p) : p.dtype);
     if (!s.ok()) return s;
   }
   return Status::success();
@@ -142,12 +145,13 @@ Status no_kernel(const char* pass, const Problem& p) {
     if (!built.empty()) built += ", ";
     built += std::to_string(k.head_dim_qk);
     if (k.head_dim_v != k.head_dim_qk) built += "x" + std::to_string(k.head_dim_v);
-    built += k.dtype == DType::kBF16 ? ":bf16" : ":fp16";
+    built += ":";
+    built += dtype_name(k.dtype);
   }
   return not_supported("the sm90 backend has no %s kernel for head dims %lld / %lld (qk / v) "
                        "with %s in this build (built: %s; see FA4_SM90_KERNELS)",
                        pass, (long long)p.head_dim_qk, (long long)p.head_dim_v,
-                       p.dtype == DType::kBF16 ? "bf16" : "fp16",
+                       dtype_name(p.dtype),
                        built.empty() ? "none" : built.c_str());
 }
 
@@ -179,6 +183,9 @@ Status can_implement_backward(const Problem& p) {
 Status can_implement(const Problem& p, Pass pass) {
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
+  if (p.dtype == DType::kE4M3)
+    return not_supported("the sm90 backend has no e4m3 (FP8) kernels yet; e4m3 runs on the CPU "
+                         "backend");
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the
   // scale is positive (with softcap the factor applied after the max is the cap itself).
   if (p.softcap == 0.0f && p.scale() < 0.0f)
