@@ -482,8 +482,114 @@ static void test_kv_cache_and_versions(void) {
   check(same, "... with the fields they lack at their defaults");
 }
 
+/* The value of an e4m3 byte with an exponent field in [1, 14] (normal, finite). */
+static float e4m3_value(uint8_t b) {
+  const int exp = (b >> 3) & 0xf, man = b & 7;
+  const float mag = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+static float bf16_value(uint16_t b) {
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* e4m3 inputs with descales per (batch, kv head): the forward of the dequantised values in fp32,
+ * rounded to bf16 (ABI version 3); and a version-2 fa4_problem, which lacks out_dtype, takes bf16. */
+static void test_fp8(void) {
+  static uint8_t q8[sizeof q / sizeof q[0]], k8[sizeof k / sizeof k[0]], v8[sizeof v / sizeof v[0]];
+  static uint16_t out8[sizeof out / sizeof out[0]];
+  static float out_fp32[sizeof out / sizeof out[0]], lse_fp32[sizeof lse / sizeof lse[0]];
+  float descales[3][kBatch * kHeadsKV];
+  uint8_t* bytes[3] = {q8, k8, v8};
+  float* deq[3] = {q, k, v};
+  const size_t sizes[3] = {sizeof q8, sizeof k8, sizeof v8};
+  const int heads[3] = {kHeadsQ, kHeadsKV, kHeadsKV};
+  const int dims[3] = {kDimQK, kDimQK, kDimV};
+  fa4_problem p;
+  fa4_forward_tensors f;
+  fa4_status s;
+  size_t i;
+  int t, worst_ok = 1;
+  uint32_t state = 12345u;
+  fill(&descales[0][0], sizeof descales / sizeof(float), 99u);
+  for (t = 0; t < 3; ++t)
+    for (i = 0; i < (size_t)(kBatch * kHeadsKV); ++i) descales[t][i] = 0.75f + 0.5f * descales[t][i];
+  /* Random bytes with exponent fields 4 to 9 (values 2^-3 to 2^3 in magnitude), dequantised with
+   * the descale of their batch entry and kv head. */
+  for (t = 0; t < 3; ++t)
+    for (i = 0; i < sizes[t]; ++i) {
+      const size_t row = i / (size_t)dims[t], head = row % (size_t)heads[t];
+      const size_t batch = i / (sizes[t] / kBatch);
+      const size_t kv_head = head / (size_t)(heads[t] / kHeadsKV);
+      state = state * 1664525u + 1013904223u;
+      bytes[t][i] = (uint8_t)(((state >> 24) & 0x80u) | ((4u + (state >> 8) % 6u) << 3) |
+                              ((state >> 16) & 7u));
+      deq[t][i] = e4m3_value(bytes[t][i]) * descales[t][batch * kHeadsKV + kv_head];
+    }
+  small_problem(&p);
+  forward_views(&f);
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "fp32 forward of the dequantised inputs");
+  memcpy(out_fp32, out, sizeof out);
+  memcpy(lse_fp32, lse, sizeof lse);
+
+  p.dtype = FA4_DTYPE_E4M3;
+  f.q.data = q8;
+  f.k.data = k8;
+  f.v.data = v8;
+  f.out.data = out8;
+  f.q_descale.data = descales[0];
+  f.k_descale.data = descales[1];
+  f.v_descale.data = descales[2];
+  f.q_descale.batch_stride = f.k_descale.batch_stride = f.v_descale.batch_stride = kHeadsKV;
+  f.q_descale.head_stride = f.k_descale.head_stride = f.v_descale.head_stride = 1;
+  memset(out8, 0xff, sizeof out8);
+  memset(lse, kPoisonByte, sizeof lse);
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "e4m3 forward with descales");
+  if (s != FA4_SUCCESS) printf("  message: %s\n", fa4_last_error_message());
+  for (i = 0; i < sizeof out8 / sizeof out8[0]; ++i) {
+    const double got = bf16_value(out8[i]), want = out_fp32[i];
+    if (!(fabs(got - want) <= 0x1p-8 * fabs(want) + 1e-6)) worst_ok = 0;
+  }
+  for (i = 0; i < sizeof lse / sizeof lse[0]; ++i)
+    if (!(fabs((double)lse[i] - lse_fp32[i]) <= 1e-5 * (1.0 + fabs(lse_fp32[i])))) worst_ok = 0;
+  check(worst_ok, "... equals the dequantised fp32 forward to within bf16's rounding");
+
+  f.v_descale.data = NULL;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  worst_ok = 1;
+  for (i = 0; i < sizeof out8 / sizeof out8[0]; ++i) {
+    const double got = bf16_value(out8[i]), want = out_fp32[i];
+    if (!(fabs(got - want) <= 0x1p-8 * fabs(want) + 1e-6)) worst_ok = 0;
+  }
+  check(s == FA4_SUCCESS && !worst_ok, "... and a missing v_descale changes the output");
+  f.v_descale.data = descales[2];
+
+  p.out_dtype = FA4_DTYPE_FP32;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_ERROR_INVALID_ARGUMENT && strstr(fa4_last_error_message(), "out_dtype"),
+        "e4m3 with an fp32 output: invalid argument naming out_dtype");
+  p.out_dtype = FA4_DTYPE_BF16;
+  s = fa4_can_implement(&p, FA4_BACKEND_CPU, FA4_PASS_BACKWARD);
+  check(s == FA4_ERROR_NOT_SUPPORTED && strstr(fa4_last_error_message(), "e4m3"),
+        "e4m3 backward: not supported, naming e4m3");
+
+  p.struct_size = (uint32_t)offsetof(fa4_problem, out_dtype);
+  p.out_dtype = 77; /* past a version-2 struct: not read */
+  memset(out8, 0xff, sizeof out8);
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS && out8[0] != 0xffff, "a version-2 fa4_problem with e4m3 gives bf16");
+  small_problem(&p);
+  forward_views(&f);
+}
+
 int main(void) {
   test_versions();
+  test_fp8();
   test_kv_cache_and_versions();
   test_init_defaults();
   test_forward_and_backward();

@@ -1,4 +1,4 @@
-// The bf16 / fp16 conversions of src/common/numeric.hpp against oracles built another way: formats
+// The bf16 / fp16 / e4m3 conversions of src/common/numeric.hpp against oracles built another way: formats
 // decoded from their fields with ldexp, and rounding by searching the sorted table of a format's
 // values for the nearest one (ties to the even significand). Checked on every 16-bit pattern, on
 // every rounding boundary (midpoints and their float neighbours), and on a dense sweep of floats.
@@ -240,6 +240,78 @@ TEST(Numeric, RoundToMatchesTheConversions) {
   EXPECT_EQ(dtype_size(DType::kBF16), 2u);
   EXPECT_EQ(dtype_size(DType::kFP16), 2u);
   EXPECT_EQ(dtype_size(DType::kFP32), 4u);
+  EXPECT_EQ(dtype_size(DType::kE4M3), 1u);
+}
+
+// ---- e4m3: no infinities, NaN only as S.1111.111, and conversions that saturate at ±448.
+
+// The value of an e4m3 pattern from its fields (bias 7; exponent 0 subnormal).
+double decode_e4m3(uint32_t bits) {
+  const uint32_t exp = (bits >> 3) & 0xfu, man = bits & 0x7u;
+  double magnitude;
+  if (exp == 0xf && man == 0x7)
+    magnitude = kNaN;
+  else if (exp == 0)
+    magnitude = std::ldexp(double(man), -9);
+  else
+    magnitude = std::ldexp(double(man | 8u), int(exp) - 10);
+  return (bits & 0x80u) ? -magnitude : magnitude;
+}
+
+TEST(Numeric, E4m3DecodesEveryPattern) {
+  for (uint32_t b = 0; b < 256; ++b)
+    EXPECT_TRUE(same_value(to_float(e4m3_t{uint8_t(b)}), decode_e4m3(b))) << "0x" << std::hex << b;
+  EXPECT_EQ(decode_e4m3(0x7e), 448.0);
+  EXPECT_EQ(decode_e4m3(0x01), std::ldexp(1.0, -9));
+}
+
+// The nearest finite e4m3 value, ties to the even significand, by search; beyond ±448 (and ±inf)
+// the largest (saturation); NaN to NaN.
+uint32_t nearest_e4m3(float x) {
+  static const std::vector<double> values = [] {
+    std::vector<double> v;
+    for (uint32_t b = 0; b <= 0x7e; ++b) v.push_back(decode_e4m3(b));
+    return v;
+  }();
+  const uint32_t sign = std::signbit(x) ? 0x80u : 0u;
+  const double a = std::fabs(double(x));
+  if (a >= 448.0) return sign | 0x7eu;
+  const size_t hi = size_t(std::upper_bound(values.begin(), values.end(), a) - values.begin());
+  const size_t lo = hi - 1;
+  const double below = a - values[lo], above = values[hi] - a;
+  const size_t pick = below < above ? lo : above < below ? hi : (lo % 2 == 0 ? lo : hi);
+  return sign | uint32_t(pick);
+}
+
+TEST(Numeric, E4m3RoundsToNearestEvenAndSaturates) {
+  std::vector<float> in;
+  for (uint32_t b = 0; b < 0x7e; ++b) {
+    const float v = float(decode_e4m3(b));
+    const float mid = float((decode_e4m3(b) + decode_e4m3(b + 1)) / 2);
+    for (float x : {v, mid})
+      for (float y : {x, std::nextafter(x, 0.0f), std::nextafter(x, 1e30f)}) {
+        in.push_back(y);
+        in.push_back(-y);
+      }
+  }
+  for (float x : {448.0f, 449.0f, 463.9f, 464.0f, 480.0f, 1e6f, 3.4e38f,
+                  std::numeric_limits<float>::infinity(), 1e-30f, 0x1p-10f, 0x1p-11f})
+    for (float y : {x, -x}) in.push_back(y);
+  SCOPED_TRACE(test::seed_note());
+  std::mt19937_64 rng = test::make_rng("Numeric.E4m3Rounds");
+  std::normal_distribution<float> normal(0.0f, 64.0f);
+  for (int n = 0; n < 200000; ++n) in.push_back(normal(rng));
+  int64_t errors = 0;
+  for (float x : in) {
+    const uint32_t got = to_e4m3(x).bits, want = nearest_e4m3(x);
+    if (got != want && errors++ < 5)
+      ADD_FAILURE() << x << " converts to 0x" << std::hex << got << ", expected 0x" << want;
+    if (got == want)
+      EXPECT_EQ(float_bits(round_to(DType::kE4M3, x)), float_bits(to_float(to_e4m3(x))));
+  }
+  EXPECT_EQ(errors, 0);
+  EXPECT_TRUE(std::isnan(to_float(to_e4m3(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(to_e4m3(-1e9f).bits, 0xfeu);
 }
 
 }  // namespace
