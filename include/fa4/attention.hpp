@@ -141,6 +141,15 @@ struct Fp8 {
   bool quantize_appends = false;
 };
 
+// ALiBi slopes (flash_attn's definition): fp32, one per (batch entry, query head) at
+// data[b·batch_stride + h·head_stride] (batch_stride 0: one per head, shape (heads_q)). Memory of
+// the backend, as the sequence arrays.
+struct AlibiSlopes {
+  const float* data = nullptr;  // null: no ALiBi
+  int64_t batch_stride = 0;
+  int64_t head_stride = 1;
+};
+
 // The user's problem. In varlen mode `batch` is the number of sequences and seqlen_q / seqlen_k are
 // the maximum sequence lengths (upper bounds the GPU uses to size its grid).
 struct Problem {
@@ -158,6 +167,14 @@ struct Problem {
   Window window{};
   float softcap = 0.0f;        // 0 = off; otherwise > 0
   float softmax_scale = 0.0f;  // 0 = default 1/sqrt(head_dim_qk); otherwise finite
+  // ALiBi: score −= slope · |i + sk − sq − j| (query i, key j of the sequence's sq queries and
+  // sk keys), after softcap.
+  AlibiSlopes alibi{};
+  // Learnable attention sinks (gpt-oss): sinks[h], an fp32 logit per query head (heads_q, memory
+  // of the backend), joins every row's softmax denominator without a value:
+  // LSE = log(Σ_j exp(s_j) + exp(sinks[h])), O = Σ_j exp(s_j − LSE) v_j. A row that sees no key
+  // gets O = 0 and LSE = sinks[h]. The backward's dsinks (BackwardTensors) is its gradient.
+  const float* sinks = nullptr;
 
   VarLen varlen{};
   const int32_t* seqused_k = nullptr;  // optional, batch entries, in varlen and fixed-length mode
@@ -226,6 +243,8 @@ struct BackwardTensors {
   TensorView q, k, v, out, dout;  // inputs (out and lse as the forward pass wrote them)
   LseView lse;                    // input, required
   TensorView dq, dk, dv;          // outputs, dtype of the problem
+  // With Problem::sinks: the sinks' gradient, fp32 (heads_q), overwritten; null: not computed.
+  float* dsinks = nullptr;
 };
 
 struct Workspace {

@@ -19,7 +19,8 @@ extern "C" {
 
 /* 2: fa4_problem gained the KV cache and num_splits, fa4_forward_tensors the appended rows and
  * rotary tables. 3: FP8 — the e4m3 dtype, fa4_problem's out_dtype and quantize_appends,
- * fa4_forward_tensors' descales. Structs of versions 1 and 2 are still accepted. */
+ * fa4_forward_tensors' descales; score variants — fa4_problem's ALiBi slopes and attention sinks,
+ * fa4_backward_tensors' dsinks. Structs of versions 1 and 2 are still accepted. */
 #define FA4_ABI_VERSION 3
 
 typedef enum fa4_status {
@@ -85,6 +86,11 @@ typedef struct fa4_problem {
    * rotary tables' too), and whether appended rows come in that dtype, quantised on write. */
   int32_t out_dtype;        /* fa4_dtype; default BF16 */
   int32_t quantize_appends; /* 0 / 1 */
+  /* ABI version 3, score variants (attention.hpp's AlibiSlopes and sinks): ALiBi slopes, fp32
+   * (batch, heads_q) with these strides (null: none); attention sinks, fp32 (heads_q) (null: none). */
+  const float* alibi_slopes;
+  int64_t alibi_batch_stride, alibi_head_stride;
+  const float* sinks;
 } fa4_problem;
 
 /* A (batch, seq, head, dim) view — (total, head, dim) in varlen mode; strides in elements. */
@@ -124,6 +130,8 @@ typedef struct fa4_backward_tensors {
   fa4_tensor q, k, v, out, dout;
   fa4_lse lse;
   fa4_tensor dq, dk, dv;
+  /* ABI version 3: the sinks' gradient, fp32 (heads_q); null: not computed. */
+  float* dsinks;
 } fa4_backward_tensors;
 
 FA4_API void fa4_problem_init(fa4_problem* problem);

@@ -32,6 +32,9 @@ template <>
 constexpr size_t kEarlierSizes<fa4_problem>[] = {offsetof(fa4_problem, page_table),   // 1
                                                  offsetof(fa4_problem, out_dtype)};   // 2
 template <>
+constexpr size_t kEarlierSizes<fa4_backward_tensors>[] = {offsetof(fa4_backward_tensors,
+                                                                    dsinks)};  // 1 and 2
+template <>
 constexpr size_t kEarlierSizes<fa4_forward_tensors>[] = {
     offsetof(fa4_forward_tensors, k_new),       // 1
     offsetof(fa4_forward_tensors, q_descale)};  // 2
@@ -97,6 +100,8 @@ fa4::Problem to_cpp(const fa4_problem& given) {
   p.num_splits = c.num_splits;
   p.fp8.out_dtype = static_cast<fa4::DType>(c.out_dtype);
   p.fp8.quantize_appends = c.quantize_appends != 0;
+  p.alibi = {c.alibi_slopes, c.alibi_batch_stride, c.alibi_head_stride};
+  p.sinks = c.sinks;
   return p;
 }
 
@@ -164,6 +169,7 @@ void fa4_problem_init(fa4_problem* p) {
   p->window_left = -1;
   p->window_right = -1;
   p->out_dtype = FA4_DTYPE_BF16;
+  p->alibi_head_stride = 1;
 }
 
 static fa4_tensor empty_tensor() { return fa4_tensor{nullptr, 0, 0, 0, 1}; }
@@ -179,6 +185,7 @@ void fa4_forward_tensors_init(fa4_forward_tensors* t) {
 
 void fa4_backward_tensors_init(fa4_backward_tensors* t) {
   if (t == nullptr) return;
+  *t = fa4_backward_tensors{};
   t->struct_size = sizeof(fa4_backward_tensors);
   t->q = t->k = t->v = t->out = t->dout = t->dq = t->dk = t->dv = empty_tensor();
   t->lse = empty_lse();
@@ -256,16 +263,18 @@ fa4_status fa4_backward_with_overrides(const fa4_problem* problem,
   FA4_CHECK_STRUCT(problem, "fa4_problem");
   FA4_CHECK_STRUCT(tensors, "fa4_backward_tensors");
   FA4_OVERRIDES(overrides, o);
+  const fa4_backward_tensors c = current(*tensors, fa4_backward_tensors_init);
   fa4::BackwardTensors t;
-  t.q = to_cpp(tensors->q);
-  t.k = to_cpp(tensors->k);
-  t.v = to_cpp(tensors->v);
-  t.out = to_cpp(tensors->out);
-  t.dout = to_cpp(tensors->dout);
-  t.lse = to_cpp(tensors->lse);
-  t.dq = to_cpp(tensors->dq);
-  t.dk = to_cpp(tensors->dk);
-  t.dv = to_cpp(tensors->dv);
+  t.q = to_cpp(c.q);
+  t.k = to_cpp(c.k);
+  t.v = to_cpp(c.v);
+  t.out = to_cpp(c.out);
+  t.dout = to_cpp(c.dout);
+  t.lse = to_cpp(c.lse);
+  t.dq = to_cpp(c.dq);
+  t.dk = to_cpp(c.dk);
+  t.dv = to_cpp(c.dv);
+  t.dsinks = c.dsinks;
   return record(fa4::backward(to_cpp(*problem), t, {workspace, workspace_bytes}, stream,
                               static_cast<fa4::Backend>(backend), o));
 }

@@ -238,6 +238,16 @@ Status validate_problem(const Problem& p) {
       return invalid("varlen.total_q (%lld) and varlen.total_k (%lld) must be >= 0",
                      (long long)p.varlen.total_q, (long long)p.varlen.total_k);
   }
+  if (p.alibi.data != nullptr) {
+    const Extent e{"alibi", p.alibi.data, 4,
+                   {{p.batch, p.alibi.batch_stride}, {p.heads_q, p.alibi.head_stride}}, 2};
+    Status s = check_view(e, 1, "data");  // one slope per element: no innermost dimension
+    if (!s.ok()) return s;
+    if (reinterpret_cast<uintptr_t>(p.alibi.data) % alignof(float) != 0)
+      return invalid("alibi.data is not %zu-byte aligned (it holds floats)", alignof(float));
+  }
+  if (p.sinks != nullptr && reinterpret_cast<uintptr_t>(p.sinks) % alignof(float) != 0)
+    return invalid("sinks is not %zu-byte aligned (it holds floats)", alignof(float));
   if (p.num_splits < 0)
     return invalid("num_splits is %lld; it must be >= 0 (0: the library's choice, 1: none)",
                    (long long)p.num_splits);
@@ -511,6 +521,10 @@ Status validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
     Status s2 = check_output(e);
     if (!s2.ok()) return s2;
   }
+  if (t.dsinks != nullptr && p.sinks == nullptr)
+    return invalid("dsinks is set, but the problem has no sinks (Problem::sinks is null)");
+  if (t.dsinks != nullptr && reinterpret_cast<uintptr_t>(t.dsinks) % alignof(float) != 0)
+    return invalid("dsinks is not %zu-byte aligned (it holds floats)", alignof(float));
   return Status::success();
 }
 

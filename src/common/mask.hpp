@@ -1,5 +1,6 @@
-// Which keys a query row may see, and how a score is transformed before the softmax.
-// Shared by the CPU backend and the CUDA kernels so that both implement one definition.
+// The score variants: which keys a query row may see (BandMask), how a score is transformed before
+// the softmax (Softcap, then Alibi), and what else joins the softmax (Sink). One functor each,
+// shared by the CPU backend and the CUDA kernels so that both implement one definition.
 #pragma once
 
 #include <cmath>
@@ -70,6 +71,44 @@ struct Softcap {
     if (!(cap > 0.0f)) return 1.0f;
     const float t = capped / cap;
     return 1.0f - t * t;
+  }
+};
+
+// ALiBi (flash_attn's definition): the score of query i and key j, in a sequence of sq queries and
+// sk keys, gains −slope · |i + sk − sq − j| after softcap. The bias is linear in j on each side of
+// the diagonal, and constant in q and k: it leaves dS as it is.
+struct Alibi {
+  float slope = 0.0f;  // 0: off
+  int64_t offset = 0;  // sk − sq: query i's diagonal key
+
+  FA4_HD bool enabled() const { return slope != 0.0f; }
+  FA4_HD float bias(int64_t i, int64_t j) const {
+    const int64_t d = i + offset - j;
+    return -slope * float(d < 0 ? -d : d);
+  }
+};
+
+// A learnable attention sink (gpt-oss): one logit per query head that joins every row's softmax
+// denominator and has no value. Folded in once a row's running max m and sum l over its keys are
+// known; a row with no key keeps O = 0 and gets LSE = logit.
+struct Sink {
+  float logit = -INFINITY;  // −inf: off (exp(−inf) adds nothing)
+
+  FA4_HD bool enabled() const { return logit != -INFINITY; }
+  // The row's max and sum with the sink included: m' = max(m, logit), l' = l·e^(m − m') +
+  // e^(logit − m'); returns e^(m − m'), the factor the row's O accumulator takes.
+  FA4_HD float fold(float& m, float& l) const {
+    if (!enabled()) return 1.0f;
+    if (m == -INFINITY) {
+      m = logit;
+      l = 1.0f;
+      return 0.0f;
+    }
+    const float m_new = m > logit ? m : logit;
+    const float alpha = expf(m - m_new);
+    l = l * alpha + expf(logit - m_new);
+    m = m_new;
+    return alpha;
   }
 };
 

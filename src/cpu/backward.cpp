@@ -8,11 +8,13 @@
 // else two passes, which keep every thread busy on a single pair at two more products per block:
 //   pass 1      per (batch, query head, query tile): dQ = scale · Σ_keys dS K;
 //   pass 2      per (batch, kv head, key tile): dV and dK as above.
-// Both passes recompute P = exp(S − LSE) from the forward's LSE, and dS = P ∘ (dP − D) with
-// dP = dO Vᵀ, times 1 − tanh² when softcap is on. The products are OpenBLAS sgemm calls, each
+// Both passes recompute P = exp(S − LSE) from the forward's LSE (a sink's share included), and
+// dS = P ∘ (dP − D) with dP = dO Vᵀ, times 1 − tanh² when softcap is on; ALiBi's bias is part of
+// S and leaves dS alone. With sinks, dsinks comes from LSE and D at the end. The products are OpenBLAS sgemm calls, each
 // pass holding its blocks in the orientation that keeps every product untransposed on the right
 // (OpenBLAS's fastest kernels on small tiles); the row and column operations are Highway's.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/mask.hpp"
@@ -34,16 +36,6 @@ void store_rows(const float* src, int64_t rows, int64_t dim, float factor, T* ds
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < dim; ++c)
       dst[r * row_stride + c] = from_float<T>(factor * src[r * dim + c]);
-}
-
-// Scores of keys row i may not see become −inf; the tile holds keys [k0, k0 + n).
-void mask_row(const BandMask& mask, int64_t i, int64_t k0, float* s, int64_t n) {
-  int64_t lo, hi;
-  mask.key_range(i, &lo, &hi);
-  lo = std::clamp<int64_t>(lo - k0, 0, n);
-  hi = std::clamp<int64_t>(hi - k0, lo, n);
-  std::fill(s, s + lo, -kInf);
-  std::fill(s + hi, s + n, -kInf);
 }
 
 // Where D lives in the workspace: (batch, head_q, row), or (head_q, total_q row) in varlen mode.
@@ -136,6 +128,7 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
   QueryTile& qt = w.query;
   ScoreTile& b = w.block;
   float* dcap = sm.cap > 0.0f ? b.dcap.data() : nullptr;
+  const ScoreStep step = ScoreStep::of(p, sm, mask, task.batch, task.head);
 
   qt.load<T>(p, t, d_all, span, task.head, q0, rows);
   std::fill(w.dq.begin(), w.dq.end(), 0.0f);
@@ -153,13 +146,10 @@ void dq_task(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, con
     // P^T, then dS^T in place of dP^T
     // (A linear score's scale goes into the exponentials instead of a pass of its own.)
     const bool whole = fully_visible(mask, q0, rows, k0, cols);
-    for (int64_t j = 0; j < cols; ++j) {
-      float* s = b.s.data() + j * kTileQ;
-      if (!sm.linear()) sm.apply(s, rows, dcap != nullptr ? dcap + j * kTileQ : nullptr);
-      if (!whole) mask_key_row(mask, k0 + j, q0, s, rows);
-    }
-    vec::col_exp(b.s.data(), cols, rows, kTileQ, sm.linear() ? sm.scale : 1.0f, qt.lse.data(),
-                 nullptr);
+    for (int64_t j = 0; j < cols; ++j)
+      step.key_row(k0 + j, q0, b.s.data() + j * kTileQ, rows, whole,
+                   dcap != nullptr ? dcap + j * kTileQ : nullptr);
+    vec::col_exp(b.s.data(), cols, rows, kTileQ, step.exp_scale(), qt.lse.data(), nullptr);
     vec::col_score_grad(b.s.data(), b.dp.data(), cols, rows, kTileQ, qt.d.data(), dcap,
                         b.dp.data());
     // dQ += dS K
@@ -216,12 +206,12 @@ void dkdv_block(const Problem& p, const BackwardTensors& t, const ScoreMod& sm, 
        kTileK);
   // P, then dS in place of dP (a linear score's scale goes into the exponentials)
   const bool whole = fully_visible(mask, q0, rows, k0, keys);
+  const ScoreStep step = ScoreStep::of(p, sm, mask, span.index, h);
   for (int64_t r = 0; r < rows; ++r) {
     float* s = b.s.data() + r * kTileK;
     float* row_dcap = dcap != nullptr ? dcap + r * kTileK : nullptr;
-    if (!sm.linear()) sm.apply(s, keys, row_dcap);
-    if (!whole) mask_row(mask, q0 + r, k0, s, keys);
-    vec::exp(s, keys, sm.linear() ? sm.scale : 1.0f, qt.lse[size_t(r)]);
+    step.query_row(q0 + r, k0, s, keys, whole, row_dcap);
+    vec::exp(s, keys, step.exp_scale(), qt.lse[size_t(r)]);
     vec::score_grad(s, b.dp.data() + r * kTileK, qt.d[size_t(r)], row_dcap,
                     b.dp.data() + r * kTileK, keys);
   }
@@ -310,6 +300,23 @@ int64_t query_rows(const Problem& p) {
   return p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q;
 }
 
+// dsinks[h] = −Σ over the rows of every sequence of exp(sinks[h] − LSE) · D: the sink's share of
+// each row's softmax times D = rowsum(dO ∘ O) (a row that saw no key has O = 0, so D = 0). In
+// row order, one head at a time: the same bits on any thread count.
+void sink_grads(const Problem& p, const BackwardTensors& t, const float* d_all) {
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const SeqSpan span = seq_span(p, b);
+      for (int64_t i = 0; i < span.seqlen_q; ++i) {
+        const float lse = t.lse.data[lse_offset(t.lse, span, i, h)];
+        sum += double(std::exp(p.sinks[h] - lse)) * double(d_all[d_offset(p, span, i, h)]);
+      }
+    }
+    t.dsinks[h] = float(-sum);
+  }
+}
+
 }  // namespace
 
 size_t workspace_size(const Problem& problem, Pass pass, int threads) {
@@ -345,6 +352,7 @@ Status backward(const Problem& problem, const BackwardTensors& tensors, Workspac
         one_pass_task<T>(p, tensors, sm, d_all, dq_acc, task.batch, task.head, w);
       });
     });
+    if (p.sinks != nullptr && tensors.dsinks != nullptr) sink_grads(p, tensors, d_all);
     return Status::success();
   }
 
@@ -362,6 +370,7 @@ Status backward(const Problem& problem, const BackwardTensors& tensors, Workspac
       key_tile_grads<T>(p, tensors, sm, d_all, task.batch, task.head, task.row0, w, nullptr);
     });
   });
+  if (p.sinks != nullptr && tensors.dsinks != nullptr) sink_grads(p, tensors, d_all);
   return Status::success();
 }
 

@@ -59,7 +59,10 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
                   {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new},
                   {"q_descale.data", f ? f->q_descale.data : nullptr},
                   {"k_descale.data", f ? f->k_descale.data : nullptr},
-                  {"v_descale.data", f ? f->v_descale.data : nullptr}};
+                  {"v_descale.data", f ? f->v_descale.data : nullptr},
+                  {"alibi.data", p.alibi.data},
+                  {"sinks", p.sinks},
+                  {"dsinks", b ? b->dsinks : nullptr}};
   for (const auto& ptr : pointers) {
     Status s = check_host(ptr.name, ptr.data);
     if (!s.ok()) return s;

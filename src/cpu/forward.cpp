@@ -234,6 +234,8 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& pro
     out_scale = descale(t.v_descale, task.batch, kv_head);
   }
   const auto tile_rows = [&](int64_t i) { return std::min(kTileQ, task_rows - i * kTileQ); };
+  const ScoreStep step = ScoreStep::of(p, mod, mask, task.batch, task.head);
+  const Sink sink = sink_of(p, task.head);
 
   for (int64_t i = 0; i < n_tiles; ++i) {
     const int64_t qi = q0 + i * kTileQ, rows = tile_rows(i);
@@ -266,35 +268,37 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& pro
            kTileQ);
       // Scores: a linear score's scale goes into the exponentials instead of a pass of its own.
       const bool whole = fully_visible(mask, qi, rows, k0, cols);
-      for (int64_t j = 0; j < cols; ++j) {
-        float* s = w.st.data() + j * kTileQ;
-        if (!mod.linear()) mod.apply(s, rows);
-        if (!whole) mask_key_row(mask, k0 + j, qi, s, rows);
-      }
-      online_softmax_step(rows, cols, dv, mod.linear() ? mod.scale : 1.0f, w, qs);
+      for (int64_t j = 0; j < cols; ++j)
+        step.key_row(k0 + j, qi, w.st.data() + j * kTileQ, rows, whole);
+      online_softmax_step(rows, cols, dv, step.exp_scale(), w, qs);
       // acc += P V
       gemm(true, false, rows, dv, cols, w.st.data(), kTileQ, v.data, v.ld, 1.0f, qs.acc.data(),
            dv);
     }
   });
 
-  // O = acc / l and LSE = ln Σ exp(S) = m + ln l; a row that saw no key gets O = 0 and LSE = +inf.
+  // O = acc / l and LSE = ln Σ exp(S) = m + ln l, the sink joining both; a row that saw no key gets
+  // O = 0 and LSE = +inf (the sink's logit with a sink).
   for (int64_t i = 0; i < n_tiles; ++i) {
     const int64_t qi = q0 + i * kTileQ, rows = tile_rows(i);
     const QueryState& qs = w.tiles[size_t(i)];
     using Out = typename S::Out;
     Out* out = static_cast<Out*>(t.out.data) + q_offset(t.out, span, qi, task.head);
     for (int64_t r = 0; r < rows; ++r) {
-      const bool saw_keys = qs.m[r] != -kInf;
+      float m = qs.m[r], l = qs.l[r];
+      const bool saw_keys = m != -kInf;
+      // The sink joins the denominator: O's factor exp(m − m') / l' (0 for a row without keys).
+      const float alpha = sink.fold(m, l);
+      const float o_factor = saw_keys ? alpha / l : 0.0f;
       const float* acc = qs.acc.data() + r * dv;
       for (int64_t c = 0; c < dv; ++c) {
-        float o = saw_keys ? acc[c] / qs.l[r] : 0.0f;
+        float o = acc[c] * o_factor;
         if constexpr (S::kFp8) o *= out_scale;
         out[r * t.out.seq_stride + c] = from_float<Out>(o);
       }
       if (p.return_lse)
         t.lse.data[lse_offset(t.lse, span, qi + r, task.head)] =
-            saw_keys ? qs.m[r] + std::log(qs.l[r]) : kInf;
+            m != -kInf ? m + std::log(l) : kInf;
     }
   }
 }

@@ -1,6 +1,6 @@
 // The tile machinery the CPU forward and backward passes share: tile sizes, work lists, fp32 tile
-// loads, the key tiles a query tile visits and the mask within a tile, and how a raw dot product
-// becomes a score. The last is here and not in each pass because the backward recomputes P from
+// loads, the key tiles a query tile visits, and the score step (how a raw dot product becomes a
+// score: scale or softcap, ALiBi, the mask). The last is here and not in each pass because the backward recomputes P from
 // the forward's LSE, so both must score a dot product exactly alike. The products themselves are
 // OpenBLAS's (blas.hpp), the row operations Highway's (vec.hpp).
 #pragma once
@@ -161,15 +161,74 @@ bool fully_visible(const BandMask& mask, int64_t q0, int64_t rows, int64_t k0, i
   return mask.key_begin(q0 + rows - 1) <= k0 && mask.key_end(q0) >= k0 + cols;
 }
 
-// Scores of query rows key j may not see become −inf; a transposed tile's row for key j holds
-// query rows [q0, q0 + n).
-void mask_key_row(const BandMask& mask, int64_t j, int64_t q0, float* s, int64_t n) {
-  const int64_t lo = std::clamp<int64_t>(mask.query_begin(j) - q0, 0, n);
-  const int64_t hi = std::clamp<int64_t>(mask.query_end(j) - q0, lo, n);
-  std::fill(s, s + lo, -kInf);
-  std::fill(s + hi, s + n, -kInf);
+// The slope of batch entry b, query head h (0 without ALiBi).
+inline float alibi_slope(const Problem& p, int64_t b, int64_t h) {
+  const AlibiSlopes& a = p.alibi;
+  return a.data != nullptr ? a.data[b * a.batch_stride + h * a.head_stride] : 0.0f;
 }
 
+// The score step of one (batch entry, query head): dot products → scores (ScoreMod), ALiBi's bias,
+// the band's mask. Every pass runs its tiles through this one piece, in either orientation: a
+// transposed tile's row holds one key against query rows [q0, q0 + n), a plain tile's row one
+// query against keys [k0, k0 + n). With a linear score the scale is left to the exponentials
+// (exp_scale), so the bias is added in dot-product units (bias / scale).
+struct ScoreStep {
+  ScoreMod mod;
+  BandMask mask;
+  Alibi alibi;
+
+  static ScoreStep of(const Problem& p, const ScoreMod& mod, const BandMask& mask, int64_t batch,
+                      int64_t head) {
+    return {mod, mask, Alibi{alibi_slope(p, batch, head), mask.seqlen_k - mask.seqlen_q}};
+  }
+
+  float exp_scale() const { return mod.linear() ? mod.scale : 1.0f; }
+
+  // Key j's row of a transposed tile: query rows [q0, q0 + n); `whole`: the tile needs no mask.
+  void key_row(int64_t j, int64_t q0, float* s, int64_t n, bool whole,
+               float* dcap = nullptr) const {
+    if (!mod.linear()) mod.apply(s, n, dcap);
+    if (alibi.enabled()) {
+      const float unit = mod.linear() ? 1.0f / mod.scale : 1.0f;
+      for (int64_t r = 0; r < n; ++r) s[r] += alibi.bias(q0 + r, j) * unit;
+    }
+    if (!whole) mask_key_row(mask, j, q0, s, n);
+  }
+
+  // Query i's row of a plain tile: keys [k0, k0 + n).
+  void query_row(int64_t i, int64_t k0, float* s, int64_t n, bool whole,
+                 float* dcap = nullptr) const {
+    if (!mod.linear()) mod.apply(s, n, dcap);
+    if (alibi.enabled()) {
+      const float unit = mod.linear() ? 1.0f / mod.scale : 1.0f;
+      for (int64_t c = 0; c < n; ++c) s[c] += alibi.bias(i, k0 + c) * unit;
+    }
+    if (!whole) mask_query_row(mask, i, k0, s, n);
+  }
+
+ private:
+  // Scores of query rows key j may not see become −inf.
+  static void mask_key_row(const BandMask& mask, int64_t j, int64_t q0, float* s, int64_t n) {
+    const int64_t lo = std::clamp<int64_t>(mask.query_begin(j) - q0, 0, n);
+    const int64_t hi = std::clamp<int64_t>(mask.query_end(j) - q0, lo, n);
+    std::fill(s, s + lo, -kInf);
+    std::fill(s + hi, s + n, -kInf);
+  }
+  // Scores of keys row i may not see become −inf.
+  static void mask_query_row(const BandMask& mask, int64_t i, int64_t k0, float* s, int64_t n) {
+    int64_t lo, hi;
+    mask.key_range(i, &lo, &hi);
+    lo = std::clamp<int64_t>(lo - k0, 0, n);
+    hi = std::clamp<int64_t>(hi - k0, lo, n);
+    std::fill(s, s + lo, -kInf);
+    std::fill(s + hi, s + n, -kInf);
+  }
+};
+
+// The sink of query head h (off without sinks).
+inline Sink sink_of(const Problem& p, int64_t h) {
+  return p.sinks != nullptr ? Sink{p.sinks[h]} : Sink{};
+}
 
 }  // namespace
 }  // namespace fa4::cpu

@@ -33,6 +33,7 @@ float descale_of(const Descales* d, DescaleView Descales::*which, int64_t b, int
 
 // Batch entry b: where its rows are and how many of them take part.
 struct Sequence {
+  int64_t index = 0;    // b
   int64_t batch = 0;    // fixed-length: b; varlen: 0 (rows are absolute in the packed tensors)
   int64_t first_q = 0;  // varlen: first row of the sequence in the packed tensors
   int64_t first_k = 0;
@@ -43,6 +44,7 @@ struct Sequence {
 
 Sequence sequence_of(const Problem& p, int64_t b) {
   Sequence s;
+  s.index = b;
   if (p.is_varlen()) {
     s.first_q = p.varlen.cu_seqlens_q[b];
     s.first_k = p.varlen.cu_seqlens_k[b];
@@ -65,6 +67,16 @@ bool sees(const Problem& p, const Sequence& s, int64_t i, int64_t j) {
   if (right >= 0 && j > diagonal + right) return false;
   return true;
 }
+
+// ALiBi's bias of (i, j), −slope · |i + len_k − len_q − j| (0 without ALiBi), in double.
+double alibi_bias(const Problem& p, const Sequence& s, int64_t h, int64_t i, int64_t j) {
+  if (p.alibi.data == nullptr) return 0.0;
+  const double slope = p.alibi.data[s.index * p.alibi.batch_stride + h * p.alibi.head_stride];
+  return -slope * std::fabs(double(i + s.len_k - s.len_q - j));
+}
+
+// The sink logit of query head h; −inf without sinks.
+double sink_logit(const Problem& p, int64_t h) { return p.sinks != nullptr ? p.sinks[h] : -kInf; }
 
 double exact_scale(const Problem& p) {
   return p.softmax_scale != 0.0f ? double(p.softmax_scale) : 1.0 / std::sqrt(double(p.head_dim_qk));
@@ -116,7 +128,7 @@ struct ExactRow {
   double score_abs = 0.0;
 };
 
-ExactRow exact_row(const Problem& p, const Sequence& s, int64_t i, const double* q,
+ExactRow exact_row(const Problem& p, const Sequence& s, int64_t h, int64_t i, const double* q,
                    const std::vector<double>& keys_matrix, double scale) {
   const int64_t d = p.head_dim_qk;
   const double cap = p.softcap;
@@ -131,13 +143,21 @@ ExactRow exact_row(const Problem& p, const Sequence& s, int64_t i, const double*
     }
     double score = scale * dot;
     if (cap > 0.0) score = cap * std::tanh(score / cap);
+    const double bias = alibi_bias(p, s, h, i, j);
+    score += bias;
     row.keys.push_back(j);
     row.score.push_back(score);
-    row.score_abs = std::max(row.score_abs, std::fabs(scale) * dot_abs);
+    // The bias is one more term of the score, rounded like the dot product's.
+    row.score_abs = std::max(row.score_abs, std::fabs(scale) * dot_abs + std::fabs(bias));
   }
-  if (row.keys.empty()) return row;
-  const double m = *std::max_element(row.score.begin(), row.score.end());
-  double sum = 0.0;
+  // A sink joins the denominator (and is the whole of it for a row without keys).
+  const double sink = sink_logit(p, h);
+  if (row.keys.empty()) {
+    if (sink != -kInf) row.lse = sink;
+    return row;
+  }
+  const double m = std::max(*std::max_element(row.score.begin(), row.score.end()), sink);
+  double sum = sink != -kInf ? std::exp(sink - m) : 0.0;
   for (double sc : row.score) sum += std::exp(sc - m);
   row.lse = m + std::log(sum);
   row.p.reserve(row.score.size());
@@ -167,7 +187,8 @@ struct LowPrecisionRow {
   std::vector<double> out;  // rounded to the dtype; zeros for a row that sees no key
 };
 
-LowPrecisionRow low_precision_row(const Problem& p, const Sequence& s, int64_t i, const float* q,
+LowPrecisionRow low_precision_row(const Problem& p, const Sequence& s, int64_t h, int64_t i,
+                                  const float* q,
                                   const std::vector<float>& keys_matrix,
                                   const std::vector<float>& values_matrix, float scale,
                                   float out_scale) {
@@ -182,12 +203,17 @@ LowPrecisionRow low_precision_row(const Problem& p, const Sequence& s, int64_t i
     for (int64_t c = 0; c < d; ++c) dot += q[c] * kj[c];
     float score = dot * scale;
     if (cap > 0.0f) score = cap * std::tanh(score / cap);
+    score += float(alibi_bias(p, s, h, i, j));
     row.keys.push_back(j);
     row.score.push_back(score);
   }
-  if (row.keys.empty()) return row;
-  const float m = *std::max_element(row.score.begin(), row.score.end());
-  float sum = 0.0f;
+  const float sink = float(sink_logit(p, h));
+  if (row.keys.empty()) {
+    if (sink != -std::numeric_limits<float>::infinity()) row.lse = sink;
+    return row;
+  }
+  const float m = std::max(*std::max_element(row.score.begin(), row.score.end()), sink);
+  float sum = sink != -std::numeric_limits<float>::infinity() ? std::exp(sink - m) : 0.0f;
   std::vector<float> acc(size_t(dv), 0.0f);
   for (size_t n = 0; n < row.keys.size(); ++n) {
     const float w = std::exp(row.score[n] - m);
@@ -291,7 +317,7 @@ ForwardResult forward(const Problem& p, const TensorView& q, const TensorView& k
           double* out = &r.out[size_t((dense_q_row(p, s, i) * p.heads_q + h) * dv)];
           const size_t li = size_t(lse_index(p, s, h, i));
           if (exact) {
-            const ExactRow row = exact_row(p, s, i, qrow.data(), keys, scale);
+            const ExactRow row = exact_row(p, s, h, i, qrow.data(), keys, scale);
             double* out_abs = &r.out_abs[size_t((dense_q_row(p, s, i) * p.heads_q + h) * dv)];
             weighted_values(row, values, dv, out, out_abs);
             for (int64_t c = 0; c < dv; ++c) {
@@ -303,7 +329,7 @@ ForwardResult forward(const Problem& p, const TensorView& q, const TensorView& k
           } else {
             const std::vector<float> qrow32 = to_fp32(qrow);
             const LowPrecisionRow row =
-                low_precision_row(p, s, i, qrow32.data(), keys32, values32, scale32, vd);
+                low_precision_row(p, s, h, i, qrow32.data(), keys32, values32, scale32, vd);
             std::copy(row.out.begin(), row.out.end(), out);
             r.lse[li] = row.lse;
           }
@@ -332,7 +358,7 @@ void exact_backward_head(const Problem& p, const Sequence& s, int64_t hk, const 
     for (int64_t i = 0; i < s.len_q; ++i) {
       const std::vector<double> qi = gather(q, p.dtype, s.batch, s.first_q + i, 1, h, d);
       const std::vector<double> doi = gather(dout, p.dtype, s.batch, s.first_q + i, 1, h, dv);
-      const ExactRow row = exact_row(p, s, i, qi.data(), keys, scale);
+      const ExactRow row = exact_row(p, s, h, i, qi.data(), keys, scale);
       r.score_abs_max = std::max(r.score_abs_max, row.score_abs);
       // O and its absolute-value counterpart, then D = rowsum(dO ∘ O).
       std::vector<double> o(static_cast<size_t>(dv)), o_abs(static_cast<size_t>(dv));
@@ -342,6 +368,12 @@ void exact_backward_head(const Problem& p, const Sequence& s, int64_t hk, const 
       for (int64_t c = 0; c < dv; ++c) {
         D += doi[size_t(c)] * o[size_t(c)];
         D_abs += std::fabs(doi[size_t(c)]) * o_abs[size_t(c)];
+      }
+      // The sink's probability exp(sink − LSE) times D, summed over the head's rows.
+      if (p.sinks != nullptr) {
+        const double p_sink = std::exp(sink_logit(p, h) - row.lse);
+        r.dsinks[size_t(h)] -= p_sink * D;
+        r.dsinks_abs[size_t(h)] += p_sink * D_abs;
       }
       std::vector<double> dqi(size_t(d), 0.0), dqi_abs(size_t(d), 0.0), dqi_ds_abs(size_t(d), 0.0),
           dqi_via_d(size_t(d), 0.0);
@@ -358,7 +390,7 @@ void exact_backward_head(const Problem& p, const Sequence& s, int64_t hk, const 
         // = 2|t| / cap per unit of score error, hence the extra weight in the error scales.
         double chain = 1.0, chain_abs = 1.0;
         if (cap > 0.0) {
-          const double t = row.score[n] / cap;
+          const double t = (row.score[n] - alibi_bias(p, s, h, i, j)) / cap;  // before ALiBi
           chain = 1.0 - t * t;
           chain_abs = std::fabs(chain) + 2.0 * std::fabs(t) / cap;
         }
@@ -407,11 +439,14 @@ void low_precision_backward_head(const Problem& p, const Sequence& s, int64_t hk
       const std::vector<float> qi = to_fp32(gather(q, p.dtype, s.batch, s.first_q + i, 1, h, d));
       const std::vector<float> doi =
           to_fp32(gather(dout, p.dtype, s.batch, s.first_q + i, 1, h, dv));
-      const LowPrecisionRow row = low_precision_row(p, s, i, qi.data(), keys32, values32, scale, 1.0f);
+      const LowPrecisionRow row =
+          low_precision_row(p, s, h, i, qi.data(), keys32, values32, scale, 1.0f);
       const std::vector<double> o =
           given_out ? gather(*given_out, p.dtype, s.batch, s.first_q + i, 1, h, dv) : row.out;
       float D = 0.0f;
       for (int64_t c = 0; c < dv; ++c) D += doi[size_t(c)] * float(o[size_t(c)]);
+      if (p.sinks != nullptr)
+        r.dsinks[size_t(h)] -= double(std::exp(float(sink_logit(p, h)) - row.lse) * D);
       std::vector<float> dq_acc(size_t(d), 0.0f);
       for (size_t n = 0; n < row.keys.size(); ++n) {
         const int64_t j = row.keys[n];
@@ -422,7 +457,7 @@ void low_precision_backward_head(const Problem& p, const Sequence& s, int64_t hk
         for (int64_t c = 0; c < dv; ++c) dP += doi[size_t(c)] * vj[c];
         float chain = 1.0f;
         if (cap > 0.0f) {
-          const float t = row.score[n] / cap;
+          const float t = (row.score[n] - float(alibi_bias(p, s, h, i, j))) / cap;
           chain = 1.0f - t * t;
         }
         const float dS = round_to(p.dtype, pj * (dP - D) * chain);
@@ -455,6 +490,10 @@ BackwardResult backward(const Problem& p, const TensorView& q, const TensorView&
     r.dq_abs = r.dq_ds_abs = r.dq_via_d = r.dq;
     r.dk_abs = r.dk_ds_abs = r.dk_via_d = r.dk;
     r.dv_abs = r.dv;
+  }
+  if (p.sinks != nullptr) {
+    r.dsinks.assign(size_t(p.heads_q), 0.0);
+    if (exact) r.dsinks_abs.assign(size_t(p.heads_q), 0.0);
   }
   const float scale32 = fp32_scale(p);
   for (int64_t b = 0; b < p.batch; ++b) {

@@ -29,8 +29,8 @@ struct ForwardResult {
   // Exact mode only (empty otherwise): the scales that rounding errors of a computation of this
   // problem grow with, for tolerances.
   //   out_abs:   like out, Σ_j P_ij·|V_jc| — what the P·V sums add up in absolute value;
-  //   score_abs: like lse, max over visible keys of |scale|·Σ_c |Q_ic·K_jc| — the size of the
-  //              terms the score dot products add up (0 for a row that sees no key).
+  //   score_abs: like lse, max over visible keys of |scale|·Σ_c |Q_ic·K_jc| (+ |ALiBi's bias|)
+  //              — the size of the terms a score adds up (0 for a row that sees no key).
   std::vector<double> out_abs;
   std::vector<double> score_abs;
 };
@@ -53,6 +53,9 @@ struct BackwardResult {
   std::vector<double> dq_ds_abs, dk_ds_abs;
   std::vector<double> dq_via_d, dk_via_d;
   double score_abs_max = 0.0;
+  // With Problem::sinks: d(sinks) (heads_q), and in exact mode Σ exp(sink − LSE)·|dO|·Σ_j P|V|,
+  // the scale of its rounding errors.
+  std::vector<double> dsinks, dsinks_abs;
 };
 
 // The problem must be valid (the reference does not validate); only the listed inputs are read.
@@ -91,7 +94,8 @@ ForwardResult forward(const Problem& problem, const TensorView& q, const TensorV
                       const std::vector<RowSample>& rows = {},
                       const QueryRotary* rotary = nullptr, const Descales* descales = nullptr);
 
-// Gradients of sum(out ∘ dout) w.r.t. q, k, v. Exact mode: in double, from the given inputs (O is
+// Gradients of sum(out ∘ dout) w.r.t. q, k, v (and the sinks, with Problem::sinks). ALiBi and the
+// sinks are computed as docs/semantics.md defines them, written out here again. Exact mode: in double, from the given inputs (O is
 // recomputed exactly, so the result is the true gradient of the function the inputs define).
 // Low-precision mode: the kernel's way — S, P = exp(S − LSE), dP and D in fp32 with LSE and O
 // from the low-precision forward (O rounded to the dtype), P and dS rounded to the dtype before

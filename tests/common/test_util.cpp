@@ -307,7 +307,12 @@ std::string describe(const Case& c) {
     << ", " << dtype_name(c.dtype) << ", causal " << c.causal << ", window (" << c.window.left
     << ", " << c.window.right << "), softcap " << c.softcap << ", scale " << c.scale << ", "
     << (c.packed_qkv ? "packed qkv" : layout_name(c.layout)) << ", "
-    << (c.spiky ? "spiky" : "normal") << " inputs, return_lse " << c.return_lse
+    << (c.spiky ? "spiky" : "normal") << " inputs"
+    << (c.sinks ? ", sinks" : "")
+    << (c.alibi == Case::Alibi::kPerHead        ? ", alibi per head"
+        : c.alibi == Case::Alibi::kPerBatchHead ? ", alibi per (batch, head)"
+                                                : "")
+    << ", return_lse " << c.return_lse
     << ", deterministic " << c.deterministic << "]";
   return o.str();
 }
@@ -398,6 +403,21 @@ std::unique_ptr<CaseData> make_setup(const Case& c, std::mt19937_64& rng) {
     s->k.fill_normal(rng);
   }
   s->v.fill_normal(rng);
+  // Sinks around the size of the rows' log-sum-exps (a few dominant), ALiBi slopes of ALiBi's
+  // geometric series 2^(-8 (h + 1) / H), per head or scaled per batch entry.
+  if (c.sinks) {
+    std::normal_distribution<float> logit(1.0f, 3.0f);
+    for (int64_t h = 0; h < p.heads_q; ++h) s->sinks.push_back(logit(rng));
+    p.sinks = s->sinks.data();
+  }
+  if (c.alibi != Case::Alibi::kNone) {
+    const bool per_batch = c.alibi == Case::Alibi::kPerBatchHead;
+    for (int64_t b = 0; b < (per_batch ? p.batch : 1); ++b)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        s->alibi_slopes.push_back(float(std::exp2(-8.0 * double(h + 1) / double(p.heads_q)) *
+                                        (per_batch ? 1.0 + 0.5 * double(b) : 1.0)));
+    p.alibi = {s->alibi_slopes.data(), per_batch ? p.heads_q : 0, 1};
+  }
   return s;
 }
 
@@ -639,6 +659,17 @@ CheckResult check_flash_rule(const std::string& what, const DenseShape& shape,
 FlashRule flash_rule(const Problem& p, Pass pass) {
   constexpr double kForwardAtol = 1e-5, kBackwardAtol = 1e-4;
   return {p.softcap > 0.0f ? 3.0 : 2.0, pass == Pass::kForward ? kForwardAtol : kBackwardAtol};
+}
+
+double alibi_slack(const Problem& p, double magnitude) {
+  const AlibiSlopes& a = p.alibi;
+  if (a.data == nullptr) return 0.0;
+  double slope = 0.0;
+  for (int64_t b = 0; b < (a.batch_stride != 0 ? p.batch : 1); ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      slope = std::max(slope, std::fabs(double(a.data[b * a.batch_stride + h * a.head_stride])));
+  const double largest_bias = slope * double(p.seqlen_q + p.seqlen_k);
+  return 4.0 * 0x1p-24 * largest_bias * magnitude;
 }
 
 CheckResult check_bounded(const std::string& what, const DenseShape& shape,

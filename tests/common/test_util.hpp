@@ -143,6 +143,10 @@ struct Case {
   bool spiky = false;
   bool return_lse = true;
   bool deterministic = false;
+  // Score variants: learnable sinks (logits drawn around the rows' LSE scale, some dominant) and
+  // ALiBi slopes per query head or per (batch entry, query head).
+  bool sinks = false;
+  enum class Alibi { kNone, kPerHead, kPerBatchHead } alibi = Alibi::kNone;
 };
 std::string describe(const Case& c);  // every parameter, for failure messages
 // How GoogleTest prints a Case parameter (its name, not its bytes).
@@ -172,6 +176,7 @@ constexpr int64_t kVarlenSpareRows = 3;
 struct CaseData {
   Problem problem;
   std::vector<int32_t> cu_q, cu_k, used_k;
+  std::vector<float> sinks, alibi_slopes;  // the score variants' arrays, when the case has them
   HostTensor q, k, v;
   Layout layout = Layout::kContiguous;  // for the outputs
   bool packed = false;
@@ -227,6 +232,13 @@ struct FlashRule {
   double multiplier, atol;
 };
 FlashRule flash_rule(const Problem& p, Pass pass);
+
+// What the rule's atol gains with ALiBi, for an output of this magnitude: 4 fp32 ulps of the
+// largest bias (slope · (seqlen_q + seqlen_k)). Scores then reach ~1000 at 2k tokens, and the
+// relative error u·|S| of each P (recomputed in the backward, summed into LSE in the forward)
+// is one lp need not share: its forward and backward score a pair bit for bit alike. 0 without
+// ALiBi.
+double alibi_slack(const Problem& p, double magnitude);
 
 // Element by element: |X − ref| ≤ bound, same NaN / infinity handling as check_flash_rule.
 CheckResult check_bounded(const std::string& what, const DenseShape& shape,

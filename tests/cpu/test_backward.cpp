@@ -48,6 +48,7 @@ struct BackwardRun {
   HostTensor out, dout;
   HostLse lse;
   std::vector<HostTensor> grads;  // dq, dk, dv
+  std::vector<float> dsinks;      // with sinks: heads_q, poisoned (NaN) before the run
   BackwardTensors tensors;
 };
 
@@ -68,8 +69,10 @@ void prepare(const Case& c, BackwardRun& run, double grid = 0.0) {
   run.lse = make_lse(p, layout == Layout::kPadded);
   run.dout = HostTensor(p.dtype, query_dims(p, p.heads_q, p.head_dim_v), layout);
   run.dout.fill_normal(rng);
-  if (grid > 0.0)
+  if (grid > 0.0) {
     for (HostTensor* t : {&s.q, &s.k, &s.v, &run.dout}) quantize(*t, grid);
+    for (float& x : s.sinks) x = float(std::nearbyint(double(x) / grid) * grid);
+  }
 
   ForwardTensors f;
   f.q = s.q.view();
@@ -103,6 +106,30 @@ void prepare(const Case& c, BackwardRun& run, double grid = 0.0) {
   t.dq = run.grads[0].view();
   t.dk = run.grads[1].view();
   t.dv = run.grads[2].view();
+  if (p.sinks != nullptr) {
+    run.dsinks.assign(size_t(p.heads_q), std::numeric_limits<float>::quiet_NaN());
+    t.dsinks = run.dsinks.data();
+  }
+}
+
+// d(sinks) against the reference: within its fp32 scale (the terms' size times 2⁻¹⁶, far above
+// the LSE's and D's fp32 errors) and the rule against lp.
+void check_dsinks(const Problem& p, const std::vector<float>& got, const ref::BackwardResult& exact,
+                  const ref::BackwardResult& lp) {
+  const std::vector<double> actual(got.begin(), got.end());
+  std::vector<double> bound(exact.dsinks_abs);
+  for (double& b : bound) b = b * 0x1p-16 + 1e-6;
+  const DenseShape shape{{"h"}, {p.heads_q}};
+  const CheckResult b = check_bounded("dsinks vs fp32 bound", shape, actual, exact.dsinks, bound);
+  EXPECT_TRUE(b.ok) << b.message;
+  EXPECT_EQ(b.compared, p.heads_q);
+  const FlashRule rule = flash_rule(p, Pass::kBackward);
+  double magnitude = 0.0;
+  for (double x : exact.dsinks_abs) magnitude = std::max(magnitude, x);
+  const CheckResult f = check_flash_rule("dsinks vs §4 rule", shape, actual, exact.dsinks,
+                                         lp.dsinks, rule.multiplier,
+                                         rule.atol + alibi_slack(p, magnitude));
+  EXPECT_TRUE(f.ok) << f.message;
 }
 
 Status run_backward(const Problem& p, const BackwardTensors& t) {
@@ -165,10 +192,14 @@ void check_backward(const Case& c) {
         check_bounded(name + " vs fp32 bound", shape, actual, *refs[g], *bound[g]);
     EXPECT_TRUE(b.ok) << b.message;
     EXPECT_EQ(b.compared, rows[g] * widths[g]) << name << ": reference rows missing";
+    double magnitude = 0.0;
+    for (double x : *refs[g])
+      if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
     const CheckResult f = check_flash_rule(name + " vs §4 rule", shape, actual, *refs[g], *lps[g],
-                                           rule.multiplier, rule.atol);
+                                           rule.multiplier, rule.atol + alibi_slack(p, magnitude));
     EXPECT_TRUE(f.ok) << f.message;
   }
+  if (p.sinks != nullptr) check_dsinks(p, run.dsinks, exact, lp);
 
   if (p.deterministic) {
     // Bitwise the same gradients from a second run into fresh buffers.
@@ -192,6 +223,28 @@ class CpuBackward : public ::testing::TestWithParam<Case> {};
 TEST_P(CpuBackward, MatchesReferenceGradients) { check_backward(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, CpuBackward, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           return param_info.param.name;
+                         });
+
+// The score variants over every other case of a second covering matrix: sinks (with d(sinks)),
+// ALiBi per head, both with ALiBi per (batch, head), in turn.
+std::vector<Case> backward_variant_cases() {
+  std::vector<Case> picked;
+  const std::vector<Case> cases = covering_cases(backward_shapes(), kBackwardBudget / 2, "bv");
+  for (size_t n = 0; n < cases.size(); n += 2) {
+    Case c = cases[n];
+    const size_t kind = (n / 2) % 3;
+    c.sinks = kind != 1;
+    c.alibi = kind == 1 ? Case::Alibi::kPerHead
+                        : kind == 2 ? Case::Alibi::kPerBatchHead : Case::Alibi::kNone;
+    c.name += kind == 0 ? "_sinks" : kind == 1 ? "_alibi" : "_sinks_alibi_per_batch";
+    picked.push_back(c);
+  }
+  return picked;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CpuBackward, ::testing::ValuesIn(backward_variant_cases()),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            return param_info.param.name;
                          });
@@ -280,6 +333,29 @@ void check_gradients_numerically(const Case& c) {
                                         shape, run.grads[size_t(g)].dense(), numeric, allowed);
     EXPECT_TRUE(b.ok) << b.message;
   }
+  if (p.sinks == nullptr) return;
+  // d(sinks): each logit stepped as the inputs are (multiples of kGrid, exact in fp32).
+  double scale = 0.0;
+  for (double x : exact.dsinks) scale = std::max(scale, std::fabs(x));
+  ASSERT_GT(scale, 0.0) << "dsinks: an all-zero gradient checks nothing";
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    float& logit = s.sinks[size_t(h)];
+    const float x = logit;
+    auto central = [&](double step) {
+      logit = float(x + step);
+      const double up = loss(p, s, dout);
+      logit = float(x - step);
+      const double down = loss(p, s, dout);
+      logit = x;
+      return (up - down) / (2 * step);
+    };
+    const double numeric = (4 * central(kStep / 2) - central(kStep)) / 3;
+    EXPECT_NEAR(exact.dsinks[size_t(h)], numeric, kReferenceTolerance * scale)
+        << "dsinks[" << h << "]: the reference against finite differences";
+    EXPECT_NEAR(run.dsinks[size_t(h)], numeric,
+                kReferenceTolerance * scale + exact.dsinks_abs[size_t(h)] * 0x1p-16 + 1e-6)
+        << "dsinks[" << h << "]: the cpu backend against finite differences";
+  }
 }
 
 Case gradcheck_case(const char* name) {
@@ -353,6 +429,35 @@ TEST(CpuBackwardGradcheck, PackedSelfAttention) {
   c.dim_qk = c.dim_v = 4;
   c.packed_qkv = true;
   c.softcap = 3.0f;
+  check_gradients_numerically(c);
+}
+
+TEST(CpuBackwardGradcheck, SinksAlibiGqaCausal) {
+  Case c = gradcheck_case("grad_sinks_alibi");
+  c.batch = 2;
+  c.seqlen_q = 5;
+  c.seqlen_k = 7;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.dim_qk = 8;
+  c.dim_v = 6;
+  c.causal = true;
+  c.sinks = true;
+  c.alibi = Case::Alibi::kPerBatchHead;
+  check_gradients_numerically(c);
+}
+
+TEST(CpuBackwardGradcheck, SinksVarlenWindowSoftcap) {
+  Case c = gradcheck_case("grad_sinks_varlen");
+  c.lens_q = {3, 0, 4, 2};
+  c.lens_k = {5, 2, 0, 6};
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.dim_qk = c.dim_v = 4;
+  c.window = {2, 0};
+  c.softcap = 3.0f;
+  c.sinks = true;
+  c.alibi = Case::Alibi::kPerHead;
   check_gradients_numerically(c);
 }
 

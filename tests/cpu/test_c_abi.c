@@ -587,9 +587,77 @@ static void test_fp8(void) {
   forward_views(&f);
 }
 
+/* Score variants through C (ABI version 3): a sink of −1e30 and ALiBi slopes of 0 change no bit;
+ * a sink of 100 takes every row's weight (O ≈ 0, LSE ≈ 100); the backward fills dsinks; and a
+ * version-2 fa4_backward_tensors, which has no dsinks, is accepted. */
+static void test_score_variants(void) {
+  static float out_plain[sizeof out / sizeof out[0]];
+  float sinks[kHeadsQ], dsinks[kHeadsQ], slopes[kHeadsQ];
+  fa4_problem p;
+  fa4_forward_tensors f;
+  fa4_backward_tensors b;
+  fa4_status s;
+  size_t i, bytes = 0;
+  int same = 1, sunk = 1;
+  void* ws;
+  fill(q, sizeof q / sizeof q[0], 11u);
+  fill(k, sizeof k / sizeof k[0], 12u);
+  fill(v, sizeof v / sizeof v[0], 13u);
+  small_problem(&p);
+  forward_views(&f);
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  memcpy(out_plain, out, sizeof out);
+  for (i = 0; i < kHeadsQ; ++i) {
+    sinks[i] = -1e30f;
+    slopes[i] = 0.0f;
+  }
+  p.sinks = sinks;
+  p.alibi_slopes = slopes;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  for (i = 0; i < sizeof out / sizeof out[0]; ++i)
+    if (memcmp(&out[i], &out_plain[i], sizeof(float)) != 0) same = 0;
+  check(s == FA4_SUCCESS && same, "a sink of -1e30 and ALiBi slopes of 0 change no bit");
+  for (i = 0; i < kHeadsQ; ++i) sinks[i] = 100.0f;
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  for (i = 0; i < sizeof out / sizeof out[0]; ++i)
+    if (!(fabs(out[i]) < 1e-20)) sunk = 0;
+  for (i = 0; i < sizeof lse / sizeof lse[0]; ++i)
+    if (!(fabs(lse[i] - 100.0) < 1e-4)) sunk = 0;
+  check(s == FA4_SUCCESS && sunk, "a sink of 100 takes every row's weight");
+
+  for (i = 0; i < kHeadsQ; ++i) {
+    sinks[i] = 0.5f * (float)i;
+    dsinks[i] = NAN;
+  }
+  s = fa4_forward(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU);
+  fa4_backward_tensors_init(&b);
+  b.q = f.q;
+  b.k = f.k;
+  b.v = f.v;
+  b.out = f.out;
+  b.lse = f.lse;
+  fill(dout, sizeof dout / sizeof dout[0], 14u);
+  b.dout = view(dout, kSeqQ, kHeadsQ, kDimV);
+  b.dq = view(dq, kSeqQ, kHeadsQ, kDimQK);
+  b.dk = view(dk, kSeqK, kHeadsKV, kDimQK);
+  b.dv = view(dv, kSeqK, kHeadsKV, kDimV);
+  b.dsinks = dsinks;
+  fa4_workspace_size(&p, FA4_BACKEND_CPU, FA4_PASS_BACKWARD, &bytes);
+  ws = malloc(bytes + 256);
+  s = fa4_backward(&p, &b, (void*)(((uintptr_t)ws + 255) & ~(uintptr_t)255), bytes, NULL,
+                   FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS && all_finite(dsinks, kHeadsQ), "the backward fills dsinks");
+  b.struct_size = (uint32_t)offsetof(fa4_backward_tensors, dsinks);
+  s = fa4_backward(&p, &b, (void*)(((uintptr_t)ws + 255) & ~(uintptr_t)255), bytes, NULL,
+                   FA4_BACKEND_CPU);
+  check(s == FA4_SUCCESS, "a version-2 fa4_backward_tensors (no dsinks) is accepted");
+  free(ws);
+}
+
 int main(void) {
   test_versions();
   test_fp8();
+  test_score_variants();
   test_kv_cache_and_versions();
   test_init_defaults();
   test_forward_and_backward();

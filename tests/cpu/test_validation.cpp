@@ -757,6 +757,48 @@ TEST_F(Validation, Workspace) {
 
 // Found in review: the sm90 kernel keeps the running max of raw scores, which is the max of the
 // logits only for a positive scale; other scales are refused there (the CPU backend runs them).
+// Score variants: ALiBi slopes and sinks are arrays of floats (aligned, strides ≥ 0); d(sinks)
+// needs sinks; the sm90 kernels do not compute either yet.
+TEST_F(Validation, ScoreVariants) {
+  Case& c = fixed();
+  alignas(16) static float slopes[64] = {0.5f, 0.25f, 0.125f, 0.0625f};
+  {
+    SCOPED_TRACE("alibi with a negative stride");
+    Problem p = c.problem;
+    p.alibi = {slopes, 0, -1};
+    expect_problem_rejected(c, p, StatusCode::kInvalidArgument, {"alibi"});
+  }
+  {
+    SCOPED_TRACE("misaligned alibi slopes");
+    Problem p = c.problem;
+    p.alibi = {reinterpret_cast<const float*>(reinterpret_cast<const char*>(slopes) + 2), 0, 1};
+    expect_problem_rejected(c, p, StatusCode::kInvalidArgument, {"alibi", "aligned"});
+  }
+  {
+    SCOPED_TRACE("misaligned sinks");
+    Problem p = c.problem;
+    p.sinks = reinterpret_cast<const float*>(reinterpret_cast<const char*>(slopes) + 1);
+    expect_problem_rejected(c, p, StatusCode::kInvalidArgument, {"sinks", "aligned"});
+  }
+  {
+    SCOPED_TRACE("dsinks without sinks");
+    BackwardTensors t = c.bwd;
+    t.dsinks = slopes + 8;
+    expect_backward_rejected(c, c.problem, t, StatusCode::kInvalidArgument, {"dsinks"});
+  }
+  auto bf16 = make_case(DType::kBF16, /*varlen=*/false, 128, 128);
+  for (bool sinks : {false, true}) {
+    SCOPED_TRACE(sinks ? "sinks on sm90" : "alibi on sm90");
+    Problem p = bf16->problem;
+    if (sinks)
+      p.sinks = slopes;
+    else
+      p.alibi = {slopes, 0, 1};
+    expect_status(fa4::can_implement(p, Backend::kSm90, Pass::kForward), StatusCode::kNotSupported,
+                  {sinks ? "sinks" : "ALiBi"});
+  }
+}
+
 TEST_F(Validation, Sm90RefusesScalesItCannotRun) {
   auto c = make_case(DType::kBF16, /*varlen=*/false, 128, 128);
   Problem p = c->problem;

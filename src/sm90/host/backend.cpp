@@ -183,6 +183,9 @@ Status can_implement_backward(const Problem& p) {
 Status can_implement(const Problem& p, Pass pass) {
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
+  if (p.alibi.data != nullptr || p.sinks != nullptr)
+    return not_supported("the sm90 kernels do not compute %s yet; the cpu backend does",
+                         p.sinks != nullptr ? "attention sinks" : "ALiBi");
   if (p.dtype == DType::kE4M3)
     return not_supported("the sm90 backend has no e4m3 (FP8) kernels yet; e4m3 runs on the CPU "
                          "backend");
