@@ -1,7 +1,7 @@
 """ctypes binding of fa4cpp's C ABI (include/fa4/fa4.h) over torch tensors: no copies, work enqueued
 on torch's current CUDA stream, CPU tensors on the CPU backend.
 
-The struct layouts here must match fa4.h (FA4_ABI_VERSION 2); fa4_*_init fills struct_size and the
+The struct layouts here must match fa4.h (FA4_ABI_VERSION 3); fa4_*_init fills struct_size and the
 defaults. This file imports nothing from the fa4cpp package: bench/sweep.py loads it as a plain
 module (`import c_abi`) so that the sweep needs no package install."""
 import contextlib
@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # fa4_status
 SUCCESS = 0
@@ -61,6 +61,11 @@ class Problem(ctypes.Structure):
         ("total_new", ctypes.c_int64), ("rotary_dim", ctypes.c_int64),
         ("rotary_interleaved", ctypes.c_int32), ("reserved", ctypes.c_int32),
         ("rotary_seqlen", ctypes.c_int64), ("num_splits", ctypes.c_int64),
+        # ABI version 3: FP8 — the output's dtype, appended rows quantised on write; ALiBi slopes
+        # and attention sinks (left at their defaults, off, by this binding).
+        ("out_dtype", ctypes.c_int32), ("quantize_appends", ctypes.c_int32),
+        ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
+        ("alibi_head_stride", ctypes.c_int64), ("sinks", ctypes.c_void_p),
     ]
 
 
@@ -75,18 +80,28 @@ class Lse(ctypes.Structure):
                 ("head_stride", ctypes.c_int64), ("seq_stride", ctypes.c_int64)]
 
 
+class Descale(ctypes.Structure):
+    """fa4_descale: fp32 (batch, heads_kv) descales of e4m3 inputs; a null pointer is 1."""
+    _fields_ = [("data", ctypes.c_void_p), ("batch_stride", ctypes.c_int64),
+                ("head_stride", ctypes.c_int64)]
+
+
 class ForwardTensors(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("out", Tensor), ("lse", Lse),
                 # ABI version 2: the KV cache's appended rows and rotary tables.
                 ("k_new", Tensor), ("v_new", Tensor), ("rotary_cos", ctypes.c_void_p),
-                ("rotary_sin", ctypes.c_void_p), ("rotary_stride", ctypes.c_int64)]
+                ("rotary_sin", ctypes.c_void_p), ("rotary_stride", ctypes.c_int64),
+                # ABI version 3: descales of e4m3 q, k, v.
+                ("q_descale", Descale), ("k_descale", Descale), ("v_descale", Descale)]
 
 
 class BackwardTensors(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("out", Tensor), ("dout", Tensor), ("lse", Lse),
-                ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
+                ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+                # ABI version 3: the attention sinks' gradient (unused by this binding: null).
+                ("dsinks", ctypes.c_void_p)]
 
 
 class Overrides(ctypes.Structure):
@@ -125,6 +140,7 @@ class Params:
     seqused_k: Optional[torch.Tensor] = None
     kv: Optional["KvCache"] = None  # k / v are a KV cache (flash_attn_with_kvcache)
     num_splits: int = 0
+    fp8: Optional["Fp8"] = None  # float8_e4m3fn inputs: their descales and output dtype
 
     @property
     def varlen(self):
@@ -144,6 +160,19 @@ class KvCache:
     rotary_dim: int = 0
     rotary_interleaved: bool = False
     rotary_seqlen: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8:
+    """The extras of float8_e4m3fn inputs (fa4_problem's out_dtype and quantize_appends,
+    fa4_forward_tensors' descales): the output's dtype (bfloat16 or float16, the rotary tables'
+    too); whether a KV cache's appended rows come in that dtype, quantised on write; the fp32
+    (batch, heads_kv) descales of q, k and v, any strides (0 broadcasts), None = 1."""
+    out_dtype: torch.dtype = torch.bfloat16
+    quantize_appends: bool = False
+    q_descale: Optional[torch.Tensor] = None
+    k_descale: Optional[torch.Tensor] = None
+    v_descale: Optional[torch.Tensor] = None
 
 
 def _ptr(t):
@@ -170,6 +199,13 @@ def tensor_view(t):
 def lse_view(t):
     """(batch, heads, seq) fp32, or (heads, total) in varlen mode."""
     return Lse(_ptr(t), *_strides(t, 3))
+
+
+def descale_view(t):
+    """An fp32 (batch, heads_kv) descale tensor, or None (a null pointer: descale 1)."""
+    if t is None:
+        return Descale(None, 0, 0)
+    return Descale(_ptr(t), *t.stride())
 
 
 # The per-call structs get their fa4_tensor / fa4_lse members packed in place, as the data pointer
@@ -264,10 +300,25 @@ class Library:
                           (ForwardTensors, lib.fa4_forward_tensors_init),
                           (BackwardTensors, lib.fa4_backward_tensors_init),
                           (Overrides, lib.fa4_overrides_init)):
-            self._initialised[cls] = cls()
-            init(ctypes.byref(self._initialised[cls]))
+            self._initialised[cls] = self._init_checked(cls, init)
         # Passed to every call: None (a null pointer) leaves every choice to the library.
         self.overrides = None
+
+    def _init_checked(self, cls, init):
+        """cls as init fills it, once the library's struct is known to be this binding's: init
+        writes sizeof(the library's struct), so it writes into room to spare first, and a library
+        whose layout differs (a build of another revision with the same ABI version) is refused
+        here instead of reading or writing past the binding's structs on every call."""
+        room = ctypes.sizeof(cls) + 4096
+        scratch = (ctypes.c_uint8 * room)()
+        init(ctypes.cast(scratch, ctypes.POINTER(cls)))
+        size = ctypes.c_uint32.from_buffer(scratch).value
+        if size != ctypes.sizeof(cls):
+            raise Fa4Error("libfa4 (%s) has a %d-byte %s, this binding a %d-byte one: the two come "
+                           "from different revisions of ABI version %d; use the package and the "
+                           "library of one build"
+                           % (self.path, size, cls.__name__, ctypes.sizeof(cls), ABI_VERSION))
+        return cls.from_buffer_copy(scratch, 0)
 
     def make_overrides(self, **fields):
         """An Overrides with the library's defaults and `fields` (e.g. splits=3, persistent=0)."""
@@ -344,6 +395,9 @@ class Library:
                            else ctypes.addressof(_VARLEN_MARKER))
         p.return_lse = 1
         p.deterministic = int(params.deterministic)
+        if params.fp8 is not None:
+            p.out_dtype = DTYPES[params.fp8.out_dtype]
+            p.quantize_appends = int(params.fp8.quantize_appends)
         return p
 
     @staticmethod
@@ -422,13 +476,17 @@ class Library:
     def forward(self, q, k, v, out, lse, params, k_new=None, v_new=None, rotary=None):
         """Runs the forward on the backend of q's device, on torch's current stream; raises
         Fa4Error with the library's message. out and lse are written (and, with a KV cache's
-        appends, k and v)."""
+        appends, k and v). FP8 inputs take their output dtype and descales from params.fp8."""
         device = q.device  # each .device builds a new torch.device
         backend = backend_of(device)
         if backend is None:
             raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % device.type)
         p = self.problem(q, k, v, params)
         t = self._forward_tensors(q, k, v, out, lse, k_new, v_new, rotary)
+        if params.fp8 is not None:
+            t.q_descale = descale_view(params.fp8.q_descale)
+            t.k_descale = descale_view(params.fp8.k_descale)
+            t.v_descale = descale_view(params.fp8.v_descale)
         with _device_scope(device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, device)
             self._check(self.lib.fa4_forward_with_overrides(
