@@ -47,7 +47,8 @@ struct SavedScores {
 };
 
 using FwdSignature = Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool,
-                          int64_t, int64_t, double, bool);
+                          int64_t, int64_t, double, bool, const OptionalTensor&,
+                          const OptionalTensor&, const OptionalTensor&);
 using BwdSignature = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool,
                             int64_t, int64_t, double, bool);
@@ -56,17 +57,19 @@ struct Forward : torch::autograd::Function<Forward> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, double softmax_scale, bool causal,
                                int64_t window_left, int64_t window_right, double softcap,
-                               bool deterministic) {
+                               bool deterministic, const OptionalTensor& q_descale,
+                               const OptionalTensor& k_descale, const OptionalTensor& v_descale) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static const auto fwd = op<FwdSignature>("fa4cpp::fwd");
     auto [out, lse] = fwd.call(q, k, v, softmax_scale, causal, window_left, window_right,
-                               softcap, deterministic);
+                               softcap, deterministic, q_descale, k_descale, v_descale);
     ctx->save_for_backward({q, k, v, out, lse});
     save_scores(ctx, softmax_scale, causal, window_left, window_right, softcap, deterministic);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
 
+  // FP8 inputs: bwd refuses them with its error. The descales have no gradient.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const SavedScores s(ctx);
@@ -74,14 +77,19 @@ struct Forward : torch::autograd::Function<Forward> {
     auto [dq, dk, dv] = bwd.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                  s.softmax_scale, s.causal, s.window_left, s.window_right,
                                  s.softcap, s.deterministic);
-    return {dq, dk, dv, {}, {}, {}, {}, {}, {}};
+    variable_list result(12);
+    result[0] = dq;
+    result[1] = dk;
+    result[2] = dv;
+    return result;
   }
 };
 
 using VarlenFwdSignature = Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t,
                                 const OptionalTensor&, double, bool, int64_t, int64_t, double,
-                                bool);
+                                bool, const OptionalTensor&, const OptionalTensor&,
+                                const OptionalTensor&);
 using VarlenBwdSignature = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                   const at::Tensor&, const at::Tensor&, int64_t, int64_t,
@@ -94,12 +102,14 @@ struct VarlenForward : torch::autograd::Function<VarlenForward> {
                                const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                int64_t max_seqlen_k, const OptionalTensor& seqused_k,
                                double softmax_scale, bool causal, int64_t window_left,
-                               int64_t window_right, double softcap, bool deterministic) {
+                               int64_t window_right, double softcap, bool deterministic,
+                               const OptionalTensor& q_descale, const OptionalTensor& k_descale,
+                               const OptionalTensor& v_descale) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static const auto fwd = op<VarlenFwdSignature>("fa4cpp::varlen_fwd");
     auto [out, lse] = fwd.call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                seqused_k, softmax_scale, causal, window_left, window_right,
-                               softcap, deterministic);
+                               softcap, deterministic, q_descale, k_descale, v_descale);
     // An undefined tensor saves seqused_k's absence.
     ctx->save_for_backward(
         {q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k.value_or(at::Tensor())});
@@ -121,7 +131,7 @@ struct VarlenForward : torch::autograd::Function<VarlenForward> {
                                  ctx->saved_data["max_seqlen_k"].toInt(), seqused_k,
                                  s.softmax_scale, s.causal, s.window_left, s.window_right,
                                  s.softcap, s.deterministic);
-    variable_list result(14);
+    variable_list result(17);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
@@ -131,9 +141,10 @@ struct VarlenForward : torch::autograd::Function<VarlenForward> {
 
 Pair fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                  double softcap, bool deterministic) {
+                  double softcap, bool deterministic, const OptionalTensor& q_descale,
+                  const OptionalTensor& k_descale, const OptionalTensor& v_descale) {
   auto r = Forward::apply(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                          deterministic);
+                          deterministic, q_descale, k_descale, v_descale);
   return {r[0], r[1]};
 }
 
@@ -142,10 +153,11 @@ Pair varlen_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          int64_t max_seqlen_q, int64_t max_seqlen_k,
                          const OptionalTensor& seqused_k, double softmax_scale, bool causal,
                          int64_t window_left, int64_t window_right, double softcap,
-                         bool deterministic) {
+                         bool deterministic, const OptionalTensor& q_descale,
+                         const OptionalTensor& k_descale, const OptionalTensor& v_descale) {
   auto r = VarlenForward::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_k, softmax_scale, causal, window_left, window_right,
-                                softcap, deterministic);
+                                softcap, deterministic, q_descale, k_descale, v_descale);
   return {r[0], r[1]};
 }
 

@@ -27,7 +27,39 @@ bool like_q(const at::Tensor& t, const at::Tensor& q) {
   return t.scalar_type() == q.scalar_type() && t.device() == q.device();
 }
 
+// The 16-bit dtypes of an FP8 call's output (and of appended rows quantised on write).
+bool fp8_output_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
 }  // namespace
+
+bool is_fp8(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn; }
+
+at::ScalarType output_dtype(const at::Tensor& q, const std::optional<at::Tensor>& k_new) {
+  if (!is_fp8(q)) return q.scalar_type();
+  if (k_new.has_value() && fp8_output_dtype(k_new->scalar_type())) return k_new->scalar_type();
+  return at::kBFloat16;
+}
+
+bool descales_ok(const at::Tensor& q, const Descales& d, int64_t batch, int64_t heads_kv,
+                 std::string* why) {
+  if (!d.any()) return true;
+  if (!is_fp8(q)) return fail(why, "descales scale float8_e4m3fn inputs only");
+  for (const std::optional<at::Tensor>* t : {&d.q, &d.k, &d.v}) {
+    if (!t->has_value()) continue;
+    const at::Tensor& x = **t;
+    if (x.scalar_type() != at::kFloat || x.dim() != 2 || x.size(0) != batch ||
+        x.size(1) != heads_kv || x.device() != q.device())
+      return fail(why, "descales must be float32 tensors of shape (batch, heads_kv) on q's device");
+  }
+  return true;
+}
+
+bool backward_dtype_ok(const at::Tensor& q, std::string* why) {
+  if (!is_fp8(q)) return true;
+  return fail(why, "the backward of float8_e4m3fn (FP8) inputs is not supported: FP8 attention "
+                   "is forward-only (run it under torch.no_grad(), or compute gradients from "
+                   "bfloat16 / float16 inputs)");
+}
 
 bool scores_ok(const Scores& s, std::string* why) {
   if (s.window_left < -1 || s.window_right < -1)
@@ -75,18 +107,20 @@ bool attention_inputs_ok(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 bool output_ok(const at::Tensor& out, const at::Tensor& q, const at::Tensor& v,
-               std::string* why) {
+               const std::optional<at::Tensor>& k_new, std::string* why) {
   std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
   shape.back() = v.size(-1);
-  if (out.sizes() != at::IntArrayRef(shape) || !like_q(out, q))
-    return fail(why, "out must have q's shape with the values' head dim, and q's dtype and device");
+  if (out.sizes() != at::IntArrayRef(shape) || out.scalar_type() != output_dtype(q, k_new) ||
+      out.device() != q.device())
+    return fail(why, "out must have q's shape with the values' head dim, the output's dtype and "
+                     "q's device");
   return true;
 }
 
 bool gradient_inputs_ok(const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
                         const at::Tensor& q, const at::Tensor& v, bool varlen,
                         std::string* why) {
-  if (!output_ok(dout, q, v, why) || !output_ok(out, q, v, why))
+  if (!output_ok(dout, q, v, std::nullopt, why) || !output_ok(out, q, v, std::nullopt, why))
     return fail(why, "dout and out must have the forward output's shape, dtype and device");
   const std::vector<int64_t> lse_shape =
       varlen ? std::vector<int64_t>{q.size(1), q.size(0)}
@@ -120,11 +154,16 @@ bool kvcache_inputs_ok(const at::Tensor& q, const at::Tensor& k_cache, const at:
     return fail(why, "k and v (the new rows) go together");
   if (kv.k_new.has_value()) {
     const int64_t rank = kv.cu_seqlens_k_new.has_value() ? 3 : 4;
+    // An e4m3 cache also takes 16-bit rows (both of one dtype), quantised on write.
+    const at::ScalarType new_dtype =
+        is_fp8(q) && fp8_output_dtype(kv.k_new->scalar_type()) ? kv.k_new->scalar_type()
+                                                                : q.scalar_type();
     for (const auto* pair : {&kv.k_new, &kv.v_new}) {
       const at::Tensor& t = **pair;
       const at::Tensor& cache = pair == &kv.k_new ? k_cache : v_cache;
       if (t.dim() != rank || t.size(-1) != cache.size(-1) || t.size(-2) != cache.size(-2) ||
-          !like_q(t, q) || (rank == 4 && t.size(0) != batch))
+          t.scalar_type() != new_dtype || t.device() != q.device() ||
+          (rank == 4 && t.size(0) != batch))
         return fail(why, "k and v (the new rows) have the wrong shape, dtype or device");
     }
   } else if (kv.cu_seqlens_k_new.has_value()) {
@@ -134,9 +173,13 @@ bool kvcache_inputs_ok(const at::Tensor& q, const at::Tensor& k_cache, const at:
     return fail(why, "rotary_cos and rotary_sin go together");
   if (kv.rotary_cos.has_value()) {
     if (!kv.k_new.has_value()) return fail(why, "rotary_cos / rotary_sin need k and v");
+    // The tables are in the output's dtype (q's, unless FP8).
+    const at::ScalarType table_dtype = output_dtype(q, kv.k_new);
     for (const at::Tensor* t : {&*kv.rotary_cos, &*kv.rotary_sin})
-      if (t->dim() != 2 || t->sizes() != kv.rotary_cos->sizes() || !like_q(*t, q))
-        return fail(why, "rotary_cos and rotary_sin must be (seqlen_ro, rotary_dim / 2) like q");
+      if (t->dim() != 2 || t->sizes() != kv.rotary_cos->sizes() ||
+          t->scalar_type() != table_dtype || t->device() != q.device())
+        return fail(why, "rotary_cos and rotary_sin must be (seqlen_ro, rotary_dim / 2) tensors "
+                         "of the output's dtype on q's device");
   }
   const at::Device device = q.device();
   if (!optional_index_ok("cache_seqlens", kv.cache_seqlens, batch, device, why) ||
@@ -158,7 +201,9 @@ bool library_dtype(const at::Tensor& t, fa4::DType* dtype, std::string* why) {
     case at::kBFloat16: *dtype = fa4::DType::kBF16; return true;
     case at::kHalf: *dtype = fa4::DType::kFP16; return true;
     case at::kFloat: *dtype = fa4::DType::kFP32; return true;
-    default: return fail(why, "the library takes bfloat16, float16 or float32 tensors");
+    case at::kFloat8_e4m3fn: *dtype = fa4::DType::kE4M3; return true;
+    default:
+      return fail(why, "the library takes bfloat16, float16, float32 or float8_e4m3fn tensors");
   }
 }
 

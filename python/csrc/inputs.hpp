@@ -21,11 +21,22 @@ bool attention_inputs_ok(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // dout and out shaped like the forward's output, lse like its log-sum-exp.
 bool gradient_inputs_ok(const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
                         const at::Tensor& q, const at::Tensor& v, bool varlen, std::string* why);
-// A caller's output tensor: q's shape with v's head dim, q's dtype and device.
+// A caller's output tensor: q's shape with v's head dim, the output's dtype (output_dtype) and
+// q's device.
 bool output_ok(const at::Tensor& out, const at::Tensor& q, const at::Tensor& v,
-               std::string* why);
+               const std::optional<at::Tensor>& k_new, std::string* why);
 bool kvcache_inputs_ok(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                        const KvCacheArgs& kv, std::string* why);
+// Descales only with float8_e4m3fn inputs, each fp32 (batch, heads_kv) on q's device.
+bool descales_ok(const at::Tensor& q, const Descales& descales, int64_t batch, int64_t heads_kv,
+                 std::string* why);
+// The backward refuses float8_e4m3fn inputs (FP8 is forward-only).
+bool backward_dtype_ok(const at::Tensor& q, std::string* why);
+
+bool is_fp8(const at::Tensor& t);
+// The output's dtype: q's, or for float8_e4m3fn inputs bfloat16 (FlashAttention-3's rule), or the
+// dtype of a KV cache's 16-bit appended rows (quantised on write).
+at::ScalarType output_dtype(const at::Tensor& q, const std::optional<at::Tensor>& k_new);
 
 // The library's dtype and backend for the tensors; false for ones it does not take.
 bool library_dtype(const at::Tensor& t, fa4::DType* dtype, std::string* why);

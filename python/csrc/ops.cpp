@@ -22,14 +22,18 @@ Triple triple_of(const std::vector<c10::IValue>& r) {
 
 Pair fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double softmax_scale,
          bool causal, int64_t window_left, int64_t window_right, double softcap,
-         bool deterministic) {
+         bool deterministic, const std::optional<at::Tensor>& q_descale,
+         const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale) {
   std::string why;
   if (!python_path_on()) {
     const Scores s{softmax_scale, causal, window_left, window_right, softcap, deterministic};
-    if (auto r = try_forward(q, k, v, s, nullptr, &why)) return std::move(*r);
+    if (auto r = try_forward(q, k, v, s, nullptr, {q_descale, k_descale, v_descale}, &why))
+      return std::move(*r);
   }
   return pair_of(call_python_path("fwd", {q, k, v, softmax_scale, causal, window_left,
-                                          window_right, softcap, deterministic}, why));
+                                          window_right, softcap, deterministic, q_descale,
+                                          k_descale, v_descale},
+                                  why));
 }
 
 Triple bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -49,16 +53,21 @@ Pair varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                 int64_t max_seqlen_q, int64_t max_seqlen_k,
                 const std::optional<at::Tensor>& seqused_k, double softmax_scale, bool causal,
-                int64_t window_left, int64_t window_right, double softcap, bool deterministic) {
+                int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                const std::optional<at::Tensor>& q_descale,
+                const std::optional<at::Tensor>& k_descale,
+                const std::optional<at::Tensor>& v_descale) {
   std::string why;
   if (!python_path_on()) {
     const Scores s{softmax_scale, causal, window_left, window_right, softcap, deterministic};
     const VarLenArgs varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k};
-    if (auto r = try_forward(q, k, v, s, &varlen, &why)) return std::move(*r);
+    if (auto r = try_forward(q, k, v, s, &varlen, {q_descale, k_descale, v_descale}, &why))
+      return std::move(*r);
   }
   return pair_of(call_python_path(
       "varlen_fwd", {q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                     softmax_scale, causal, window_left, window_right, softcap, deterministic},
+                     softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                     q_descale, k_descale, v_descale},
       why));
 }
 
@@ -98,35 +107,43 @@ using OptionalTensor = std::optional<at::Tensor>;
   k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,          \
       page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal,          \
       window_left, window_right, softcap, rotary_interleaved, num_splits
+// The descales, last in both KV-cache schemas (after fwd_kvcache_out's out).
+#define FA4CPP_DESCALE_PARAMS                                                                   \
+  const OptionalTensor &q_descale, const OptionalTensor &k_descale,                            \
+      const OptionalTensor &v_descale
+#define FA4CPP_DESCALE_ARGS q_descale, k_descale, v_descale
 
 std::optional<Pair> try_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
                                 const at::Tensor& v_cache, FA4CPP_KVCACHE_PARAMS,
-                                const at::Tensor* into, std::string* why) {
+                                FA4CPP_DESCALE_PARAMS, const at::Tensor* into, std::string* why) {
   if (python_path_on()) return std::nullopt;
   const Scores s{softmax_scale, causal, window_left, window_right, softcap, false};
   const KvCacheArgs kv{k_new,         v_new,          rotary_cos,   rotary_sin,
                        cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                        cu_seqlens_q,  cu_seqlens_k_new, max_seqlen_q, rotary_interleaved,
                        num_splits};
-  return try_forward_kvcache(q, k_cache, v_cache, kv, s, into, why);
+  return try_forward_kvcache(q, k_cache, v_cache, kv, s, {FA4CPP_DESCALE_ARGS}, into, why);
 }
 
 Pair fwd_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                 FA4CPP_KVCACHE_PARAMS) {
+                 FA4CPP_KVCACHE_PARAMS, FA4CPP_DESCALE_PARAMS) {
   std::string why;
-  if (auto r = try_kvcache(q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS, nullptr, &why))
+  if (auto r = try_kvcache(q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS, FA4CPP_DESCALE_ARGS, nullptr,
+                           &why))
     return std::move(*r);
-  return pair_of(
-      call_python_path("fwd_kvcache", {q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS}, why));
+  return pair_of(call_python_path(
+      "fwd_kvcache", {q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS, FA4CPP_DESCALE_ARGS}, why));
 }
 
 at::Tensor fwd_kvcache_out(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, FA4CPP_KVCACHE_PARAMS,
-                           const at::Tensor& out) {
+                           const at::Tensor& out, FA4CPP_DESCALE_PARAMS) {
   std::string why;
-  if (auto r = try_kvcache(q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS, &out, &why))
+  if (auto r = try_kvcache(q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS, FA4CPP_DESCALE_ARGS, &out,
+                           &why))
     return std::get<1>(*r);
-  return call_python_path("fwd_kvcache_out", {q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS, out},
+  return call_python_path("fwd_kvcache_out",
+                          {q, k_cache, v_cache, FA4CPP_KVCACHE_ARGS, out, FA4CPP_DESCALE_ARGS},
                           why)[0]
       .toTensor();
 }
@@ -137,15 +154,20 @@ at::Tensor fwd_kvcache_out(const at::Tensor& q, const at::Tensor& k_cache,
 TORCH_LIBRARY(fa4cpp, m) {
   // The fake kernels live in Python: torch imports this module for them when it needs them.
   m.set_python_module("fa4cpp.ops");
+  // Arguments a later version adds come last, with defaults, so that earlier calls (and graphs
+  // that recorded them) stay valid: deterministic, then the FP8 descales.
+#define FA4CPP_DESCALE_SCHEMA \
+  "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None"
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, "
-        "int window_right, float softcap, bool deterministic=False) -> (Tensor, Tensor)");
+        "int window_right, float softcap, bool deterministic=False, " FA4CPP_DESCALE_SCHEMA
+        ") -> (Tensor, Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
         "bool deterministic) -> (Tensor, Tensor, Tensor)");
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k, float softmax_scale, "
         "bool causal, int window_left, int window_right, float softcap, "
-        "bool deterministic=False) -> (Tensor, Tensor)");
+        "bool deterministic=False, " FA4CPP_DESCALE_SCHEMA ") -> (Tensor, Tensor)");
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
         "Tensor? seqused_k, float softmax_scale, bool causal, int window_left, "
@@ -156,8 +178,9 @@ TORCH_LIBRARY(fa4cpp, m) {
   "Tensor? cache_leftpad, Tensor? page_table, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k_new, "  \
   "int max_seqlen_q, float softmax_scale, bool causal, int window_left, int window_right, "      \
   "float softcap, bool rotary_interleaved, int num_splits"
-  m.def("fwd_kvcache(" FA4CPP_KVCACHE_SCHEMA ") -> (Tensor, Tensor)");
-  m.def("fwd_kvcache_out(" FA4CPP_KVCACHE_SCHEMA ", Tensor(c!) out) -> Tensor");
+  m.def("fwd_kvcache(" FA4CPP_KVCACHE_SCHEMA ", " FA4CPP_DESCALE_SCHEMA ") -> (Tensor, Tensor)");
+  m.def("fwd_kvcache_out(" FA4CPP_KVCACHE_SCHEMA ", Tensor(c!) out, " FA4CPP_DESCALE_SCHEMA
+        ") -> Tensor");
 }
 
 // One kernel per op serves CPU and CUDA tensors: the backend follows the tensors' device.

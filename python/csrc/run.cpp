@@ -103,6 +103,30 @@ fa4::LseView lse_view(const at::Tensor& t, bool written) {
   return v;
 }
 
+// An fp32 (batch, heads_kv) descale, or none (null: 1).
+fa4::DescaleView descale_view(const std::optional<at::Tensor>& t) {
+  fa4::DescaleView d;
+  if (!t.has_value() || t->numel() == 0) return d;
+  d.data = static_cast<const float*>(t->const_data_ptr());
+  d.batch_stride = t->stride(0);
+  d.head_stride = t->stride(1);
+  return d;
+}
+
+void put_descales(fa4::ForwardTensors* t, const Descales& d) {
+  t->q_descale = descale_view(d.q);
+  t->k_descale = descale_view(d.k);
+  t->v_descale = descale_view(d.v);
+}
+
+// An e4m3 problem's output dtype (the rotary tables' too) and whether its appended rows are
+// quantised on write (they come in that 16-bit dtype).
+void put_fp8(fa4::Problem* p, at::ScalarType out, bool quantize_appends) {
+  if (p->dtype != fa4::DType::kE4M3) return;
+  p->fp8.out_dtype = out == at::kHalf ? fa4::DType::kFP16 : fa4::DType::kBF16;
+  p->fp8.quantize_appends = quantize_appends;
+}
+
 fa4::Problem base_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           fa4::DType dtype, const Scores& s) {
   fa4::Problem p;
@@ -219,16 +243,20 @@ fa4::Problem attention_problem(const at::Tensor& q, const at::Tensor& k, const a
 
 std::optional<Pair> try_forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
                                 const Scores& scores, const VarLenArgs* varlen,
-                                std::string* why) {
+                                const Descales& descales, std::string* why) {
   Prepared lib;
   if (!scores_ok(scores, why) || !attention_inputs_ok(q0, k0, v0, varlen, why) ||
+      !descales_ok(q0, descales, varlen ? varlen->cu_seqlens_q.size(0) - 1 : q0.size(0),
+                   k0.size(-2), why) ||
       !library_takes(q0, &lib, why))
     return std::nullopt;
   const at::Tensor q = prepared(q0, lib.backend), k = prepared(k0, lib.backend),
                    v = prepared(v0, lib.backend);
   VarLenArrays arrays;
-  const fa4::Problem problem = attention_problem(q, k, v, lib.dtype, scores, varlen, &arrays);
-  at::Tensor out = at::empty(out_shape(q, v), q.options());
+  fa4::Problem problem = attention_problem(q, k, v, lib.dtype, scores, varlen, &arrays);
+  const at::ScalarType out_dtype = output_dtype(q, std::nullopt);
+  put_fp8(&problem, out_dtype, false);
+  at::Tensor out = at::empty(out_shape(q, v), q.options().dtype(out_dtype));
   at::Tensor lse = at::empty(lse_shape(q, varlen != nullptr), q.options().dtype(at::kFloat));
   fa4::ForwardTensors t;
   t.q = view(q);
@@ -236,6 +264,7 @@ std::optional<Pair> try_forward(const at::Tensor& q0, const at::Tensor& k0, cons
   t.v = view(v);
   t.out = view(out, true);
   t.lse = lse_view(lse, true);
+  put_descales(&t, descales);
   if (!run(fa4::Pass::kForward, problem, t, q, lib.backend, why)) return std::nullopt;
   return Pair{std::move(out), std::move(lse)};
 }
@@ -247,6 +276,7 @@ std::optional<Triple> try_backward(const at::Tensor& dout0, const at::Tensor& q0
                                    std::string* why) {
   Prepared lib;
   if (!scores_ok(scores, why) || !attention_inputs_ok(q0, k0, v0, varlen, why) ||
+      !backward_dtype_ok(q0, why) ||
       !gradient_inputs_ok(dout0, out0, lse0, q0, v0, varlen != nullptr, why) ||
       !library_takes(q0, &lib, why))
     return std::nullopt;
@@ -276,15 +306,22 @@ std::optional<Triple> try_backward(const at::Tensor& dout0, const at::Tensor& q0
 
 std::optional<Pair> try_forward_kvcache(const at::Tensor& q0, const at::Tensor& k_cache,
                                         const at::Tensor& v_cache, const KvCacheArgs& kv,
-                                        const Scores& scores, const at::Tensor* into,
-                                        std::string* why) {
+                                        const Scores& scores, const Descales& descales,
+                                        const at::Tensor* into, std::string* why) {
   Prepared lib;
-  if (!kvcache_inputs_ok(q0, k_cache, v_cache, kv, why) || !scores_ok(scores, why) ||
-      (into != nullptr && !output_ok(*into, q0, v_cache, why)) || !library_takes(q0, &lib, why))
+  if (!kvcache_inputs_ok(q0, k_cache, v_cache, kv, why) ||
+      !descales_ok(q0, descales,
+                   kv.cu_seqlens_q.has_value() ? kv.cu_seqlens_q->size(0) - 1 : q0.size(0),
+                   k_cache.size(-2), why) ||
+      !scores_ok(scores, why) ||
+      (into != nullptr && !output_ok(*into, q0, v_cache, kv.k_new, why)) ||
+      !library_takes(q0, &lib, why))
     return std::nullopt;
   const at::Tensor q = last_dim_contiguous(q0);
   const bool varlen = kv.cu_seqlens_q.has_value();
+  const at::ScalarType out_dtype = output_dtype(q0, kv.k_new);
   fa4::Problem p = base_problem(q, k_cache, v_cache, lib.dtype, scores);
+  put_fp8(&p, out_dtype, kv.k_new.has_value() && !is_fp8(*kv.k_new));
   p.num_splits = kv.num_splits;
   const std::optional<at::Tensor> cu_seqlens_q = contiguous(kv.cu_seqlens_q),
                                   cache_seqlens = contiguous(kv.cache_seqlens),
@@ -344,13 +381,15 @@ std::optional<Pair> try_forward_kvcache(const at::Tensor& q0, const at::Tensor& 
     t.rotary.row_stride = cos.stride(0);
   }
   const bool direct = into != nullptr && (into->size(-1) <= 1 || into->stride(-1) == 1);
-  at::Tensor out = direct ? *into : at::empty(out_shape(q, v_cache), q.options());
+  at::Tensor out =
+      direct ? *into : at::empty(out_shape(q, v_cache), q.options().dtype(out_dtype));
   at::Tensor lse = at::empty(lse_shape(q, varlen), q.options().dtype(at::kFloat));
   t.q = view(q);
   t.k = view(k_cache, true);
   t.v = view(v_cache, true);
   t.out = view(out, true);
   t.lse = lse_view(lse, true);
+  put_descales(&t, descales);
   if (!run(fa4::Pass::kForward, p, t, q, lib.backend, why)) return std::nullopt;
   if (into != nullptr && !direct) {
     into->copy_(out);

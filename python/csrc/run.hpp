@@ -29,6 +29,15 @@ struct Scores {
   bool deterministic = false;
 };
 
+// The descales of float8_e4m3fn inputs: fp32 (batch, heads_kv), any strides; absent: 1.
+struct Descales {
+  const std::optional<at::Tensor>& q;
+  const std::optional<at::Tensor>& k;
+  const std::optional<at::Tensor>& v;
+
+  bool any() const { return q.has_value() || k.has_value() || v.has_value(); }
+};
+
 struct VarLenArgs {
   const at::Tensor& cu_seqlens_q;
   const at::Tensor& cu_seqlens_k;
@@ -53,19 +62,23 @@ struct KvCacheArgs {
   int64_t num_splits;
 };
 
-// varlen null: fixed-length (batch, seq, heads, dim) tensors.
+// varlen null: fixed-length (batch, seq, heads, dim) tensors. float8_e4m3fn inputs give a
+// bfloat16 output.
 std::optional<Pair> try_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const Scores& scores, const VarLenArgs* varlen, std::string* why);
+                                const Scores& scores, const VarLenArgs* varlen,
+                                const Descales& descales, std::string* why);
 std::optional<Triple> try_backward(const at::Tensor& dout, const at::Tensor& q,
                                    const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& out, const at::Tensor& lse,
                                    const Scores& scores, const VarLenArgs* varlen,
                                    std::string* why);
 // k_cache and v_cache are written by the appends. `into`, when given, receives the output (any
-// strides; through a copy when its last dimension is not contiguous) and is returned as it.
+// strides; through a copy when its last dimension is not contiguous) and is returned as it. An
+// e4m3 cache's output is bfloat16, or the appended rows' dtype when they are 16-bit (quantised on
+// write).
 std::optional<Pair> try_forward_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
                                         const at::Tensor& v_cache, const KvCacheArgs& kv,
-                                        const Scores& scores, const at::Tensor* into,
-                                        std::string* why);
+                                        const Scores& scores, const Descales& descales,
+                                        const at::Tensor* into, std::string* why);
 
 }  // namespace fa4cpp_torch

@@ -33,7 +33,10 @@ BACKEND_NAMES = {"cpu": BACKEND_CPU, "sm90": BACKEND_SM90}
 PASS_FORWARD = 0
 PASS_BACKWARD = 1
 
-DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float8_e4m3fn: 3}
+# FP8 inputs (fa4_dtype E4M3) give an output in one of these (fa4_problem's out_dtype).
+FP8_DTYPES = (torch.float8_e4m3fn,)
+FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 # The C++ API's Workspace contract: 256-byte aligned memory of the backend.
 WORKSPACE_ALIGNMENT = 256

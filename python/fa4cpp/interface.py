@@ -9,7 +9,12 @@ ValueError naming the argument; so does an explicit softmax_scale of 0
 later return whenever dropout_p is 0 (the only case fa4cpp runs; flash_attn computes the
 probabilities only with dropout, and versions up to 2.6 returned None there).
 flash_attn_varlen_func takes seqused_k as an extra keyword (flash_attn 3's name).
-flash_attn_with_kvcache has FlashAttention-3's signature (hopper/flash_attn_interface.py)."""
+flash_attn_with_kvcache has FlashAttention-3's signature (hopper/flash_attn_interface.py).
+
+FP8, as FlashAttention-3 takes it: q, k and v of dtype torch.float8_e4m3fn, with the keywords
+q_descale, k_descale and v_descale (fp32 (batch, nheads_k), one row per sequence when varlen, any
+strides: expand() broadcasts a shared value; None = 1) that scale them, give a bfloat16 output.
+Forward only: a backward through it raises Fa4Error. Descales with other dtypes raise ValueError."""
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.fa4cpp.*)
@@ -56,19 +61,29 @@ def _result(out, lse, return_attn_probs):
     return out, lse, torch.empty((0,), dtype=out.dtype, device=out.device)
 
 
+def _descales(q_descale, k_descale, v_descale):
+    """The ops' descale arguments: passed only when one is given, so that calls without them keep
+    the ops' shorter argument lists."""
+    if q_descale is None and k_descale is None and v_descale is None:
+        return {}
+    return dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, q_descale=None, k_descale=None, v_descale=None):
     """q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim[_v]),
     nheads a multiple of nheads_k (GQA/MQA). Masks are aligned bottom-right: query i sees key j
     iff i + seqlen_k - seqlen_q - window_size[0] <= j <= i + seqlen_k - seqlen_q + window_size[1]
     (a negative side is unbounded; causal sets window_size[1] = 0); a query row that sees no key
     outputs 0. Returns out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse
-    (batch, nheads, seqlen_q) fp32, empty S_dmask) with return_attn_probs."""
+    (batch, nheads, seqlen_q) fp32, empty S_dmask) with return_attn_probs. float8_e4m3fn q, k, v
+    take q_descale / k_descale / v_descale ((batch, nheads_k) fp32) and give a bfloat16 out."""
     _refuse_unsupported(dropout_p, alibi_slopes)
     left, right = _window(window_size)
     out, lse = torch.ops.fa4cpp.fwd(q, k, v, _scale(softmax_scale), bool(causal), left, right,
-                                    _softcap(softcap), bool(deterministic))
+                                    _softcap(softcap), bool(deterministic),
+                                    **_descales(q_descale, k_descale, v_descale))
     return _result(out, lse, return_attn_probs)
 
 
@@ -90,15 +105,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     and cu_seqlens_k None; out= receives the result (also returned; written in place with
     block_table, copied into otherwise); return_softmax_lse returns
     (out, softmax_lse); num_splits bounds the split-KV of a paged call (0: the library's choice);
-    fa_version is ignored. scheduler_metadata, the FP8 descales and s_aux raise ValueError."""
-    for name, value in (("scheduler_metadata", scheduler_metadata), ("q_descale", q_descale),
-                        ("k_descale", k_descale), ("v_descale", v_descale), ("s_aux", s_aux)):
+    fa_version is ignored. scheduler_metadata and s_aux raise ValueError.
+
+    float8_e4m3fn q, k, v (or a paged e4m3 cache) take q_descale / k_descale / v_descale
+    ((batch, nheads_k) fp32, batch the number of sequences) and give a bfloat16 output (out=
+    must be bfloat16 then)."""
+    for name, value in (("scheduler_metadata", scheduler_metadata), ("s_aux", s_aux)):
         if value is not None:
             raise ValueError("fa4cpp: %s is not supported by flash_attn_varlen_func (pass None)"
                              % name)
     _refuse_unsupported(dropout_p, alibi_slopes)
     window_size = (-1, -1) if window_size is None else window_size
     left, right = _window(window_size)
+    descales = _descales(q_descale, k_descale, v_descale)
     if block_table is not None:
         if cu_seqlens_k is not None:
             raise ValueError("fa4cpp: with block_table the keys are the paged cache's: pass "
@@ -107,14 +126,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                 cu_seqlens_q, None, _length(max_seqlen_q), _scale(softmax_scale), bool(causal),
                 left, right, _softcap(softcap), False, int(num_splits))
         if out is not None:  # written in place
-            lse = torch.ops.fa4cpp.fwd_kvcache_out(*args, out)
+            lse = torch.ops.fa4cpp.fwd_kvcache_out(*args, out, **descales)
             return (out, lse) if return_softmax_lse else _result(out, lse, return_attn_probs)
-        result, lse = torch.ops.fa4cpp.fwd_kvcache(*args)
+        result, lse = torch.ops.fa4cpp.fwd_kvcache(*args, **descales)
     else:
         result, lse = torch.ops.fa4cpp.varlen_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, _length(max_seqlen_q), _length(max_seqlen_k),
             seqused_k, _scale(softmax_scale), bool(causal), left, right, _softcap(softcap),
-            bool(deterministic))
+            bool(deterministic), **descales)
     if out is not None:
         out.copy_(result)
         result = out
@@ -165,8 +184,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 
 # FlashAttention-3 arguments fa4cpp does not compute: given anything but their default, they raise.
-_KVCACHE_UNSUPPORTED = (("qv", None), ("rotary_seqlens", None), ("q_descale", None),
-                        ("k_descale", None), ("v_descale", None), ("attention_chunk", 0),
+_KVCACHE_UNSUPPORTED = (("qv", None), ("rotary_seqlens", None), ("attention_chunk", 0),
                         ("scheduler_metadata", None), ("sm_margin", 0))
 
 
@@ -192,9 +210,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     sequence's keys. num_splits: 0 the library's choice, 1 none, n at most n. pack_gqa is a
     performance hint the library decides by itself (ignored). Returns out (q's shape with
     headdim_v), or (out, softmax_lse) with return_softmax_lse ((batch, nheads, seqlen_q), or
-    (nheads, total_q) when varlen). Forward only."""
-    given = dict(qv=qv, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
-                 v_descale=v_descale, attention_chunk=attention_chunk,
+    (nheads, total_q) when varlen). Forward only.
+
+    FP8: q and the caches float8_e4m3fn, with q_descale / k_descale / v_descale ((batch,
+    nheads_k) fp32, of the batch entry, not of the cache row it reads). New rows k / v in
+    float8_e4m3fn are written as given and the output is bfloat16; in bfloat16 or float16 (as a
+    model computes them) each element is divided by its descale and rounded to e4m3 as it is
+    written (saturating at ±448), and the output is in their dtype. The rotary tables are in the
+    output's dtype."""
+    given = dict(qv=qv, rotary_seqlens=rotary_seqlens, attention_chunk=attention_chunk,
                  scheduler_metadata=scheduler_metadata, sm_margin=sm_margin)
     for name, default in _KVCACHE_UNSUPPORTED:
         if given[name] is not default and given[name] != default:
@@ -210,7 +234,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
         _length(max_seqlen_q) if max_seqlen_q is not None else 0, _scale(softmax_scale),
-        bool(causal), left, right, _softcap(softcap), bool(rotary_interleaved), int(num_splits))
+        bool(causal), left, right, _softcap(softcap), bool(rotary_interleaved), int(num_splits),
+        **_descales(q_descale, k_descale, v_descale))
     return (out, lse) if return_softmax_lse else out
 
 

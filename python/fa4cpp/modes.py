@@ -19,10 +19,14 @@ either is on, the native ops hand every call to the package's Python implementat
 apply to eager calls and to torch.compile'd graphs alike (the op body is opaque to the compiler).
 
 Verify tolerances, as the maximum absolute error allowed:
-    O:    c · max|V|, c = 2^-6 (bf16), 2^-9 (fp16), 2^-16 (fp32). O is a convex combination of V's
-          rows; a kernel that rounds P to the input dtype before P·V and rounds O once errs by at
-          most about 2 units of roundoff (2^-8 bf16, 2^-11 fp16) times max|V|: c leaves a factor
-          of 2 above that. fp32 allows for summation-order differences over long rows.
+    O:    c · max|V|, c = 2^-6 (bf16), 2^-9 (fp16), 2^-16 (fp32), 2^-3 (float8_e4m3fn, V
+          dequantized: times its descales). O is a convex combination of V's rows; a kernel that
+          rounds P to the input dtype before P·V and rounds O once errs by at most about 2 units
+          of roundoff (2^-8 bf16, 2^-11 fp16) times max|V|: c leaves a factor of 2 above that.
+          fp32 allows for summation-order differences over long rows. An FP8 kernel rounds P to
+          e4m3 (3 mantissa bits: up to 2^-4 of each weight) and O to bf16 / fp16: c leaves a
+          factor of 2 above the 2^-4 of P. The reference computes FP8 problems on the
+          dequantized inputs (fa4cpp.reference).
     LSE:  2^-10 · (1 + |LSE|): fp32 in both, from the same scores; rows that see no key must be
           +inf in both.
     dQ, dK, dV: c · m elementwise, m the same gradient summed over absolute values
@@ -49,7 +53,8 @@ from .c_abi import Fa4Error
 FALLBACK_ENV = "FA4CPP_FALLBACK"
 VERIFY_ENV = "FA4CPP_VERIFY"
 
-OUT_TOLERANCE = {torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9, torch.float32: 2.0 ** -16}
+OUT_TOLERANCE = {torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9, torch.float32: 2.0 ** -16,
+                 torch.float8_e4m3fn: 2.0 ** -3}
 LSE_TOLERANCE = 2.0 ** -10
 GRAD_TOLERANCE = {torch.bfloat16: 2.0 ** -5, torch.float16: 2.0 ** -8, torch.float32: 2.0 ** -14}
 # Problems with at most this many scores (batch·heads·rows·keys) are verified on every row.
@@ -209,6 +214,13 @@ def _reference_kwargs(params):
                 seqused_k=params.seqused_k)
 
 
+def _descale_kwargs(params):
+    fp8 = params.fp8
+    if fp8 is None:
+        return {}
+    return dict(q_descale=fp8.q_descale, k_descale=fp8.k_descale, v_descale=fp8.v_descale)
+
+
 def _varlen_rows(params, hq, n_keys):
     """Sampled token rows of a varlen problem, only rows inside a sequence (the library leaves
     the others unwritten)."""
@@ -231,13 +243,17 @@ def _used_value_scale(v, params):
         v = torch.cat([v[b, :n] for b, n in enumerate(used)]) if used else v[:0]
     if v.numel() == 0:
         return 0.0
-    return float(torch.nan_to_num(v.detach().abs().float(), nan=0.0, posinf=0.0).max())
+    return float(torch.nan_to_num(v.detach().float().abs(), nan=0.0, posinf=0.0).max())
 
 
 def verify_forward(q, k, v, out, lse, params):
     """Checks a library forward's out / lse on a sample of query rows; raises VerificationError."""
-    kw = _reference_kwargs(params)
-    out_tol = OUT_TOLERANCE[q.dtype] * max(_used_value_scale(v, params), 1e-30)
+    kw = dict(_reference_kwargs(params), **_descale_kwargs(params))
+    values = v
+    if params.fp8 is not None:  # the values the problem means: e4m3 times the descales
+        values = reference.dequantize(v, params.fp8.v_descale,
+                                      params.cu_seqlens_k if params.varlen else None)
+    out_tol = OUT_TOLERANCE[q.dtype] * max(_used_value_scale(values, params), 1e-30)
     if params.varlen:
         rows = _varlen_rows(params, q.shape[1], params.max_seqlen_k)
         ref_out, ref_lse = reference.varlen_attention(q, k, v, params.cu_seqlens_q,
@@ -292,11 +308,15 @@ def verify_backward(dout, q, k, v, dq, dk, dv, params):
             _compare("the backward's " + what, got, want, c * size + floor, key_names, key_rows)
 
 
-def verify_kvcache(q, v_cache, out, lse, ref_out, ref_lse):
+def verify_kvcache(q, v_cache, out, lse, ref_out, ref_lse, fp8=None):
     """Checks a library KV-cache forward's out / lse against the reference's (computed on the cache
-    the call left: every row); raises VerificationError."""
-    used = torch.nan_to_num(v_cache.detach().abs().float(), nan=0.0, posinf=0.0)
-    out_tol = OUT_TOLERANCE[q.dtype] * max(float(used.max()) if used.numel() else 0.0, 1e-30)
+    the call left: every row); raises VerificationError. fp8: an FP8 call's c_abi.Fp8, whose
+    largest v descale bounds the cache's dequantized values."""
+    used = torch.nan_to_num(v_cache.detach().float().abs(), nan=0.0, posinf=0.0)
+    scale = float(used.max()) if used.numel() else 0.0
+    if fp8 is not None and fp8.v_descale is not None and fp8.v_descale.numel():
+        scale *= float(fp8.v_descale.detach().abs().max())
+    out_tol = OUT_TOLERANCE[q.dtype] * max(scale, 1e-30)
     varlen = q.dim() == 3
     rows = range(q.shape[0] if varlen else q.shape[1])
     _compare("the forward's output", out, ref_out, out_tol,

@@ -2,17 +2,23 @@
 and autograd formulas, and support(): whether the library runs a problem.
 
     torch.ops.fa4cpp.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                         deterministic=False) -> (out, lse)
+                         deterministic=False, q_descale=None, k_descale=None,
+                         v_descale=None) -> (out, lse)
         q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv); out (b, sq, hq, dv) in q's
         dtype, lse (b, hq, sq) fp32. softmax_scale 0 = 1/sqrt(d); window sides -1 = unbounded;
         softcap 0 = off. `deterministic` only travels to the backward autograd runs.
+        float8_e4m3fn q, k, v: out is bfloat16, and the descales (fp32 (b, hkv), any strides,
+        None = 1) scale them: S = softmax_scale·q_descale·k_descale·QKᵀ, O = v_descale·PV.
+        Forward only: the backward of FP8 inputs raises Fa4Error.
     torch.ops.fa4cpp.bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left,
                          window_right, softcap, deterministic) -> (dq, dk, dv)
     torch.ops.fa4cpp.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_k, softmax_scale, causal, window_left, window_right,
-                                softcap, deterministic=False) -> (out, lse)
+                                softcap, deterministic=False, q_descale=None, k_descale=None,
+                                v_descale=None) -> (out, lse)
         q (total_q, hq, d), k/v (total_k, hkv, d/dv), cu_seqlens_* int32 (batch + 1),
-        seqused_k int32 (batch) or None; out (total_q, hq, dv), lse (hq, total_q).
+        seqused_k int32 (batch) or None; out (total_q, hq, dv), lse (hq, total_q). Descales as
+        fwd's, one row per sequence.
     torch.ops.fa4cpp.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                 max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                                 window_left, window_right, softcap, deterministic) -> (dq, dk, dv)
@@ -21,17 +27,24 @@ and autograd formulas, and support(): whether the library runs a problem.
                                  cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                  cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale,
                                  causal, window_left, window_right, softcap, rotary_interleaved,
-                                 num_splits) -> (out, lse)
+                                 num_splits, q_descale=None, k_descale=None,
+                                 v_descale=None) -> (out, lse)
         attention over a KV cache (flash_attn_with_kvcache), appending k_new / v_new to it in
-        place first; forward only.
-    torch.ops.fa4cpp.fwd_kvcache_out(<fwd_kvcache's arguments>, out) -> lse
+        place first; forward only. An e4m3 cache (and q) takes descales as fwd's, one row per
+        batch entry; its appended rows are e4m3 (written as given) or bfloat16 / float16
+        (quantised on write: divided by their descale, rounded to e4m3), and the output is
+        bfloat16, or the appended rows' dtype when they are 16-bit (the rotary tables' too).
+    torch.ops.fa4cpp.fwd_kvcache_out(<fwd_kvcache's arguments but the descales>, out,
+                                     q_descale=None, k_descale=None, v_descale=None) -> lse
         the same, writing into the caller's `out` (vLLM's out=).
 
 These are the native ops (C++, python/csrc, docs/python.md) when libfa4_torch.so is loaded; the
 functions below are then their Python implementation, registered as fa4cpp::<name>_py, which the
 native ops hand refusals, bad input and the modes to. Without the native ops they are the ops.
 
-fwd's autograd formula calls bwd (varlen_fwd's calls varlen_bwd); lse is not differentiable.
+fwd's autograd formula calls bwd (varlen_fwd's calls varlen_bwd); lse and the descales are not
+differentiable. The descale arguments come last, with defaults, so that calls written for the
+schemas without them keep working.
 Tensors may have any strides (the library takes them); one whose last dimension is not contiguous
 is copied. CUDA tensors run on the sm90 backend on torch's current stream, CPU tensors on the CPU
 backend. A problem the library refuses raises Fa4Error with its reason, or runs on
@@ -58,6 +71,57 @@ _TMA_ALIGN_BYTES = 16
 
 def _fail(message, *args):
     raise ValueError("fa4cpp: " + message % args)
+
+
+_FP8 = c_abi.FP8_DTYPES
+_DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def output_dtype(q, k_new=None):
+    """The dtype of the output of inputs of q's dtype: q's own, or bfloat16 for float8_e4m3fn
+    (FlashAttention-3's rule); a KV cache call whose appended rows k_new are bfloat16 / float16
+    (quantised on write) outputs in their dtype."""
+    if q.dtype not in _FP8:
+        return q.dtype
+    if k_new is not None and k_new.dtype in c_abi.FP8_OUT_DTYPES:
+        return k_new.dtype
+    return torch.bfloat16
+
+
+def _fp8(q, descales, k_new=None):
+    """Params.fp8 of a call: None for inputs of another dtype without descales; otherwise the
+    output dtype and the descales (which _check_fp8 checks)."""
+    if q.dtype not in _FP8 and all(d is None for d in descales):
+        return None
+    quantize = q.dtype in _FP8 and k_new is not None and k_new.dtype not in _FP8
+    return c_abi.Fp8(output_dtype(q, k_new), quantize, *descales)
+
+
+def _check_fp8(q, params, batch, heads_kv):
+    """Descales only with float8_e4m3fn inputs; each fp32 (batch, heads_kv) on q's device."""
+    fp8 = params.fp8
+    if fp8 is None:
+        return
+    given = [(name, t) for name, t in zip(_DESCALE_NAMES, (fp8.q_descale, fp8.k_descale,
+                                                            fp8.v_descale)) if t is not None]
+    if q.dtype not in _FP8:
+        _fail("%s is given, but the inputs are %s: descales scale float8_e4m3fn inputs only "
+              "(pass None)", given[0][0], q.dtype)
+    for name, t in given:
+        if t.dtype != torch.float32 or tuple(t.shape) != (batch, heads_kv) or t.device != q.device:
+            _fail("%s must be a float32 tensor of shape (batch, heads_kv) = %s on %s (got %s %s on "
+                  "%s); expand() broadcasts a shared value", name, (batch, heads_kv), q.device,
+                  t.dtype, tuple(t.shape), t.device)
+
+
+def _refuse_fp8_backward(q):
+    """FP8 is forward-only (the library has no e4m3 backward): refused whatever the mode, since
+    gradients of e4m3 tensors would be e4m3 too."""
+    if q.dtype in _FP8:
+        raise c_abi.Fa4Error(
+            "fa4cpp: the backward of float8_e4m3fn (FP8) inputs is not supported: FP8 attention "
+            "is forward-only (run it under torch.no_grad(), or compute gradients from bfloat16 / "
+            "float16 inputs)", c_abi.ERROR_NOT_SUPPORTED)
 
 
 def _check_params(params):
@@ -136,8 +200,11 @@ def _check(q, k, v, params):
         _fail("varlen needs both cu_seqlens_q and cu_seqlens_k (one of them is None)")
     if params.varlen:
         _check_varlen(q, k, v, params)
+        batch = params.cu_seqlens_q.shape[0] - 1
     else:
         _check_fixed(q, k, v)
+        batch = q.shape[0]
+    _check_fp8(q, params, batch, k.shape[-2])
 
 
 def _check_grads_inputs(dout, out, lse, q, v, params):
@@ -180,7 +247,8 @@ def support(pass_, q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1),
 def _checked_support(pass_, q, k, v, params, backend=None):
     """support() past its input checks: the tail the ops run, having checked the inputs already."""
     if q.dtype not in c_abi.DTYPES:
-        return "dtype %s: the library takes bfloat16, float16 or float32" % q.dtype
+        return ("dtype %s: the library takes bfloat16, float16, float32 or float8_e4m3fn"
+                % q.dtype)
     if backend is None:
         code = c_abi.backend_of(q.device)
         if code is None:
@@ -261,14 +329,27 @@ def _reference_kwargs(params):
                 seqused_k=params.seqused_k)
 
 
+def _descale_kwargs(params):
+    fp8 = params.fp8
+    if fp8 is None:
+        return {}
+    return dict(q_descale=fp8.q_descale, k_descale=fp8.k_descale, v_descale=fp8.v_descale)
+
+
+def _out_dtype(q, params):
+    """The output dtype of a checked call (params.fp8 is set only for FP8 inputs then)."""
+    return q.dtype if params.fp8 is None else params.fp8.out_dtype
+
+
 def _reference_forward(q, k, v, params):
+    kwargs = dict(_reference_kwargs(params), **_descale_kwargs(params))
     with torch.no_grad():
         if params.varlen:
             out, lse = reference.varlen_attention(q, k, v, params.cu_seqlens_q,
-                                                  params.cu_seqlens_k, **_reference_kwargs(params))
+                                                  params.cu_seqlens_k, **kwargs)
         else:
-            out, lse = reference.attention(q, k, v, **_reference_kwargs(params))
-    return out.to(q.dtype), lse.to(torch.float32)
+            out, lse = reference.attention(q, k, v, **kwargs)
+    return out.to(_out_dtype(q, params)), lse.to(torch.float32)
 
 
 def _reference_backward(dout, q, k, v, params):
@@ -301,9 +382,10 @@ def _forward(q, k, v, params, out_like=None):
         return _reference_forward(q, k, v, params)
     q, k, v = _device_ready((q, k, v))
     out_shape, lse_shape = _out_shapes(q, v, params)
-    out = _like(out_like, torch.Size(out_shape), q.dtype, q.device)
+    out_dtype = _out_dtype(q, params)
+    out = _like(out_like, torch.Size(out_shape), out_dtype, q.device)
     if out is None:
-        out = q.new_empty(out_shape)
+        out = q.new_empty(out_shape, dtype=out_dtype)
     lse = q.new_empty(lse_shape, dtype=torch.float32)
     _library.library().forward(q, k, v, out, lse, params)
     if modes.get_mode().verify > 0:
@@ -313,6 +395,7 @@ def _forward(q, k, v, params, out_like=None):
 
 def _backward(dout, q, k, v, out, lse, params, grads_like=(None, None, None)):
     _check(q, k, v, params)
+    _refuse_fp8_backward(q)
     _check_grads_inputs(dout, out, lse, q, v, params)
     params = _index_arrays(params)
     dout, q, k, v, out, lse = (_last_dim_contiguous(t) for t in (dout, q, k, v, out, lse))
@@ -375,20 +458,31 @@ def _fake(python_op, op):
 
 # -- fixed-length ops -----------------------------------------------------------------------------
 
+def _fixed_params(q, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                  descales):
+    return Params(softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                  fp8=_fp8(q, descales))
+
+
 @torch.library.custom_op(_name("fwd"), mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
-        window_right: int, softcap: float, deterministic: bool = False) -> tuple[Tensor, Tensor]:
-    return _forward(q, k, v, Params(softmax_scale, causal, window_left, window_right, softcap,
-                                    deterministic))
+        window_right: int, softcap: float, deterministic: bool = False,
+        q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+        v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    return _forward(q, k, v, _fixed_params(q, softmax_scale, causal, window_left, window_right,
+                                           softcap, deterministic,
+                                           (q_descale, k_descale, v_descale)))
 
 
 @_fake(fwd, "fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-              deterministic=False):
-    params = Params(softmax_scale, causal, window_left, window_right, softcap)
+              deterministic=False, q_descale=None, k_descale=None, v_descale=None):
+    params = _fixed_params(q, softmax_scale, causal, window_left, window_right, softcap, False,
+                           (q_descale, k_descale, v_descale))
     _check(q, k, v, params)
     out_shape, lse_shape = _out_shapes(q, v, params)
-    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+    return (q.new_empty(out_shape, dtype=_out_dtype(q, params)),
+            q.new_empty(lse_shape, dtype=torch.float32))
 
 
 @torch.library.custom_op(_name("bwd"), mutates_args=())
@@ -404,6 +498,7 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
               deterministic):
     params = Params(softmax_scale, causal, window_left, window_right, softcap)
     _check(q, k, v, params)
+    _refuse_fp8_backward(q)
     _check_grads_inputs(dout, out, lse, q, v, params)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -414,13 +509,15 @@ def _fwd_setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.scalars = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    ctx.inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
+    # FP8 inputs: bwd refuses them with its error.
     dq, dk, dv = torch.ops.fa4cpp.bwd(dout, q, k, v, out, lse, *ctx.scalars)
-    return dq, dk, dv, None, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -429,30 +526,36 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 # -- variable-length ops --------------------------------------------------------------------------
 
 def _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic):
+                   softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                   fp8=None):
     return Params(softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+                  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, fp8=fp8)
 
 
 @torch.library.custom_op(_name("varlen_fwd"), mutates_args=())
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor],
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
-               softcap: float, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+               softcap: float, deterministic: bool = False, q_descale: Optional[Tensor] = None,
+               k_descale: Optional[Tensor] = None,
+               v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     return _forward(q, k, v, _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, seqused_k, softmax_scale, causal,
-                                            window_left, window_right, softcap, deterministic))
+                                            window_left, window_right, softcap, deterministic,
+                                            _fp8(q, (q_descale, k_descale, v_descale))))
 
 
 @_fake(varlen_fwd, "varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                      softmax_scale, causal, window_left, window_right, softcap,
-                     deterministic=False):
+                     deterministic=False, q_descale=None, k_descale=None, v_descale=None):
     params = _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                            softmax_scale, causal, window_left, window_right, softcap, False)
+                            softmax_scale, causal, window_left, window_right, softcap, False,
+                            _fp8(q, (q_descale, k_descale, v_descale)))
     _check(q, k, v, params)
     out_shape, lse_shape = _out_shapes(q, v, params)
-    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+    return (q.new_empty(out_shape, dtype=_out_dtype(q, params)),
+            q.new_empty(lse_shape, dtype=torch.float32))
 
 
 @torch.library.custom_op(_name("varlen_bwd"), mutates_args=())
@@ -473,6 +576,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     params = _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                             softmax_scale, causal, window_left, window_right, softcap, False)
     _check(q, k, v, params)
+    _refuse_fp8_backward(q)
     _check_grads_inputs(dout, out, lse, q, v, params)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -485,6 +589,7 @@ def _varlen_fwd_setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
     ctx.scalars = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                    softcap, deterministic)
+    ctx.inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
 
 
@@ -493,7 +598,7 @@ def _varlen_fwd_backward(ctx, dout, _dlse):
     max_seqlen_q, max_seqlen_k, *rest = ctx.scalars
     dq, dk, dv = torch.ops.fa4cpp.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, seqused_k, *rest)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
@@ -503,7 +608,7 @@ varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_set
 
 def _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q):
+                   max_seqlen_q, descales=(None, None, None)):
     """Shapes, dtypes and devices of a KV-cache call (the library checks sizes and contents)."""
     varlen = cu_seqlens_q is not None
     if q.dim() != (3 if varlen else 4):
@@ -532,13 +637,17 @@ def _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, ca
         _fail("k and v (the new rows) go together: give both or neither")
     if k_new is not None:
         rank = 3 if cu_seqlens_k_new is not None else 4
+        # An e4m3 cache also takes 16-bit rows (both of one dtype), quantised on write.
+        new_dtype = k_new.dtype if q.dtype in _FP8 and k_new.dtype in c_abi.FP8_OUT_DTYPES \
+            else q.dtype
         for name, t, cache in (("k", k_new, k_cache), ("v", v_new, v_cache)):
-            if (t.dim() != rank or t.shape[-2:] != cache.shape[-2:] or t.dtype != q.dtype
+            if (t.dim() != rank or t.shape[-2:] != cache.shape[-2:] or t.dtype != new_dtype
                     or t.device != q.device or (rank == 4 and t.shape[0] != batch)):
                 _fail("%s has shape %s %s; expected %s of %s on %s", name, tuple(t.shape),
                       t.dtype, "(total_new, heads_k, head_dim) with cu_seqlens_k_new"
-                      if rank == 3 else "(batch, seqlen_new, heads_k, head_dim)", q.dtype,
-                      q.device)
+                      if rank == 3 else "(batch, seqlen_new, heads_k, head_dim)",
+                      "float8_e4m3fn (or both bfloat16 / both float16, quantised on write)"
+                      if q.dtype in _FP8 else q.dtype, q.device)
     elif cu_seqlens_k_new is not None:
         _fail("cu_seqlens_k_new is given without k and v")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -547,11 +656,13 @@ def _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, ca
         if k_new is None:
             _fail("rotary_cos / rotary_sin need k and v: the rotary embedding applies to the new "
                   "keys and the queries")
+        # The tables are in the output's dtype (q's, unless FP8).
+        table_dtype = output_dtype(q, k_new)
         for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            if (t.dim() != 2 or t.shape != rotary_cos.shape or t.dtype != q.dtype
+            if (t.dim() != 2 or t.shape != rotary_cos.shape or t.dtype != table_dtype
                     or t.device != q.device):
                 _fail("%s must be a (seqlen_ro, rotary_dim / 2) %s tensor on %s like rotary_cos "
-                      "(got %s %s)", name, q.dtype, q.device, t.dtype, tuple(t.shape))
+                      "(got %s %s)", name, table_dtype, q.device, t.dtype, tuple(t.shape))
     for name, t, n in (("cache_seqlens", cache_seqlens, batch),
                        ("cache_batch_idx", cache_batch_idx, batch),
                        ("cache_leftpad", cache_leftpad, batch),
@@ -565,11 +676,13 @@ def _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, ca
               "on %s)", q.device, page_table.dtype, tuple(page_table.shape), page_table.device)
     if varlen and max_seqlen_q < 0:
         _fail("max_seqlen_q is %d; it must be >= 0", max_seqlen_q)
+    _check_fp8(q, Params(fp8=_fp8(q, descales, k_new)), batch, k_cache.shape[-2])
 
 
 def _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
                     page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal,
-                    window_left, window_right, softcap, rotary_interleaved, num_splits):
+                    window_left, window_right, softcap, rotary_interleaved, num_splits,
+                    descales=(None, None, None)):
     def contiguous(t):
         return t if t is None or t.is_contiguous() else t.contiguous()
     appends = k_new is not None
@@ -587,7 +700,7 @@ def _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_
         rotary_seqlen=rotary_cos.shape[0] if rotary_cos is not None else 0)
     return Params(softmax_scale, causal, window_left, window_right, softcap, False,
                   contiguous(cu_seqlens_q), None, int(max_seqlen_q), 0, contiguous(cache_seqlens),
-                  kv, int(num_splits))
+                  kv, int(num_splits), _fp8(q, descales, k_new))
 
 
 def _kvcache_key_lens(q, k_cache, k_new, params):
@@ -612,18 +725,21 @@ def _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params, append
     kv = params.kv
     before, after = _kvcache_key_lens(q, k_cache, k_new, params)
     cos, sin = rotary if rotary is not None else (None, None)
+    descales = _descale_kwargs(params)
     if append and k_new is not None:
         reference.kvcache_append(k_cache, v_cache, k_new, v_new, before,
                                  page_table=kv.page_table, cache_batch_idx=kv.cache_batch_idx,
                                  cu_seqlens_new=kv.cu_seqlens_new, rotary_cos=cos,
-                                 rotary_sin=sin, rotary_interleaved=kv.rotary_interleaved)
+                                 rotary_sin=sin, rotary_interleaved=kv.rotary_interleaved,
+                                 k_descale=descales.get("k_descale"),
+                                 v_descale=descales.get("v_descale"))
     return reference.kvcache_attention(
         q, k_cache, v_cache, after, cache_seqlens=before, page_table=kv.page_table,
         cache_batch_idx=kv.cache_batch_idx, cache_leftpad=kv.cache_leftpad,
         cu_seqlens_q=params.cu_seqlens_q, rotary_cos=cos, rotary_sin=sin,
         rotary_interleaved=kv.rotary_interleaved, softmax_scale=params.softmax_scale,
         causal=params.causal, window=(params.window_left, params.window_right),
-        softcap=params.softcap)
+        softcap=params.softcap, **descales)
 
 
 def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
@@ -644,29 +760,29 @@ def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
     if reason is not None:
         modes.unsupported("forward", reason)
         out, lse = _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params, True)
-        return out.to(q.dtype), lse.to(torch.float32)
+        return out.to(_out_dtype(q, params)), lse.to(torch.float32)
     out_shape, lse_shape = _kvcache_shapes(q, v_cache, params.cu_seqlens_q)
-    out = q.new_empty(out_shape)
+    out = q.new_empty(out_shape, dtype=_out_dtype(q, params))
     lse = q.new_empty(lse_shape, dtype=torch.float32)
     _library.library().forward(q, k_cache, v_cache, out, lse, params, k_new, v_new, rotary)
     if modes.get_mode().verify > 0:
         ref_out, ref_lse = _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params,
                                               False)
-        modes.verify_kvcache(q, v_cache, out, lse, ref_out, ref_lse)
+        modes.verify_kvcache(q, v_cache, out, lse, ref_out, ref_lse, params.fp8)
     return out, lse
 
 
 def _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                   max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
-                  rotary_interleaved, num_splits):
+                  rotary_interleaved, num_splits, descales):
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q)
+                   max_seqlen_q, descales)
     params = _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
                              page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
                              softmax_scale, causal, window_left, window_right, softcap,
-                             rotary_interleaved, num_splits)
+                             rotary_interleaved, num_splits, descales)
     _check_params(params)
     rotary = (rotary_cos, rotary_sin) if rotary_cos is not None else None
     return _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params)
@@ -679,10 +795,11 @@ def _kvcache_shapes(q, v_cache, cu_seqlens_q):
     return out, lse
 
 
-def _check_out(out, q, v_cache, cu_seqlens_q):
+def _check_out(out, q, v_cache, cu_seqlens_q, k_new=None):
     shape = _kvcache_shapes(q, v_cache, cu_seqlens_q)[0]
-    if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
-        _fail("out must be a %s tensor of shape %s on %s (got %s %s on %s)", q.dtype, shape,
+    dtype = output_dtype(q, k_new)
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != q.device:
+        _fail("out must be a %s tensor of shape %s on %s (got %s %s on %s)", dtype, shape,
               q.device, out.dtype, tuple(out.shape), out.device)
 
 
@@ -694,26 +811,31 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Ten
                 page_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
                 cu_seqlens_k_new: Optional[Tensor], max_seqlen_q: int, softmax_scale: float,
                 causal: bool, window_left: int, window_right: int, softcap: float,
-                rotary_interleaved: bool, num_splits: int) -> tuple[Tensor, Tensor]:
+                rotary_interleaved: bool, num_splits: int, q_descale: Optional[Tensor] = None,
+                k_descale: Optional[Tensor] = None,
+                v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Attention of q over a KV cache, the new rows k_new / v_new appended to it first (in place:
     the op mutates k_cache and v_cache), flash_attn_with_kvcache's semantics (docs/semantics.md).
     Forward only."""
     return _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                          cache_seqlens, cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
                          cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal, window_left,
-                         window_right, softcap, rotary_interleaved, num_splits)
+                         window_right, softcap, rotary_interleaved, num_splits,
+                         (q_descale, k_descale, v_descale))
 
 
 @_fake(fwd_kvcache, "fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                       cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                       max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
-                      rotary_interleaved, num_splits):
+                      rotary_interleaved, num_splits, q_descale=None, k_descale=None,
+                      v_descale=None):
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q)
+                   max_seqlen_q, (q_descale, k_descale, v_descale))
     out, lse = _kvcache_shapes(q, v_cache, cu_seqlens_q)
-    return q.new_empty(out), q.new_empty(lse, dtype=torch.float32)
+    return (q.new_empty(out, dtype=output_dtype(q, k_new)),
+            q.new_empty(lse, dtype=torch.float32))
 
 
 @torch.library.custom_op(_name("fwd_kvcache_out"), mutates_args=("k_cache", "v_cache", "out"))
@@ -724,16 +846,19 @@ def fwd_kvcache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional
                     page_table: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
                     cu_seqlens_k_new: Optional[Tensor], max_seqlen_q: int, softmax_scale: float,
                     causal: bool, window_left: int, window_right: int, softcap: float,
-                    rotary_interleaved: bool, num_splits: int, out: Tensor) -> Tensor:
+                    rotary_interleaved: bool, num_splits: int, out: Tensor,
+                    q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                    v_descale: Optional[Tensor] = None) -> Tensor:
     """fwd_kvcache writing its output into `out` (the caller's tensor, q's shape with the cache's
-    head dim, any strides); returns lse. The native op writes out directly (through a copy only
-    when its last dimension is not contiguous); this implementation copies."""
-    _check_out(out, q, v_cache, cu_seqlens_q)
+    head dim, any strides, the output's dtype); returns lse. The native op writes out directly
+    (through a copy only when its last dimension is not contiguous); this implementation copies.
+    The descales follow `out`, so that the arguments before it keep their places."""
+    _check_out(out, q, v_cache, cu_seqlens_q, k_new)
     result, lse = _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                                 cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                 cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale,
                                 causal, window_left, window_right, softcap, rotary_interleaved,
-                                num_splits)
+                                num_splits, (q_descale, k_descale, v_descale))
     out.copy_(result)
     return lse
 
@@ -742,9 +867,10 @@ def fwd_kvcache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional
 def _fwd_kvcache_out_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                           cache_seqlens, cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
                           cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal, window_left,
-                          window_right, softcap, rotary_interleaved, num_splits, out):
+                          window_right, softcap, rotary_interleaved, num_splits, out,
+                          q_descale=None, k_descale=None, v_descale=None):
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q)
-    _check_out(out, q, v_cache, cu_seqlens_q)
+                   max_seqlen_q, (q_descale, k_descale, v_descale))
+    _check_out(out, q, v_cache, cu_seqlens_q, k_new)
     return q.new_empty(_kvcache_shapes(q, v_cache, cu_seqlens_q)[1], dtype=torch.float32)

@@ -10,7 +10,14 @@ dK = scale·dSᵀ·Q), without autograd, so that they also run inside a custom o
 is off. Used as the oracle of the tests, by fallback mode (when the library refuses a problem) and
 by verify mode (on a sample of query rows). Work is split per sequence and into chunks of kv heads
 and query rows so that no score matrix exceeds _SCORE_BUDGET elements: fallback may run real
-training sizes through it. float64 inputs are computed in float64."""
+training sizes through it. float64 inputs are computed in float64.
+
+FP8 (float8_e4m3fn) inputs come with fp32 (batch, heads_kv) descales (None = 1; varlen: one row per
+sequence): their true values are the stored ones times their descales, and the functions compute
+on those dequantized values in fp32 (S = scale·q_descale·k_descale·QKᵀ, O = v_descale·softmax(S)V).
+A KV cache of e4m3 takes appended rows in e4m3, or in bf16 / fp16 divided by their descales and
+rounded to e4m3 (round_e4m3: to nearest even, saturating at ±448); rotated e4m3 queries and keys
+are rounded back to e4m3, as the library does."""
 import functools
 import math
 import threading
@@ -19,6 +26,49 @@ import torch
 
 # Elements of one score-matrix chunk (256 MiB in fp32); a chunk keeps a few such tensors alive.
 _SCORE_BUDGET = 1 << 26
+
+FP8_DTYPES = (torch.float8_e4m3fn,)
+# e4m3's largest finite value: the library's conversions saturate there.
+E4M3_MAX = 448.0
+
+
+def round_e4m3(x):
+    """x as float8_e4m3fn, rounded as the library rounds: to nearest, ties to even, saturating at
+    ±448 (torch's own conversion makes NaN of anything past 464); NaN stays NaN."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize(x, descale, cu_seqlens=None, group=1):
+    """The true values of e4m3 x in fp32: x times its descales. x (batch, seq, heads, dim), or
+    (total, heads, dim) with cu_seqlens (the rows of sequence b take descale row b; rows outside
+    every sequence take 1); descale fp32 (batch, heads_kv) or None (1); head h of x takes kv head
+    h // group (group = heads / heads_kv: 1 for k and v)."""
+    y = x.float()
+    if descale is None:
+        return y
+    d = descale.float().repeat_interleave(group, dim=1)  # (batch, heads)
+    if cu_seqlens is None:
+        return y * d[:, None, :, None]
+    rows = torch.arange(x.shape[0], device=x.device)
+    # The sequence of each row: how many sequences end at or before it.
+    seq = torch.searchsorted(cu_seqlens[1:].long().contiguous(), rows, right=True)
+    inside = seq < d.shape[0]
+    per_row = torch.ones(x.shape[0], d.shape[1], dtype=y.dtype, device=x.device)
+    per_row[inside] = d[seq[inside]]
+    return y * per_row[:, :, None]
+
+
+def _dequantized(q, k, v, descales, cu_seqlens_q=None, cu_seqlens_k=None):
+    """q, k, v as the functions compute with them: e4m3 ones dequantized (fp32), others as given
+    (descales are then an error)."""
+    if q.dtype not in FP8_DTYPES:
+        if any(d is not None for d in descales):
+            raise ValueError("descales scale float8_e4m3fn inputs only (q is %s)" % q.dtype)
+        return q, k, v
+    q_descale, k_descale, v_descale = descales
+    group = q.shape[-2] // k.shape[-2]
+    return (dequantize(q, q_descale, cu_seqlens_q, group), dequantize(k, k_descale, cu_seqlens_k),
+            dequantize(v, v_descale, cu_seqlens_k))
 
 
 # One lock for the process-wide matmul precision the reference switches (autograd runs backward
@@ -218,11 +268,13 @@ def _key_counts(seqused_k, batch, default):
 
 @_exact_matmul
 def attention(q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0,
-              seqused_k=None, rows=None):
+              seqused_k=None, rows=None, q_descale=None, k_descale=None, v_descale=None):
     """Fixed-length attention. q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv).
     Returns O (b, n, hq, dv) and LSE (b, hq, n) in fp32 (float64 for float64 inputs), n = sq,
-    or len(rows) when rows (query row indices) selects a subset."""
+    or len(rows) when rows (query row indices) selects a subset. float8_e4m3fn inputs take fp32
+    (b, hkv) descales (None = 1)."""
     args = _mask_args(q, softmax_scale, causal, window, softcap)
+    q, k, v = _dequantized(q, k, v, (q_descale, k_descale, v_descale))
     sq, sk = q.shape[1], k.shape[1]
     row_idx = _as_rows(rows, sq, q.device)
     used = _key_counts(seqused_k, q.shape[0], sk)
@@ -289,12 +341,15 @@ def _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows):
 
 @_exact_matmul
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale=0.0, causal=False,
-                     window=(-1, -1), softcap=0.0, seqused_k=None, rows=None):
+                     window=(-1, -1), softcap=0.0, seqused_k=None, rows=None, q_descale=None,
+                     k_descale=None, v_descale=None):
     """Variable-length attention over packed (total, heads, dim) tensors, sequence b in rows
     cu_seqlens[b] .. cu_seqlens[b+1]. Returns O (n, hq, dv) and LSE (hq, n) in fp32 for the token
     rows `rows` (default: all total_q rows; rows outside every sequence — left unwritten by the
-    library — get O = 0 and LSE = +inf)."""
+    library — get O = 0 and LSE = +inf). float8_e4m3fn inputs take fp32 (sequences, hkv)
+    descales (None = 1)."""
     args = _mask_args(q, softmax_scale, causal, window, softcap)
+    q, k, v = _dequantized(q, k, v, (q_descale, k_descale, v_descale), cu_seqlens_q, cu_seqlens_k)
     sequences, row_idx = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows)
     dtype = _compute_dtype(q)
     n, hq, dv = row_idx.shape[0], q.shape[1], v.shape[2]
@@ -378,14 +433,31 @@ def _new_counts(k_new, cu_seqlens_new, batch):
     return [k_new.shape[1]] * batch
 
 
+def _stored(x, dtype):
+    """x as a tensor of `dtype` holds it: e4m3 rounded as the library rounds (saturating)."""
+    return round_e4m3(x) if dtype in FP8_DTYPES else x.to(dtype)
+
+
+def _descale_row(descale, b, like):
+    """The (heads_kv,) descales of batch entry b (ones without descales), like's dtype; like is
+    a (rows, heads_kv, dim) tensor."""
+    if descale is None:
+        return like.new_ones(like.shape[1])
+    return descale[b].to(like.dtype)
+
+
 @torch.no_grad()
 def kvcache_append(k_cache, v_cache, k_new, v_new, cache_seqlens, *, page_table=None,
                    cache_batch_idx=None, cu_seqlens_new=None, rotary_cos=None, rotary_sin=None,
-                   rotary_interleaved=False):
+                   rotary_interleaved=False, k_descale=None, v_descale=None):
     """Writes the new rows into the cache in place, as the library does: sequence b's rows at
     positions cache_seqlens[b] … (through the page table when paged), k rotated there when the
-    tables are given. Batch entries in order (a later one's write to a shared row wins)."""
+    tables are given. Batch entries in order (a later one's write to a shared row wins). An e4m3
+    cache fed bf16 / fp16 rows stores each element (rotated first, in fp32) divided by its
+    descale (batch entry b, kv head h: descale[b, h]) and rounded to e4m3."""
     batch = cache_seqlens.shape[0]
+    quantize = (k_new is not None and k_cache.dtype in FP8_DTYPES
+                and k_new.dtype not in FP8_DTYPES)
     counts = _new_counts(k_new, cu_seqlens_new, batch)
     lens = [int(x) for x in cache_seqlens.tolist()]
     starts = [int(x) for x in cu_seqlens_new.tolist()] if cu_seqlens_new is not None else None
@@ -398,11 +470,15 @@ def kvcache_append(k_cache, v_cache, k_new, v_new, cache_seqlens, *, page_table=
         positions = torch.arange(lens[b], lens[b] + n, device=k_cache.device)
         if rotary_cos is not None:
             kb = rotate(kb, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        if quantize:
+            kb, vb = kb.float(), vb.float()
+            kb = kb / _descale_row(k_descale, b, kb)[None, :, None]
+            vb = vb / _descale_row(v_descale, b, vb)[None, :, None]
         row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
         first, second = _cache_index(k_cache, torch.full_like(positions, row), positions,
                                      page_table)
-        k_cache[first, second] = kb.to(k_cache.dtype)
-        v_cache[first, second] = vb.to(v_cache.dtype)
+        k_cache[first, second] = _stored(kb, k_cache.dtype)
+        v_cache[first, second] = _stored(vb, v_cache.dtype)
 
 
 @torch.no_grad()
@@ -410,12 +486,18 @@ def kvcache_append(k_cache, v_cache, k_new, v_new, cache_seqlens, *, page_table=
 def kvcache_attention(q, k_cache, v_cache, key_lens, *, cache_seqlens, page_table=None,
                       cache_batch_idx=None, cache_leftpad=None, cu_seqlens_q=None,
                       rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                      softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0):
+                      softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0,
+                      q_descale=None, k_descale=None, v_descale=None):
     """Attention of q over a KV cache the appends have already been written to: sequence b's keys
     are cache positions [leftpad[b], key_lens[b]) of its cache row; with rotary tables, q rotated
     at cache_seqlens[b] + i (causal or window) or cache_seqlens[b]. q (b, sq, hq, d) or, with
     cu_seqlens_q, (total, hq, d). Returns O and LSE in fp32, in q's layout and (b, hq, sq) /
-    (hq, total)."""
+    (hq, total). An e4m3 q and cache take fp32 (b, hkv) descales of batch entry b (not of the
+    cache row it reads); rotated e4m3 queries are rounded back to e4m3."""
+    fp8 = q.dtype in FP8_DTYPES
+    if not fp8 and any(d is not None for d in (q_descale, k_descale, v_descale)):
+        raise ValueError("descales scale float8_e4m3fn inputs only (q is %s)" % q.dtype)
+    group = q.shape[-2] // k_cache.shape[-2]
     varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
     cu_q = [int(x) for x in cu_seqlens_q.tolist()] if varlen else None
@@ -430,13 +512,21 @@ def kvcache_attention(q, k_cache, v_cache, key_lens, *, cache_seqlens, page_tabl
             i = torch.arange(qb.shape[0], device=q.device)
             qb = rotate(qb, rotary_cos, rotary_sin, base[b] + (i if banded else 0 * i),
                         rotary_interleaved)
-        rows_q.append(qb.float())
+            if fp8:
+                qb = round_e4m3(qb)
+        qb = qb.float()
         positions = torch.arange(pads[b], lens[b], device=q.device)
         row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
         first, second = _cache_index(k_cache, torch.full_like(positions, row), positions,
                                      page_table)
-        keys.append(k_cache[first, second].float())
-        values.append(v_cache[first, second].float())
+        kb, vb = k_cache[first, second].float(), v_cache[first, second].float()
+        if fp8:
+            qb = qb * _descale_row(q_descale, b, kb).repeat_interleave(group)[None, :, None]
+            kb = kb * _descale_row(k_descale, b, kb)[None, :, None]
+            vb = vb * _descale_row(v_descale, b, vb)[None, :, None]
+        rows_q.append(qb)
+        keys.append(kb)
+        values.append(vb)
         cu_k.append(cu_k[-1] + positions.shape[0])
     dev = q.device
     qq = torch.cat(rows_q) if rows_q else q.new_zeros((0,) + q.shape[-2:], dtype=torch.float32)
