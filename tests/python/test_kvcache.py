@@ -239,7 +239,6 @@ def test_cache_seqlens_as_int_and_full_cache():
 
 @pytest.mark.parametrize("name,value", [
     ("qv", torch.zeros(1)), ("rotary_seqlens", torch.zeros(1, dtype=torch.int32)),
-    ("q_descale", torch.ones(1)), ("k_descale", torch.ones(1)), ("v_descale", torch.ones(1)),
     ("attention_chunk", 64), ("scheduler_metadata", torch.zeros(1, dtype=torch.int32)),
     ("sm_margin", 4)])
 def test_unsupported_arguments_raise(name, value):
