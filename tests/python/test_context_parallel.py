@@ -70,8 +70,8 @@ def single(q, k, v, dout, causal, softcap):
 def check(name, got, ref, lp, atol):
     err = (got.double() - ref).abs().max().item()
     allowed = 2 * (lp.double() - ref).abs().max().item() + atol
-    assert err <= allowed, "%s: max|cp - ref| = %g > 2 * max|single - ref| + atol = %g (seed %d)" % (
-        name, err, allowed, SEED)
+    assert err <= allowed, ("%s: max|cp - ref| = %g > 2 * max|single - ref| + atol = %g (seed %d)"
+                            % (name, err, allowed, SEED))
 
 
 CASES = [
