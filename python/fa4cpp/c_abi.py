@@ -484,8 +484,10 @@ class Library:
             return None
         return torch.cuda.current_stream(device).cuda_stream
 
-    def _forward_tensors(self, q, k, v, out, lse, k_new=None, v_new=None, rotary=None):
-        """rotary: (cos, sin) of a KV cache's rotary embedding, or None."""
+    def _forward_tensors(self, q, k, v, out, lse, k_new=None, v_new=None, rotary=None, fp8=None):
+        """rotary: (cos, sin) of a KV cache's rotary embedding, or None; fp8: params.fp8, whose
+        descales go into the struct here so that every forward path (the call and its closure)
+        passes them."""
         t = self._new(ForwardTensors)
         for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
             _put_tensor(t, name, x)
@@ -498,6 +500,10 @@ class Library:
             cos, sin = rotary
             t.rotary_cos, t.rotary_sin = cos.data_ptr(), sin.data_ptr()
             t.rotary_stride = int(cos.stride(0))
+        if fp8 is not None:
+            t.q_descale = descale_view(fp8.q_descale)
+            t.k_descale = descale_view(fp8.k_descale)
+            t.v_descale = descale_view(fp8.v_descale)
         return t
 
     def _backward_tensors(self, dout, q, k, v, out, lse, dq, dk, dv):
@@ -518,11 +524,7 @@ class Library:
         if backend is None:
             raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % device.type)
         p = self.problem(q, k, v, params)
-        t = self._forward_tensors(q, k, v, out, lse, k_new, v_new, rotary)
-        if params.fp8 is not None:
-            t.q_descale = descale_view(params.fp8.q_descale)
-            t.k_descale = descale_view(params.fp8.k_descale)
-            t.v_descale = descale_view(params.fp8.v_descale)
+        t = self._forward_tensors(q, k, v, out, lse, k_new, v_new, rotary, params.fp8)
         with _device_scope(device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_FORWARD, device)
             self._check(self.lib.fa4_forward_with_overrides(
@@ -560,7 +562,7 @@ class Library:
                             softcap=softcap)
         p = self.problem(q, k, v, params)
         p.return_lse = int(lse is not None)
-        t = self._forward_tensors(q, k, v, out, lse)
+        t = self._forward_tensors(q, k, v, out, lse, fp8=params.fp8)
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_FORWARD, q.device)
         overrides = self._overrides_arg()
 

@@ -2,6 +2,7 @@
 than assigning ctypes views); the bytes must be those of the plain ctypes construction: the
 fa4_*_init defaults, then tensor_view() / lse_view() assigned member by member."""
 import ctypes
+import types
 
 import pytest
 import torch
@@ -112,3 +113,31 @@ def test_struct_layouts_match_the_library():
         s = cls()
         init(ctypes.byref(s))
         assert s.struct_size == ctypes.sizeof(cls), cls.__name__
+
+
+def test_forward_closure_passes_the_descales(monkeypatch):
+    """forward_fn (bench/fp8.py times e4m3 through it) hands the library the same descales as
+    forward(): their pointers and strides, a transposed one's strides as it lies, None as null."""
+    lib = c_abi.Library(_library.library_path())
+    seen = []
+
+    def fake_forward(problem, tensors, *args):
+        seen.append(c_abi.ForwardTensors.from_buffer_copy(tensors._obj))
+        return c_abi.SUCCESS
+    monkeypatch.setattr(lib, "_workspace", lambda *args: (None, None, 0))
+    monkeypatch.setattr(lib.lib, "fa4_forward_with_overrides", fake_forward)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda *a: types.SimpleNamespace(cuda_stream=0))
+    q, k, v = (torch.randn(3, 5, 4, 16).to(torch.float8_e4m3fn) for _ in range(3))
+    out, lse = torch.empty(3, 5, 4, 16, dtype=torch.bfloat16), torch.empty(3, 4, 5)
+    qd, kd = torch.rand(3, 4) + 0.5, (torch.rand(4, 3) + 0.5).t()
+    fp8 = c_abi.Fp8(q_descale=qd, k_descale=kd, v_descale=None)
+    lib.forward_fn(q, k, v, out, lse, params=c_abi.Params(causal=True, fp8=fp8))()
+    lib.forward(q, k, v, out, lse, c_abi.Params(causal=True, fp8=fp8))
+    assert len(seen) == 2
+    for t in seen:
+        assert (t.q_descale.data, t.q_descale.batch_stride, t.q_descale.head_stride) == \
+            (qd.data_ptr(), 4, 1)
+        assert (t.k_descale.data, t.k_descale.batch_stride, t.k_descale.head_stride) == \
+            (kd.data_ptr(), 1, 3)
+        assert t.v_descale.data is None
