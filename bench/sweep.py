@@ -398,32 +398,47 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     return row
 
 
+def rotated_rounds(timed, rounds, refused=None):
+    """`rounds` rounds of median_ms over timed ({key: callable}), in an order rotated by one place
+    each round, so that over len(timed) rounds every key goes first once. Returns ({key: [ms per
+    round]}, {key: [--power windows]}). A timing that raises goes to refused(key, error): true
+    drops the key (it is not timed again), false (or no refused) lets the error through."""
+    order = list(timed)
+    times = {key: [] for key in order}
+    windows = {key: [] for key in order}  # --power: each timing's clock and power
+    dropped = set()
+    for r in range(rounds):
+        shift = r % len(order) if order else 0
+        for key in order[shift:] + order[:shift]:
+            if key in dropped:
+                continue
+            try:
+                times[key].append(median_ms(timed[key], windows[key]))
+            except Exception as e:
+                if refused is None or not refused(key, e):
+                    raise
+                dropped.add(key)
+    return times, windows
+
+
 def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
     """`rounds` rounds of everything that ran: cuDNN, the builds, the OTHERS and torch FA2 (None:
     refused already), in an order rotated each round so that each takes its turn to go first;
     medians into the row. At power-bound shapes whatever runs first after a lighter load starts on
     a cooler chip and at a higher clock: a fixed order would favour one column."""
     other_runs = other_runs or {}
-    timed = {("lib", name): run for name, run in runs.items()}
-    timed[("cudnn",)] = cudnn
+    timed = {("cudnn",): cudnn}
+    timed.update({("lib", name): run for name, run in runs.items()})
     timed.update({("other", name): run for name, run in other_runs.items()})
     if fa2 is not None and "fa2_refused" not in row:
         timed[("fa2",)] = fa2
-    times = {key: [] for key in timed}
-    windows = {key: [] for key in timed}  # --power: each timing's clock and power
-    order = [("cudnn",)] + [key for key in timed if key != ("cudnn",)]
-    for r in range(rounds):
-        shift = r % len(order)
-        for key in order[shift:] + order[:shift]:
-            if key not in timed:  # FA2 refused in an earlier round
-                continue
-            try:
-                times[key].append(median_ms(timed[key], windows[key]))
-            except RuntimeError as e:  # e.g. a head dim torch's FA2 lacks
-                if key != ("fa2",):
-                    raise
-                row["fa2_refused"] = str(e).splitlines()[0]
-                del timed[key]
+
+    def refused(key, e):  # e.g. a head dim torch's FA2 lacks: only FA2 may refuse here
+        if key != ("fa2",) or not isinstance(e, RuntimeError):
+            return False
+        row["fa2_refused"] = str(e).splitlines()[0]
+        return True
+    times, windows = rotated_rounds(timed, rounds, refused)
     row["cudnn_ms"] = statistics.median(times[("cudnn",)])
     if times.get(("fa2",)):
         row["fa2_ms"] = statistics.median(times[("fa2",)])
@@ -605,9 +620,10 @@ def main():
     run.finish()
 
 
-def script_args(doc, name):
-    """The command line of the smaller benchmark scripts (gqa_short.py, varlen.py): builds with
-    their --lib-env, the git sha, where to write, rounds. Returns (args, builds)."""
+def script_args(doc, name, add_args=None, argv=None):
+    """The command line of the smaller benchmark scripts (gqa_short.py, varlen.py, fp8.py): builds
+    with their --lib-env, the git sha, where to write, rounds; add_args(parser) adds a script's
+    own. Returns (args, builds)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--lib", required=True, action="append", metavar="[NAME=]PATH")
     ap.add_argument("--sha", required=True)
@@ -615,7 +631,9 @@ def script_args(doc, name):
     ap.add_argument("--name", default=name)
     ap.add_argument("--rounds", type=int, default=1)
     add_lib_env_arg(ap)
-    args = ap.parse_args()
+    if add_args is not None:
+        add_args(ap)
+    args = ap.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
     libs = parse_libs(args.lib)

@@ -202,6 +202,21 @@ def test_every_column_takes_turns_to_go_first(sweep, monkeypatch):
     assert row["others"]["FA3"]["ms"] == 4.0
 
 
+def test_rotated_rounds_drops_only_what_refused_accepts(sweep, monkeypatch):
+    # The rotation every script shares: a timing that raises is dropped when refused() says so
+    # (not timed again), and goes through otherwise.
+    monkeypatch.setattr(sweep, "median_ms", lambda fn, windows=None: fn())
+    calls = []
+
+    def fails():
+        calls.append("b")
+        raise ValueError("no")
+    times, _ = sweep.rotated_rounds({"a": lambda: 1.5, "b": fails}, 3, lambda key, e: key == "b")
+    assert times == {"a": [1.5] * 3, "b": []} and calls == ["b"]
+    with pytest.raises(ValueError):
+        sweep.rotated_rounds({"a": lambda: 1.5, "b": fails}, 3, lambda key, e: False)
+
+
 def test_fa2_refusal_drops_only_its_column(sweep, monkeypatch):
     monkeypatch.setattr(sweep, "median_ms", lambda fn, windows=None: fn())
 
