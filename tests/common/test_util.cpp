@@ -346,6 +346,24 @@ std::vector<int32_t> prefix_sums(const std::vector<int32_t>& lens) {
 }
 }  // namespace
 
+Case with_variant(Case c, size_t n) {
+  switch (n % 3) {
+    case 0:
+      c.sinks = true;
+      c.name += "_sinks";
+      break;
+    case 1:
+      c.alibi = Case::Alibi::kPerHead;
+      c.name += "_alibi";
+      break;
+    default:
+      c.sinks = true;
+      c.alibi = Case::Alibi::kPerBatchHead;
+      c.name += "_sinks_alibi_per_batch";
+  }
+  return c;
+}
+
 std::unique_ptr<CaseData> make_setup(const Case& c, std::mt19937_64& rng) {
   auto s = std::make_unique<CaseData>();
   Problem& p = s->problem;

@@ -169,6 +169,10 @@ struct CaseShape {
 std::vector<Case> covering_cases(const std::vector<CaseShape>& shapes, int64_t budget,
                                  const char* prefix);
 
+// The score variants the suites rotate through, the n-th of three: sinks; ALiBi per head; sinks
+// with ALiBi per (batch, head). The case's name says which.
+Case with_variant(Case c, size_t n);
+
 // Rows a varlen case's tensors have beyond its last sequence: never to be written.
 constexpr int64_t kVarlenSpareRows = 3;
 

@@ -232,15 +232,7 @@ INSTANTIATE_TEST_SUITE_P(Matrix, CpuBackward, ::testing::ValuesIn(backward_cases
 std::vector<Case> backward_variant_cases() {
   std::vector<Case> picked;
   const std::vector<Case> cases = covering_cases(backward_shapes(), kBackwardBudget / 2, "bv");
-  for (size_t n = 0; n < cases.size(); n += 2) {
-    Case c = cases[n];
-    const size_t kind = (n / 2) % 3;
-    c.sinks = kind != 1;
-    c.alibi = kind == 1 ? Case::Alibi::kPerHead
-                        : kind == 2 ? Case::Alibi::kPerBatchHead : Case::Alibi::kNone;
-    c.name += kind == 0 ? "_sinks" : kind == 1 ? "_alibi" : "_sinks_alibi_per_batch";
-    picked.push_back(c);
-  }
+  for (size_t n = 0; n < cases.size(); n += 2) picked.push_back(with_variant(cases[n], n / 2));
   return picked;
 }
 

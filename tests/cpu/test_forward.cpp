@@ -125,20 +125,9 @@ void run_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}) 
 
 // The score variants over every other case of a second covering matrix: sinks, ALiBi per head,
 // and both together with ALiBi per (batch, head), in turn.
-std::vector<Case> variant_cases(std::vector<Case> cases) {
+std::vector<Case> variant_cases(const std::vector<Case>& cases) {
   std::vector<Case> picked;
-  for (size_t n = 0; n < cases.size(); n += 2) {
-    Case c = cases[n];
-    switch ((n / 2) % 3) {
-      case 0: c.sinks = true; c.name += "_sinks"; break;
-      case 1: c.alibi = Case::Alibi::kPerHead; c.name += "_alibi"; break;
-      default:
-        c.sinks = true;
-        c.alibi = Case::Alibi::kPerBatchHead;
-        c.name += "_sinks_alibi_per_batch";
-    }
-    picked.push_back(c);
-  }
+  for (size_t n = 0; n < cases.size(); n += 2) picked.push_back(with_variant(cases[n], n / 2));
   return picked;
 }
 

@@ -758,7 +758,7 @@ TEST_F(Validation, Workspace) {
 // Found in review: the sm90 kernel keeps the running max of raw scores, which is the max of the
 // logits only for a positive scale; other scales are refused there (the CPU backend runs them).
 // Score variants: ALiBi slopes and sinks are arrays of floats (aligned, strides ≥ 0); d(sinks)
-// needs sinks; the sm90 backward has no ALiBi yet.
+// needs sinks.
 TEST_F(Validation, ScoreVariants) {
   Case& c = fixed();
   alignas(16) static float slopes[64] = {0.5f, 0.25f, 0.125f, 0.0625f};
@@ -785,14 +785,6 @@ TEST_F(Validation, ScoreVariants) {
     BackwardTensors t = c.bwd;
     t.dsinks = slopes + 8;
     expect_backward_rejected(c, c.problem, t, StatusCode::kInvalidArgument, {"dsinks"});
-  }
-  {
-    SCOPED_TRACE("alibi in the sm90 backward");
-    auto bf16 = make_case(DType::kBF16, /*varlen=*/false, 128, 128);
-    Problem p = bf16->problem;
-    p.alibi = {slopes, 0, 1};
-    expect_status(fa4::can_implement(p, Backend::kSm90, Pass::kBackward),
-                  StatusCode::kNotSupported, {"ALiBi"});
   }
 }
 

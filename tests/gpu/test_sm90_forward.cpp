@@ -375,15 +375,7 @@ std::vector<Case> variant_cases(const Kernel& k) {
     from.insert(from.end(), decode.begin(), decode.end());
   }
   std::vector<Case> cases;
-  for (size_t n = 0; n < from.size(); n += 3) {
-    Case c = from[n];
-    const size_t kind = cases.size() % 3;
-    c.sinks = kind != 1;
-    c.alibi = kind == 1 ? Case::Alibi::kPerHead
-                        : kind == 2 ? Case::Alibi::kPerBatchHead : Case::Alibi::kNone;
-    c.name += kind == 0 ? "_sinks" : kind == 1 ? "_alibi" : "_sinks_alibi_per_batch";
-    cases.push_back(c);
-  }
+  for (size_t n = 0; n < from.size(); n += 3) cases.push_back(with_variant(from[n], n / 3));
   return cases;
 }
 

@@ -1,8 +1,7 @@
 // The score variants on the GPU: ALiBi's bias and the attention sinks (common/mask.hpp's Alibi and
-// Sink, the definitions the CPU backend uses too), as one consumer thread applies them to its rows
-// of a query tile: each of the thread's rows gets its slope in the kernel's score units and its
-// diagonal, so that the bias costs one FADD and one FFMA per score; and its head's sink logit,
-// folded into the row's max and sum when the softmax finishes.
+// Sink, the definitions the CPU backend uses too), for the forward and both backward tile loops.
+// A bias costs one FADD and one FFMA per score; a sink is folded into its row's max and sum when
+// the forward's softmax finishes (or in split-KV's combine).
 #pragma once
 
 #include <cmath>
@@ -39,13 +38,12 @@ CUTE_DEVICE VariantRow variant_row(QueryRows const& rows, Sequence const& seq, i
   return {row.head, float(row.position + seq.len_k - seq.len_q)};
 }
 
-// scores(i, j) −= slope_i · |center_i − key_j| on a thread's (rows, cols) view of the scores of
-// key tile n_block, in the kernel's units (after softcap), each row's slope and diagonal made as
-// the row comes: at d256 four values held for the
-// whole tile take registers the kernel does not have. `coords`: the same view of the tile's
-// identity tensor; `first_row`: the tile's row 0 (TileRows::first); `tile_head`: the tile's head
-// (kv head when packed). Columns relative to the thread's first, as the mask takes them:
-// compile-time offsets.
+// The forward: scores(i, j) −= slope_i · |center_i − key_j| on a thread's (rows, cols) view of the
+// scores of key tile n_block, in the kernel's units (after softcap). Each row's slope and diagonal
+// are made as the row comes: at d256, four values held through the tile loop take registers the
+// kernel does not have. `coords`: the same view of the tile's identity tensor; `first_row`: the
+// tile's row 0 (TileRows::first); `tile_head`: the tile's head (kv head when packed). Columns are
+// relative to the thread's first, as the mask takes them: compile-time offsets.
 template <int kBlockN, class Scores, class Coords>
 CUTE_DEVICE void apply_alibi(Scores& scores, Coords const& coords, ScoreVariantParams const& v,
                              QueryRows const& rows, Sequence const& seq, int batch,
@@ -80,5 +78,27 @@ CUTE_DEVICE cute::array<Sink, kRows> row_sinks(ScoreVariantParams const& v, Quer
   }
   return sinks;
 }
+
+// ALiBi's bias in a backward tile (common/mask.hpp's Alibi): −slope·|q + sk − sq − k| for query q
+// and key k, in the kernel's score units. A tile's rows and columns are keys and queries (the
+// narrow kernel's Sᵀ) or queries and keys (the wide kernel's S); either way the difference is one
+// per-tile value plus the element's compile-time offset from the thread's first, so the bias costs
+// one FADD and one FFMA and holds two registers (the slope and that value).
+struct BwdAlibi {
+  float slope = 0.0f;  // slope / score_scale
+
+  // The per-tile value: q − k (+ sk − sq) of the thread's first element, whose row and column are
+  // row0 and col0 (absolute: the tile's first row and column included).
+  template <bool kRowsAreKeys>
+  CUTE_DEVICE static float first(int row0, int col0, int offset) {
+    return kRowsAreKeys ? float(col0 - row0 + offset) : float(row0 - col0 + offset);
+  }
+  // t + bias of the element `di` rows and `dj` columns from the thread's first.
+  template <bool kRowsAreKeys>
+  CUTE_DEVICE float add(float t, float first_d, int di, int dj) const {
+    const float d = first_d + float(kRowsAreKeys ? dj - di : di - dj);
+    return fmaf(-slope, fabsf(d), t);
+  }
+};
 
 }  // namespace fa4::sm90

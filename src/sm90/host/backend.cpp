@@ -183,8 +183,6 @@ Status can_implement_backward(const Problem& p) {
 Status can_implement(const Problem& p, Pass pass) {
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
-  if (pass == Pass::kBackward && p.alibi.data != nullptr)
-    return not_supported("the sm90 backward does not compute ALiBi yet; the cpu backend does");
   // The kernels index the slopes in 32 bits.
   if (p.alibi.data != nullptr &&
       (p.batch - 1) * p.alibi.batch_stride + (p.heads_q - 1) * p.alibi.head_stride >= kMaxExtent)

@@ -167,6 +167,8 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
         band,
         softcap,
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
+        ScoreVariantParams{p.alibi.data, int(p.alibi.batch_stride), int(p.alibi.head_stride),
+                           1.0f / (softcap.enabled() ? p.softcap : p.scale()), p.sinks},
         GroupedOrder{order_blocks, rows, plan.group},
         int(p.heads_q),
         plan.rotate};
