@@ -87,7 +87,8 @@ typedef struct fa4_problem {
   int32_t out_dtype;        /* fa4_dtype; default BF16 */
   int32_t quantize_appends; /* 0 / 1 */
   /* ABI version 3, score variants (attention.hpp's AlibiSlopes and sinks): ALiBi slopes, fp32
-   * (batch, heads_q) with these strides (null: none); attention sinks, fp32 (heads_q) (null: none). */
+   * (batch, heads_q) with these strides (null: none); attention sinks, fp32 (heads_q) (null:
+   * none). */
   const float* alibi_slopes;
   int64_t alibi_batch_stride, alibi_head_stride;
   const float* sinks;

@@ -10,9 +10,10 @@
 //   pass 2      per (batch, kv head, key tile): dV and dK as above.
 // Both passes recompute P = exp(S − LSE) from the forward's LSE (a sink's share included), and
 // dS = P ∘ (dP − D) with dP = dO Vᵀ, times 1 − tanh² when softcap is on; ALiBi's bias is part of
-// S and leaves dS alone. With sinks, dsinks comes from LSE and D at the end. The products are OpenBLAS sgemm calls, each
-// pass holding its blocks in the orientation that keeps every product untransposed on the right
-// (OpenBLAS's fastest kernels on small tiles); the row and column operations are Highway's.
+// S and leaves dS alone. With sinks, dsinks comes from LSE and D at the end. The products are
+// OpenBLAS sgemm calls, each pass holding its blocks in the orientation that keeps every product
+// untransposed on the right (OpenBLAS's fastest kernels on small tiles); the row and column
+// operations are Highway's.
 #include <algorithm>
 #include <cmath>
 #include <vector>

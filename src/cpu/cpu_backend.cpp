@@ -1,5 +1,5 @@
-// The CPU backend as dispatch sees it: always available, every dtype (e4m3 forward only), any head dim up to 256, every
-// mask / softcap / varlen / GQA feature the Problem can express.
+// The CPU backend as dispatch sees it: always available, every dtype (e4m3 forward only), any head
+// dim up to 256, every mask / softcap / varlen / GQA / variant feature the Problem can express.
 #include "cpu/cpu_backend.hpp"
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 // that is rescaled whenever m grows. The tile products (S = Q Kᵀ, acc += P V) are OpenBLAS sgemm
 // calls, the softmax's row operations Highway's vectorised ones; everything accumulates in fp32 and
 // the output is rounded to the dtype once. e4m3 inputs are read through a table of their 256
-// values; their descales join the score scale and the output's final division, and P stays fp32.
+// values; their descales join the score scale and the output's final scaling, and P stays fp32.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -63,11 +63,6 @@ void visit_storage(const Problem& p, Fn&& fn) {
 // The descale of batch entry b, kv head h (1 without one).
 float descale(const DescaleView& d, int64_t b, int64_t h) {
   return d.data != nullptr ? d.data[b * d.batch_stride + h * d.head_stride] : 1.0f;
-}
-
-// x[0, n) rounded to e4m3's precision: rotated rows of e4m3 tensors stay e4m3 values.
-void round_to_e4m3(float* x, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) x[c] = to_float(to_e4m3(x[c]));
 }
 
 // Query tiles per task: they share each key tile the task converts to fp32 (bf16 and fp16 inputs,
@@ -247,7 +242,9 @@ void forward_task(const Problem& p, const ForwardTensors& t, const ScoreMod& pro
         float* x = w.q.data() + r * dqk;
         rotate<typename S::Table>(p, t.rotary, query_position(p, span, qi + r), x,
                                   w.rotary.data());
-        if constexpr (S::kFp8) round_to_e4m3(x, p.kv_cache.rotary_dim);
+        // Rotated e4m3 queries stay e4m3 values.
+        if constexpr (S::kFp8)
+          for (int64_t c = 0; c < p.kv_cache.rotary_dim; ++c) x[c] = round_to(DType::kE4M3, x[c]);
       }
     transpose(rows, dqk, w.q.data(), dqk, qs.qt.data(), kTileQ);
     std::fill(qs.m.begin(), qs.m.end(), -kInf);

@@ -1,8 +1,8 @@
 // The tile machinery the CPU forward and backward passes share: tile sizes, work lists, fp32 tile
 // loads, the key tiles a query tile visits, and the score step (how a raw dot product becomes a
-// score: scale or softcap, ALiBi, the mask). The last is here and not in each pass because the backward recomputes P from
-// the forward's LSE, so both must score a dot product exactly alike. The products themselves are
-// OpenBLAS's (blas.hpp), the row operations Highway's (vec.hpp).
+// score: scale or softcap, ALiBi, the mask). The last is here and not in each pass because the
+// backward recomputes P from the forward's LSE, so both must score a dot product exactly alike.
+// The products themselves are OpenBLAS's (blas.hpp), the row operations Highway's (vec.hpp).
 #pragma once
 
 #include <algorithm>

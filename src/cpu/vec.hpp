@@ -1,7 +1,7 @@
 // The CPU backend's vectorised row operations (Highway): exponentials, maxima, scaling, softcap,
-// the gradient of the scores and fp32 conversion of bf16 / fp16 / e4m3 rows. Each is compiled for AVX-512,
-// AVX2 and the baseline instruction set; the first call picks the best the processor has. NaN
-// inputs stay NaN through every operation.
+// the gradient of the scores and fp32 conversion of bf16 / fp16 / e4m3 rows. Each is compiled for
+// AVX-512, AVX2 and the baseline instruction set; the first call picks the best the processor has.
+// NaN inputs stay NaN through every operation.
 #pragma once
 
 #include <cstdint>

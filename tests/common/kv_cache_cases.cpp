@@ -44,7 +44,8 @@ double descale_at(const std::vector<float>& d, const Problem& p, int64_t b, int6
 
 std::string describe(const CacheCase& c) {
   std::string s = c.name + ": " + dtype_name(c.dtype) +
-                  (c.quantize_appends ? " (bf16 appends quantised)" : "") + " b" + std::to_string(c.batch) + " h" +
+                  (c.quantize_appends ? " (bf16 appends quantised)" : "") + " b" +
+                  std::to_string(c.batch) + " h" +
                   std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) + " d" +
                   std::to_string(c.dim) + " page " + std::to_string(c.page_size) + " append " +
                   std::to_string(c.append) + " rotary " + std::to_string(c.rotary_dim) +
@@ -278,7 +279,8 @@ std::vector<CheckResult> check_appends(const CacheSetup& s) {
         for (int64_t c = 0; c < p.head_dim_qk; ++c) kx[size_t(c)] = s.k_new.get(base + c);
         for (int64_t c = 0; c < p.head_dim_v; ++c) vx[size_t(c)] = s.v_new.get(base + c);
         const bool rotates = kc.rotary_dim > 0;
-        const Rotated kr = rotates ? rotated(s, kx, pos) : Rotated{kx, std::vector<double>(kx.size())};
+        const Rotated kr =
+            rotates ? rotated(s, kx, pos) : Rotated{kx, std::vector<double>(kx.size())};
         const double kd = quantized ? descale_at(s.k_descale, p, b, h) : 1.0;
         const double vd = quantized ? descale_at(s.v_descale, p, b, h) : 1.0;
         // A row copied as given is exact; one computed (rotated or divided) carries its fp32
@@ -286,7 +288,8 @@ std::vector<CheckResult> check_appends(const CacheSetup& s) {
         for (int64_t c = 0; c < p.head_dim_qk; ++c) {
           const size_t at = size_t(cache_index(s, b, pos, h, c));
           k_want[at] = kr.value[size_t(c)] / kd;
-          const double e = kr.bound[size_t(c)] / kd + (quantized ? 0x1p-23 * std::fabs(k_want[at]) : 0.0);
+          const double e =
+              kr.bound[size_t(c)] / kd + (quantized ? 0x1p-23 * std::fabs(k_want[at]) : 0.0);
           k_bound[at] = rotates || quantized ? e + rounding_bound(p.dtype, k_want[at], e) : 0.0;
         }
         for (int64_t c = 0; c < p.head_dim_v; ++c) {

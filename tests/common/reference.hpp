@@ -95,8 +95,9 @@ ForwardResult forward(const Problem& problem, const TensorView& q, const TensorV
                       const QueryRotary* rotary = nullptr, const Descales* descales = nullptr);
 
 // Gradients of sum(out ∘ dout) w.r.t. q, k, v (and the sinks, with Problem::sinks). ALiBi and the
-// sinks are computed as docs/semantics.md defines them, written out here again. Exact mode: in double, from the given inputs (O is
-// recomputed exactly, so the result is the true gradient of the function the inputs define).
+// sinks are computed as docs/semantics.md defines them, written out here again. Exact mode: in
+// double, from the given inputs (O is recomputed exactly, so the result is the true gradient of
+// the function the inputs define).
 // Low-precision mode: the kernel's way — S, P = exp(S − LSE), dP and D in fp32 with LSE and O
 // from the low-precision forward (O rounded to the dtype), P and dS rounded to the dtype before
 // the GEMMs they feed, fp32 accumulation, gradients rounded to the dtype.

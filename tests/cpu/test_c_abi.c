@@ -497,7 +497,8 @@ static float bf16_value(uint16_t b) {
 }
 
 /* e4m3 inputs with descales per (batch, kv head): the forward of the dequantised values in fp32,
- * rounded to bf16 (ABI version 3); and a version-2 fa4_problem, which lacks out_dtype, takes bf16. */
+ * rounded to bf16 (ABI version 3); and a version-2 fa4_problem, which lacks out_dtype, takes
+ * bf16. */
 static void test_fp8(void) {
   static uint8_t q8[sizeof q / sizeof q[0]], k8[sizeof k / sizeof k[0]], v8[sizeof v / sizeof v[0]];
   static uint16_t out8[sizeof out / sizeof out[0]];
@@ -516,7 +517,8 @@ static void test_fp8(void) {
   uint32_t state = 12345u;
   fill(&descales[0][0], sizeof descales / sizeof(float), 99u);
   for (t = 0; t < 3; ++t)
-    for (i = 0; i < (size_t)(kBatch * kHeadsKV); ++i) descales[t][i] = 0.75f + 0.5f * descales[t][i];
+    for (i = 0; i < (size_t)(kBatch * kHeadsKV); ++i)
+      descales[t][i] = 0.75f + 0.5f * descales[t][i];
   /* Random bytes with exponent fields 4 to 9 (values 2^-3 to 2^3 in magnitude), dequantised with
    * the descale of their batch entry and kv head. */
   for (t = 0; t < 3; ++t)

@@ -233,7 +233,8 @@ TEST(CpuFp8Refusals, DescaleViews) {
   }
   {
     Small s;
-    s.t.q_descale = {reinterpret_cast<const float*>(reinterpret_cast<const char*>(s.descale.data()) + 1), 0, 0};
+    const char* bytes = reinterpret_cast<const char*>(s.descale.data());
+    s.t.q_descale = {reinterpret_cast<const float*>(bytes + 1), 0, 0};
     expect_refused(s, StatusCode::kInvalidArgument, "aligned");
   }
 }

@@ -1,6 +1,6 @@
-// The bf16 / fp16 / e4m3 conversions of src/common/numeric.hpp against oracles built another way: formats
-// decoded from their fields with ldexp, and rounding by searching the sorted table of a format's
-// values for the nearest one (ties to the even significand). Checked on every 16-bit pattern, on
+// The bf16 / fp16 / e4m3 conversions of src/common/numeric.hpp against oracles built another way:
+// formats decoded from their fields with ldexp, and rounding by searching the sorted table of a
+// format's values for the nearest one (ties to the even significand). Checked on every pattern, on
 // every rounding boundary (midpoints and their float neighbours), and on a dense sweep of floats.
 #include <gtest/gtest.h>
 
