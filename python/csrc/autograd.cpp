@@ -30,6 +30,24 @@ void save_scores(AutogradContext* ctx, double softmax_scale, bool causal, int64_
   ctx->saved_data["deterministic"] = deterministic;
 }
 
+// A saved optional tensor: an undefined tensor saves its absence.
+at::Tensor saved_optional(const OptionalTensor& t) { return t.value_or(at::Tensor()); }
+OptionalTensor unsaved_optional(const at::Tensor& t) {
+  return t.defined() ? OptionalTensor(t) : OptionalTensor();
+}
+
+// The score variants of a forward call, for its backward: whether the sinks' gradient is wanted
+// (the sinks require grad), as saved_data.
+void save_variants(AutogradContext* ctx, const OptionalTensor& sinks) {
+  ctx->saved_data["dsinks"] = sinks.has_value() && sinks->requires_grad();
+}
+
+// A fresh buffer for the sinks' gradient when the forward asked for one.
+OptionalTensor sinks_gradient(AutogradContext* ctx, const at::Tensor& sinks) {
+  if (!ctx->saved_data["dsinks"].toBool()) return std::nullopt;
+  return at::empty({sinks.size(0)}, at::TensorOptions().dtype(at::kFloat).device(sinks.device()));
+}
+
 struct SavedScores {
   double softmax_scale;
   bool causal;
@@ -46,41 +64,62 @@ struct SavedScores {
         deterministic(ctx->saved_data["deterministic"].toBool()) {}
 };
 
+// The forward ops' arguments: the FP8 descales, then the score variants, last.
+#define FA4CPP_TRAILING_TYPES                                                                   \
+  const OptionalTensor&, const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,  \
+      const OptionalTensor&
+#define FA4CPP_TRAILING_PARAMS                                                                  \
+  const OptionalTensor &q_descale, const OptionalTensor &k_descale,                            \
+      const OptionalTensor &v_descale, const OptionalTensor &alibi_slopes,                     \
+      const OptionalTensor &sinks
+#define FA4CPP_TRAILING_ARGS q_descale, k_descale, v_descale, alibi_slopes, sinks
+// The backward ops' score variants: the slopes, the sinks, the sinks' gradient (written).
+#define FA4CPP_BWD_VARIANT_TYPES const OptionalTensor&, const OptionalTensor&, const OptionalTensor&
+
 using FwdSignature = Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool,
-                          int64_t, int64_t, double, bool, const OptionalTensor&,
-                          const OptionalTensor&, const OptionalTensor&);
+                          int64_t, int64_t, double, bool, FA4CPP_TRAILING_TYPES);
 using BwdSignature = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool,
-                            int64_t, int64_t, double, bool);
+                            int64_t, int64_t, double, bool, FA4CPP_BWD_VARIANT_TYPES);
+
+// Where fwd's sinks sit among its arguments (their gradient's place in backward's result), and
+// how many arguments it has.
+constexpr size_t kFwdSinks = 13;
+constexpr size_t kFwdArguments = 14;
 
 struct Forward : torch::autograd::Function<Forward> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, double softmax_scale, bool causal,
                                int64_t window_left, int64_t window_right, double softcap,
-                               bool deterministic, const OptionalTensor& q_descale,
-                               const OptionalTensor& k_descale, const OptionalTensor& v_descale) {
+                               bool deterministic, FA4CPP_TRAILING_PARAMS) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static const auto fwd = op<FwdSignature>("fa4cpp::fwd");
     auto [out, lse] = fwd.call(q, k, v, softmax_scale, causal, window_left, window_right,
-                               softcap, deterministic, q_descale, k_descale, v_descale);
-    ctx->save_for_backward({q, k, v, out, lse});
+                               softcap, deterministic, FA4CPP_TRAILING_ARGS);
+    ctx->save_for_backward(
+        {q, k, v, out, lse, saved_optional(alibi_slopes), saved_optional(sinks)});
     save_scores(ctx, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+    save_variants(ctx, sinks);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
 
-  // FP8 inputs: bwd refuses them with its error. The descales have no gradient.
+  // FP8 inputs: bwd refuses them with its error. The descales and the ALiBi slopes have no
+  // gradient; the sinks' comes from bwd's dsinks.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const SavedScores s(ctx);
+    const OptionalTensor dsinks = sinks_gradient(ctx, saved[6]);
     static const auto bwd = op<BwdSignature>("fa4cpp::bwd");
     auto [dq, dk, dv] = bwd.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                  s.softmax_scale, s.causal, s.window_left, s.window_right,
-                                 s.softcap, s.deterministic);
-    variable_list result(12);
+                                 s.softcap, s.deterministic, unsaved_optional(saved[5]),
+                                 unsaved_optional(saved[6]), dsinks);
+    variable_list result(kFwdArguments);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
+    result[kFwdSinks] = saved_optional(dsinks);
     return result;
   }
 };
@@ -88,13 +127,15 @@ struct Forward : torch::autograd::Function<Forward> {
 using VarlenFwdSignature = Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t,
                                 const OptionalTensor&, double, bool, int64_t, int64_t, double,
-                                bool, const OptionalTensor&, const OptionalTensor&,
-                                const OptionalTensor&);
+                                bool, FA4CPP_TRAILING_TYPES);
 using VarlenBwdSignature = Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                   const at::Tensor&, const at::Tensor&, int64_t, int64_t,
                                   const OptionalTensor&, double, bool, int64_t, int64_t, double,
-                                  bool);
+                                  bool, FA4CPP_BWD_VARIANT_TYPES);
+
+constexpr size_t kVarlenFwdSinks = 18;
+constexpr size_t kVarlenFwdArguments = 19;
 
 struct VarlenForward : torch::autograd::Function<VarlenForward> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
@@ -103,19 +144,19 @@ struct VarlenForward : torch::autograd::Function<VarlenForward> {
                                int64_t max_seqlen_k, const OptionalTensor& seqused_k,
                                double softmax_scale, bool causal, int64_t window_left,
                                int64_t window_right, double softcap, bool deterministic,
-                               const OptionalTensor& q_descale, const OptionalTensor& k_descale,
-                               const OptionalTensor& v_descale) {
+                               FA4CPP_TRAILING_PARAMS) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static const auto fwd = op<VarlenFwdSignature>("fa4cpp::varlen_fwd");
     auto [out, lse] = fwd.call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                seqused_k, softmax_scale, causal, window_left, window_right,
-                               softcap, deterministic, q_descale, k_descale, v_descale);
-    // An undefined tensor saves seqused_k's absence.
-    ctx->save_for_backward(
-        {q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k.value_or(at::Tensor())});
+                               softcap, deterministic, FA4CPP_TRAILING_ARGS);
+    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                            saved_optional(seqused_k), saved_optional(alibi_slopes),
+                            saved_optional(sinks)});
     ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
     ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
     save_scores(ctx, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+    save_variants(ctx, sinks);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
@@ -123,28 +164,28 @@ struct VarlenForward : torch::autograd::Function<VarlenForward> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const SavedScores s(ctx);
-    const OptionalTensor seqused_k =
-        saved[7].defined() ? OptionalTensor(saved[7]) : OptionalTensor();
+    const OptionalTensor dsinks = sinks_gradient(ctx, saved[9]);
     static const auto bwd = op<VarlenBwdSignature>("fa4cpp::varlen_bwd");
     auto [dq, dk, dv] = bwd.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                  saved[5], saved[6], ctx->saved_data["max_seqlen_q"].toInt(),
-                                 ctx->saved_data["max_seqlen_k"].toInt(), seqused_k,
-                                 s.softmax_scale, s.causal, s.window_left, s.window_right,
-                                 s.softcap, s.deterministic);
-    variable_list result(17);
+                                 ctx->saved_data["max_seqlen_k"].toInt(),
+                                 unsaved_optional(saved[7]), s.softmax_scale, s.causal,
+                                 s.window_left, s.window_right, s.softcap, s.deterministic,
+                                 unsaved_optional(saved[8]), unsaved_optional(saved[9]), dsinks);
+    variable_list result(kVarlenFwdArguments);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
+    result[kVarlenFwdSinks] = saved_optional(dsinks);
     return result;
   }
 };
 
 Pair fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                  double softcap, bool deterministic, const OptionalTensor& q_descale,
-                  const OptionalTensor& k_descale, const OptionalTensor& v_descale) {
+                  double softcap, bool deterministic, FA4CPP_TRAILING_PARAMS) {
   auto r = Forward::apply(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                          deterministic, q_descale, k_descale, v_descale);
+                          deterministic, FA4CPP_TRAILING_ARGS);
   return {r[0], r[1]};
 }
 
@@ -153,11 +194,10 @@ Pair varlen_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          int64_t max_seqlen_q, int64_t max_seqlen_k,
                          const OptionalTensor& seqused_k, double softmax_scale, bool causal,
                          int64_t window_left, int64_t window_right, double softcap,
-                         bool deterministic, const OptionalTensor& q_descale,
-                         const OptionalTensor& k_descale, const OptionalTensor& v_descale) {
+                         bool deterministic, FA4CPP_TRAILING_PARAMS) {
   auto r = VarlenForward::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_k, softmax_scale, causal, window_left, window_right,
-                                softcap, deterministic, q_descale, k_descale, v_descale);
+                                softcap, deterministic, FA4CPP_TRAILING_ARGS);
   return {r[0], r[1]};
 }
 

@@ -54,6 +54,36 @@ bool descales_ok(const at::Tensor& q, const Descales& d, int64_t batch, int64_t 
   return true;
 }
 
+bool variants_ok(const at::Tensor& q, const Variants& v, int64_t batch, std::string* why) {
+  const int64_t heads = q.size(-2);
+  if (v.alibi_slopes.has_value()) {
+    const at::Tensor& a = *v.alibi_slopes;
+    const bool shape_ok = (a.dim() == 1 && a.size(0) == heads) ||
+                          (a.dim() == 2 && a.size(0) == batch && a.size(1) == heads);
+    if (a.scalar_type() != at::kFloat || !shape_ok || a.device() != q.device())
+      return fail(why, "alibi_slopes must be a float32 tensor of shape (heads_q) or (batch, "
+                       "heads_q) on q's device");
+  }
+  if (v.sinks.has_value()) {
+    const at::Tensor& s = *v.sinks;
+    if (s.scalar_type() != at::kFloat || s.dim() != 1 || s.size(0) != heads ||
+        s.device() != q.device())
+      return fail(why, "the sinks must be a float32 tensor of shape (heads_q) on q's device");
+  }
+  return true;
+}
+
+bool dsinks_ok(const at::Tensor& q, const Variants& v, const std::optional<at::Tensor>& dsinks,
+               std::string* why) {
+  if (!dsinks.has_value()) return true;
+  if (!v.sinks.has_value()) return fail(why, "dsinks is given, but the problem has no sinks");
+  const at::Tensor& d = *dsinks;
+  if (d.scalar_type() != at::kFloat || d.dim() != 1 || d.size(0) != q.size(-2) ||
+      d.device() != q.device())
+    return fail(why, "dsinks must be a float32 tensor of shape (heads_q) on q's device");
+  return true;
+}
+
 bool backward_dtype_ok(const at::Tensor& q, std::string* why) {
   if (!is_fp8(q)) return true;
   return fail(why, "the backward of float8_e4m3fn (FP8) inputs is not supported: FP8 attention "

@@ -30,6 +30,11 @@ bool kvcache_inputs_ok(const at::Tensor& q, const at::Tensor& k_cache, const at:
 // Descales only with float8_e4m3fn inputs, each fp32 (batch, heads_kv) on q's device.
 bool descales_ok(const at::Tensor& q, const Descales& descales, int64_t batch, int64_t heads_kv,
                  std::string* why);
+// ALiBi slopes fp32 (heads_q) or (batch, heads_q), sinks fp32 (heads_q), on q's device.
+bool variants_ok(const at::Tensor& q, const Variants& variants, int64_t batch, std::string* why);
+// The backward's dsinks: fp32 (heads_q) on q's device, for a problem with sinks.
+bool dsinks_ok(const at::Tensor& q, const Variants& variants,
+               const std::optional<at::Tensor>& dsinks, std::string* why);
 // The backward refuses float8_e4m3fn inputs (FP8 is forward-only).
 bool backward_dtype_ok(const at::Tensor& q, std::string* why);
 

@@ -20,79 +20,89 @@ Triple triple_of(const std::vector<c10::IValue>& r) {
 
 }  // namespace
 
+using OptionalTensor = std::optional<at::Tensor>;
+
 Pair fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double softmax_scale,
          bool causal, int64_t window_left, int64_t window_right, double softcap,
-         bool deterministic, const std::optional<at::Tensor>& q_descale,
-         const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale) {
+         bool deterministic, const OptionalTensor& q_descale, const OptionalTensor& k_descale,
+         const OptionalTensor& v_descale, const OptionalTensor& alibi_slopes,
+         const OptionalTensor& sinks) {
   std::string why;
   if (!python_path_on()) {
     const Scores s{softmax_scale, causal, window_left, window_right, softcap, deterministic};
-    if (auto r = try_forward(q, k, v, s, nullptr, {q_descale, k_descale, v_descale}, &why))
+    if (auto r = try_forward(q, k, v, s, nullptr, {q_descale, k_descale, v_descale},
+                             {alibi_slopes, sinks}, &why))
       return std::move(*r);
   }
   return pair_of(call_python_path("fwd", {q, k, v, softmax_scale, causal, window_left,
                                           window_right, softcap, deterministic, q_descale,
-                                          k_descale, v_descale},
+                                          k_descale, v_descale, alibi_slopes, sinks},
                                   why));
 }
 
 Triple bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
            const at::Tensor& out, const at::Tensor& lse, double softmax_scale, bool causal,
-           int64_t window_left, int64_t window_right, double softcap, bool deterministic) {
+           int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+           const OptionalTensor& alibi_slopes, const OptionalTensor& sinks,
+           const OptionalTensor& dsinks) {
   std::string why;
   if (!python_path_on()) {
     const Scores s{softmax_scale, causal, window_left, window_right, softcap, deterministic};
-    if (auto r = try_backward(dout, q, k, v, out, lse, s, nullptr, &why)) return std::move(*r);
+    if (auto r = try_backward(dout, q, k, v, out, lse, s, nullptr, {alibi_slopes, sinks}, dsinks,
+                              &why))
+      return std::move(*r);
   }
   return triple_of(call_python_path("bwd", {dout, q, k, v, out, lse, softmax_scale, causal,
-                                            window_left, window_right, softcap, deterministic},
+                                            window_left, window_right, softcap, deterministic,
+                                            alibi_slopes, sinks, dsinks},
                                     why));
 }
 
 Pair varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                int64_t max_seqlen_q, int64_t max_seqlen_k,
-                const std::optional<at::Tensor>& seqused_k, double softmax_scale, bool causal,
-                int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                const std::optional<at::Tensor>& q_descale,
-                const std::optional<at::Tensor>& k_descale,
-                const std::optional<at::Tensor>& v_descale) {
+                int64_t max_seqlen_q, int64_t max_seqlen_k, const OptionalTensor& seqused_k,
+                double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                double softcap, bool deterministic, const OptionalTensor& q_descale,
+                const OptionalTensor& k_descale, const OptionalTensor& v_descale,
+                const OptionalTensor& alibi_slopes, const OptionalTensor& sinks) {
   std::string why;
   if (!python_path_on()) {
     const Scores s{softmax_scale, causal, window_left, window_right, softcap, deterministic};
     const VarLenArgs varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k};
-    if (auto r = try_forward(q, k, v, s, &varlen, {q_descale, k_descale, v_descale}, &why))
+    if (auto r = try_forward(q, k, v, s, &varlen, {q_descale, k_descale, v_descale},
+                             {alibi_slopes, sinks}, &why))
       return std::move(*r);
   }
   return pair_of(call_python_path(
       "varlen_fwd", {q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                      softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                     q_descale, k_descale, v_descale},
+                     q_descale, k_descale, v_descale, alibi_slopes, sinks},
       why));
 }
 
 Triple varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                   const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                  int64_t max_seqlen_q, int64_t max_seqlen_k,
-                  const std::optional<at::Tensor>& seqused_k, double softmax_scale, bool causal,
-                  int64_t window_left, int64_t window_right, double softcap, bool deterministic) {
+                  int64_t max_seqlen_q, int64_t max_seqlen_k, const OptionalTensor& seqused_k,
+                  double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                  double softcap, bool deterministic, const OptionalTensor& alibi_slopes,
+                  const OptionalTensor& sinks, const OptionalTensor& dsinks) {
   std::string why;
   if (!python_path_on()) {
     const Scores s{softmax_scale, causal, window_left, window_right, softcap, deterministic};
     const VarLenArgs varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k};
-    if (auto r = try_backward(dout, q, k, v, out, lse, s, &varlen, &why)) return std::move(*r);
+    if (auto r = try_backward(dout, q, k, v, out, lse, s, &varlen, {alibi_slopes, sinks}, dsinks,
+                              &why))
+      return std::move(*r);
   }
   return triple_of(call_python_path(
       "varlen_bwd", {dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, seqused_k, softmax_scale, causal, window_left, window_right,
-                     softcap, deterministic},
+                     softcap, deterministic, alibi_slopes, sinks, dsinks},
       why));
 }
 
 namespace {
-
-using OptionalTensor = std::optional<at::Tensor>;
 
 // The KV-cache ops' arguments after the caches, in schema order.
 #define FA4CPP_KVCACHE_PARAMS                                                                     \
@@ -107,11 +117,13 @@ using OptionalTensor = std::optional<at::Tensor>;
   k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,          \
       page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal,          \
       window_left, window_right, softcap, rotary_interleaved, num_splits
-// The descales, last in both KV-cache schemas (after fwd_kvcache_out's out).
+// The descales and the score variants, last in both KV-cache schemas (after fwd_kvcache_out's
+// out).
 #define FA4CPP_DESCALE_PARAMS                                                                   \
   const OptionalTensor &q_descale, const OptionalTensor &k_descale,                            \
-      const OptionalTensor &v_descale
-#define FA4CPP_DESCALE_ARGS q_descale, k_descale, v_descale
+      const OptionalTensor &v_descale, const OptionalTensor &alibi_slopes,                     \
+      const OptionalTensor &sinks
+#define FA4CPP_DESCALE_ARGS q_descale, k_descale, v_descale, alibi_slopes, sinks
 
 std::optional<Pair> try_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
                                 const at::Tensor& v_cache, FA4CPP_KVCACHE_PARAMS,
@@ -122,7 +134,8 @@ std::optional<Pair> try_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
                        cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                        cu_seqlens_q,  cu_seqlens_k_new, max_seqlen_q, rotary_interleaved,
                        num_splits};
-  return try_forward_kvcache(q, k_cache, v_cache, kv, s, {FA4CPP_DESCALE_ARGS}, into, why);
+  return try_forward_kvcache(q, k_cache, v_cache, kv, s, {q_descale, k_descale, v_descale},
+                             {alibi_slopes, sinks}, into, why);
 }
 
 Pair fwd_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -155,15 +168,18 @@ TORCH_LIBRARY(fa4cpp, m) {
   // The fake kernels live in Python: torch imports this module for them when it needs them.
   m.set_python_module("fa4cpp.ops");
   // Arguments a later version adds come last, with defaults, so that earlier calls (and graphs
-  // that recorded them) stay valid: deterministic, then the FP8 descales.
+  // that recorded them) stay valid: deterministic, then the FP8 descales, then the score
+  // variants (ALiBi slopes, attention sinks; the backward's dsinks, written when given).
+#define FA4CPP_VARIANT_SCHEMA "Tensor? alibi_slopes=None, Tensor? sinks=None"
 #define FA4CPP_DESCALE_SCHEMA \
-  "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None"
+  "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, " FA4CPP_VARIANT_SCHEMA
+#define FA4CPP_BWD_VARIANT_SCHEMA FA4CPP_VARIANT_SCHEMA ", Tensor(a!)? dsinks=None"
   m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, "
         "int window_right, float softcap, bool deterministic=False, " FA4CPP_DESCALE_SCHEMA
         ") -> (Tensor, Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-        "bool deterministic) -> (Tensor, Tensor, Tensor)");
+        "bool deterministic, " FA4CPP_BWD_VARIANT_SCHEMA ") -> (Tensor, Tensor, Tensor)");
   m.def("varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k, float softmax_scale, "
         "bool causal, int window_left, int window_right, float softcap, "
@@ -171,7 +187,8 @@ TORCH_LIBRARY(fa4cpp, m) {
   m.def("varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
         "Tensor? seqused_k, float softmax_scale, bool causal, int window_left, "
-        "int window_right, float softcap, bool deterministic) -> (Tensor, Tensor, Tensor)");
+        "int window_right, float softcap, bool deterministic, " FA4CPP_BWD_VARIANT_SCHEMA
+        ") -> (Tensor, Tensor, Tensor)");
 #define FA4CPP_KVCACHE_SCHEMA                                                                   \
   "Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k_new, Tensor? v_new, "             \
   "Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, "     \

@@ -127,6 +127,22 @@ void put_fp8(fa4::Problem* p, at::ScalarType out, bool quantize_appends) {
   p->fp8.quantize_appends = quantize_appends;
 }
 
+// The score variants' fields of the problem: ALiBi's slopes with their strides (a (heads_q)
+// tensor has batch stride 0), and the sinks, which the library reads as a plain array (a strided
+// tensor goes through a contiguous copy, kept alive in *sinks).
+void put_variants(fa4::Problem* p, const Variants& v, at::Tensor* sinks) {
+  if (v.alibi_slopes.has_value() && v.alibi_slopes->numel() > 0) {
+    const at::Tensor& a = *v.alibi_slopes;
+    p->alibi.data = static_cast<const float*>(a.const_data_ptr());
+    p->alibi.batch_stride = a.dim() == 2 ? a.stride(0) : 0;
+    p->alibi.head_stride = a.stride(-1);
+  }
+  if (v.sinks.has_value() && v.sinks->numel() > 0) {
+    *sinks = v.sinks->contiguous();
+    p->sinks = static_cast<const float*>(sinks->const_data_ptr());
+  }
+}
+
 fa4::Problem base_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           fa4::DType dtype, const Scores& s) {
   fa4::Problem p;
@@ -243,12 +259,13 @@ fa4::Problem attention_problem(const at::Tensor& q, const at::Tensor& k, const a
 
 std::optional<Pair> try_forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
                                 const Scores& scores, const VarLenArgs* varlen,
-                                const Descales& descales, std::string* why) {
+                                const Descales& descales, const Variants& variants,
+                                std::string* why) {
   Prepared lib;
-  if (!scores_ok(scores, why) || !attention_inputs_ok(q0, k0, v0, varlen, why) ||
-      !descales_ok(q0, descales, varlen ? varlen->cu_seqlens_q.size(0) - 1 : q0.size(0),
-                   k0.size(-2), why) ||
-      !library_takes(q0, &lib, why))
+  if (!scores_ok(scores, why) || !attention_inputs_ok(q0, k0, v0, varlen, why)) return std::nullopt;
+  const int64_t batch = varlen ? varlen->cu_seqlens_q.size(0) - 1 : q0.size(0);
+  if (!descales_ok(q0, descales, batch, k0.size(-2), why) ||
+      !variants_ok(q0, variants, batch, why) || !library_takes(q0, &lib, why))
     return std::nullopt;
   const at::Tensor q = prepared(q0, lib.backend), k = prepared(k0, lib.backend),
                    v = prepared(v0, lib.backend);
@@ -256,6 +273,8 @@ std::optional<Pair> try_forward(const at::Tensor& q0, const at::Tensor& k0, cons
   fa4::Problem problem = attention_problem(q, k, v, lib.dtype, scores, varlen, &arrays);
   const at::ScalarType out_dtype = output_dtype(q, std::nullopt);
   put_fp8(&problem, out_dtype, false);
+  at::Tensor sinks;
+  put_variants(&problem, variants, &sinks);
   at::Tensor out = at::empty(out_shape(q, v), q.options().dtype(out_dtype));
   at::Tensor lse = at::empty(lse_shape(q, varlen != nullptr), q.options().dtype(at::kFloat));
   fa4::ForwardTensors t;
@@ -273,18 +292,22 @@ std::optional<Triple> try_backward(const at::Tensor& dout0, const at::Tensor& q0
                                    const at::Tensor& k0, const at::Tensor& v0,
                                    const at::Tensor& out0, const at::Tensor& lse0,
                                    const Scores& scores, const VarLenArgs* varlen,
-                                   std::string* why) {
+                                   const Variants& variants,
+                                   const std::optional<at::Tensor>& dsinks, std::string* why) {
   Prepared lib;
   if (!scores_ok(scores, why) || !attention_inputs_ok(q0, k0, v0, varlen, why) ||
       !backward_dtype_ok(q0, why) ||
+      !variants_ok(q0, variants, varlen ? varlen->cu_seqlens_q.size(0) - 1 : q0.size(0), why) ||
       !gradient_inputs_ok(dout0, out0, lse0, q0, v0, varlen != nullptr, why) ||
-      !library_takes(q0, &lib, why))
+      !dsinks_ok(q0, variants, dsinks, why) || !library_takes(q0, &lib, why))
     return std::nullopt;
   const at::Tensor dout = prepared(dout0, lib.backend), q = prepared(q0, lib.backend),
                    k = prepared(k0, lib.backend), v = prepared(v0, lib.backend),
                    out = prepared(out0, lib.backend), lse = last_dim_contiguous(lse0);
   VarLenArrays arrays;
-  const fa4::Problem problem = attention_problem(q, k, v, lib.dtype, scores, varlen, &arrays);
+  fa4::Problem problem = attention_problem(q, k, v, lib.dtype, scores, varlen, &arrays);
+  at::Tensor sinks;
+  put_variants(&problem, variants, &sinks);
   // Varlen rows outside every sequence are not written by the library: their gradient is 0.
   const auto grad = [&](const at::Tensor& t) {
     return varlen != nullptr ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
@@ -300,20 +323,29 @@ std::optional<Triple> try_backward(const at::Tensor& dout0, const at::Tensor& q0
   t.dq = view(dq, true);
   t.dk = view(dk, true);
   t.dv = view(dv, true);
+  // The library writes a fresh array, copied into the caller's dsinks once the call succeeded
+  // (any strides; nothing written on a failure).
+  at::Tensor dsinks_out;
+  if (dsinks.has_value() && dsinks->numel() > 0) {
+    dsinks_out = at::empty({dsinks->size(0)}, dsinks->options());
+    t.dsinks = static_cast<float*>(dsinks_out.data_ptr());
+  }
   if (!run(fa4::Pass::kBackward, problem, t, q, lib.backend, why)) return std::nullopt;
+  if (dsinks_out.defined()) dsinks->copy_(dsinks_out);
   return Triple{std::move(dq), std::move(dk), std::move(dv)};
 }
 
 std::optional<Pair> try_forward_kvcache(const at::Tensor& q0, const at::Tensor& k_cache,
                                         const at::Tensor& v_cache, const KvCacheArgs& kv,
                                         const Scores& scores, const Descales& descales,
-                                        const at::Tensor* into, std::string* why) {
+                                        const Variants& variants, const at::Tensor* into,
+                                        std::string* why) {
   Prepared lib;
-  if (!kvcache_inputs_ok(q0, k_cache, v_cache, kv, why) ||
-      !descales_ok(q0, descales,
-                   kv.cu_seqlens_q.has_value() ? kv.cu_seqlens_q->size(0) - 1 : q0.size(0),
-                   k_cache.size(-2), why) ||
-      !scores_ok(scores, why) ||
+  if (!kvcache_inputs_ok(q0, k_cache, v_cache, kv, why)) return std::nullopt;
+  const int64_t batch =
+      kv.cu_seqlens_q.has_value() ? kv.cu_seqlens_q->size(0) - 1 : q0.size(0);
+  if (!descales_ok(q0, descales, batch, k_cache.size(-2), why) ||
+      !variants_ok(q0, variants, batch, why) || !scores_ok(scores, why) ||
       (into != nullptr && !output_ok(*into, q0, v_cache, kv.k_new, why)) ||
       !library_takes(q0, &lib, why))
     return std::nullopt;
@@ -322,6 +354,8 @@ std::optional<Pair> try_forward_kvcache(const at::Tensor& q0, const at::Tensor& 
   const at::ScalarType out_dtype = output_dtype(q0, kv.k_new);
   fa4::Problem p = base_problem(q, k_cache, v_cache, lib.dtype, scores);
   put_fp8(&p, out_dtype, kv.k_new.has_value() && !is_fp8(*kv.k_new));
+  at::Tensor sinks;
+  put_variants(&p, variants, &sinks);
   p.num_splits = kv.num_splits;
   const std::optional<at::Tensor> cu_seqlens_q = contiguous(kv.cu_seqlens_q),
                                   cache_seqlens = contiguous(kv.cache_seqlens),

@@ -38,6 +38,13 @@ struct Descales {
   bool any() const { return q.has_value() || k.has_value() || v.has_value(); }
 };
 
+// The score variants (docs/semantics.md): ALiBi slopes, fp32 (heads_q) or (batch, heads_q) with
+// any strides; attention sinks, fp32 (heads_q). Absent: off.
+struct Variants {
+  const std::optional<at::Tensor>& alibi_slopes;
+  const std::optional<at::Tensor>& sinks;
+};
+
 struct VarLenArgs {
   const at::Tensor& cu_seqlens_q;
   const at::Tensor& cu_seqlens_k;
@@ -66,12 +73,15 @@ struct KvCacheArgs {
 // bfloat16 output.
 std::optional<Pair> try_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const Scores& scores, const VarLenArgs* varlen,
-                                const Descales& descales, std::string* why);
+                                const Descales& descales, const Variants& variants,
+                                std::string* why);
+// dsinks, when given (fp32 (heads_q), a problem with sinks), receives the sinks' gradient.
 std::optional<Triple> try_backward(const at::Tensor& dout, const at::Tensor& q,
                                    const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& out, const at::Tensor& lse,
                                    const Scores& scores, const VarLenArgs* varlen,
-                                   std::string* why);
+                                   const Variants& variants,
+                                   const std::optional<at::Tensor>& dsinks, std::string* why);
 // k_cache and v_cache are written by the appends. `into`, when given, receives the output (any
 // strides; through a copy when its last dimension is not contiguous) and is returned as it. An
 // e4m3 cache's output is bfloat16, or the appended rows' dtype when they are 16-bit (quantised on
@@ -79,6 +89,7 @@ std::optional<Triple> try_backward(const at::Tensor& dout, const at::Tensor& q,
 std::optional<Pair> try_forward_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
                                         const at::Tensor& v_cache, const KvCacheArgs& kv,
                                         const Scores& scores, const Descales& descales,
-                                        const at::Tensor* into, std::string* why);
+                                        const Variants& variants, const at::Tensor* into,
+                                        std::string* why);
 
 }  // namespace fa4cpp_torch

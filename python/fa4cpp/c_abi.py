@@ -65,7 +65,7 @@ class Problem(ctypes.Structure):
         ("rotary_interleaved", ctypes.c_int32), ("reserved", ctypes.c_int32),
         ("rotary_seqlen", ctypes.c_int64), ("num_splits", ctypes.c_int64),
         # ABI version 3: FP8 — the output's dtype, appended rows quantised on write; ALiBi slopes
-        # and attention sinks (left at their defaults, off, by this binding).
+        # and attention sinks (Params.alibi_slopes, Params.sinks).
         ("out_dtype", ctypes.c_int32), ("quantize_appends", ctypes.c_int32),
         ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
         ("alibi_head_stride", ctypes.c_int64), ("sinks", ctypes.c_void_p),
@@ -103,7 +103,7 @@ class BackwardTensors(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("out", Tensor), ("dout", Tensor), ("lse", Lse),
                 ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
-                # ABI version 3: the attention sinks' gradient (unused by this binding: null).
+                # ABI version 3: the attention sinks' gradient (null: not computed).
                 ("dsinks", ctypes.c_void_p)]
 
 
@@ -144,6 +144,11 @@ class Params:
     kv: Optional["KvCache"] = None  # k / v are a KV cache (flash_attn_with_kvcache)
     num_splits: int = 0
     fp8: Optional["Fp8"] = None  # float8_e4m3fn inputs: their descales and output dtype
+    # ALiBi slopes: fp32 (batch, heads_q) with any strides (0 broadcasts), or (heads_q,) for one
+    # slope per head; None = no ALiBi.
+    alibi_slopes: Optional[torch.Tensor] = None
+    # Attention sinks: fp32 (heads_q,) logits, contiguous; None = no sinks.
+    sinks: Optional[torch.Tensor] = None
 
     @property
     def varlen(self):
@@ -401,7 +406,22 @@ class Library:
         if params.fp8 is not None:
             p.out_dtype = DTYPES[params.fp8.out_dtype]
             p.quantize_appends = int(params.fp8.quantize_appends)
+        if params.alibi_slopes is not None or params.sinks is not None:
+            self._put_variants(p, params, pointers)
         return p
+
+    @staticmethod
+    def _put_variants(p, params, pointers):
+        """The score variants' fields of p: ALiBi's slopes and strides (a (heads_q,) tensor has
+        batch stride 0), the sinks' pointer."""
+        marker = ctypes.addressof(_VARLEN_MARKER)
+        slopes = params.alibi_slopes
+        if slopes is not None:
+            p.alibi_slopes = slopes.data_ptr() if pointers else marker
+            p.alibi_batch_stride = int(slopes.stride(0)) if slopes.dim() == 2 else 0
+            p.alibi_head_stride = int(slopes.stride(-1))
+        if params.sinks is not None:
+            p.sinks = params.sinks.data_ptr() if pointers else marker
 
     @staticmethod
     def _put_kv_cache(p, k_shape, kv, pointers):
@@ -497,14 +517,17 @@ class Library:
                 self._overrides_arg(backend)))
         del buf  # the caching allocator keeps it valid for work already queued on this stream
 
-    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, params):
-        """Runs the backward like forward(); dq, dk and dv are written."""
+    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, params, dsinks=None):
+        """Runs the backward like forward(); dq, dk and dv are written, and dsinks (fp32
+        (heads_q,), contiguous; a problem with sinks only) when given."""
         device = q.device
         backend = backend_of(device)
         if backend is None:
             raise Fa4Error("fa4cpp runs on cpu or cuda tensors, not %s" % device.type)
         p = self.problem(q, k, v, params)
         t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
+        if dsinks is not None:
+            t.dsinks = dsinks.data_ptr()
         with _device_scope(device):
             buf, ws, nbytes = self._workspace(p, backend, PASS_BACKWARD, device)
             self._check(self.lib.fa4_backward_with_overrides(

@@ -28,7 +28,7 @@ Verify tolerances, as the maximum absolute error allowed:
           factor of 2 above the 2^-4 of P. The reference computes FP8 problems on the
           dequantized inputs (fa4cpp.reference).
     LSE:  2^-10 · (1 + |LSE|): fp32 in both, from the same scores; rows that see no key must be
-          +inf in both.
+          +inf in both (the head's sink with sinks).
     dQ, dK, dV: c · m elementwise, m the same gradient summed over absolute values
           (reference.attention_backward(magnitudes=True): |dQ| ≤ |scale|·(P∘(|dO||V|ᵀ +
           rowsum|dO∘O|))·|K|, ...), c = 2^-5 (bf16), 2^-8 (fp16), 2^-14 (fp32). A gradient's
@@ -36,6 +36,8 @@ Verify tolerances, as the maximum absolute error allowed:
           about 0 where a row sees one key, and a bound relative to |dQ| would flag rounding
           there. Plus one subnormal spacing of the dtype (fp16 gradients below 2^-14 round to
           multiples of 2^-24). Measured on the CPU backend the error stays below c/8.
+    dsinks: the same c times Σ over the head's rows of exp(sink − LSE)·rowsum|dO∘O| (its terms'
+          magnitudes), checked when every row is.
 These catch a wrong kernel (errors of the order of the values) and let rounding pass."""
 import contextlib
 import math
@@ -211,7 +213,8 @@ def _compare(what, got, ref, tolerance, names, rows):
 def _reference_kwargs(params):
     return dict(softmax_scale=params.softmax_scale, causal=params.causal,
                 window=(params.window_left, params.window_right), softcap=params.softcap,
-                seqused_k=params.seqused_k)
+                seqused_k=params.seqused_k, alibi_slopes=params.alibi_slopes,
+                sinks=params.sinks)
 
 
 def _descale_kwargs(params):
@@ -272,9 +275,9 @@ def verify_forward(q, k, v, out, lse, params):
     _compare("the forward's LSE", got_lse, ref_lse, lse_tol, lse_names, rows)
 
 
-def verify_backward(dout, q, k, v, dq, dk, dv, params):
-    """Checks a library backward's dq on a sample of query rows, and dk / dv when every row is
-    checked (they sum over all rows); raises VerificationError."""
+def verify_backward(dout, q, k, v, dq, dk, dv, params, dsinks=None):
+    """Checks a library backward's dq on a sample of query rows, and dk / dv (and dsinks, when
+    given) when every row is checked (they sum over all rows); raises VerificationError."""
     kw = dict(_reference_kwargs(params), magnitudes=True)
     if params.varlen:
         rows = _varlen_rows(params, q.shape[1], params.max_seqlen_k)
@@ -306,6 +309,10 @@ def verify_backward(dout, q, k, v, dq, dk, dv, params):
         for what, got, want, size in (("dk", dk, grads[1], sizes[1]),
                                       ("dv", dv, grads[2], sizes[2])):
             _compare("the backward's " + what, got, want, c * size + floor, key_names, key_rows)
+        if dsinks is not None:
+            # Its terms take D from the output in the input's dtype: that dtype's c.
+            _compare("the backward's dsinks", dsinks, grads[3], c * sizes[3] + floor, ("head",),
+                     range(dsinks.shape[0]))
 
 
 def verify_kvcache(q, v_cache, out, lse, ref_out, ref_lse, fp8=None):

@@ -3,48 +3,59 @@ and autograd formulas, and support(): whether the library runs a problem.
 
     torch.ops.fa4cpp.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
                          deterministic=False, q_descale=None, k_descale=None,
-                         v_descale=None) -> (out, lse)
+                         v_descale=None, alibi_slopes=None, sinks=None) -> (out, lse)
         q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv); out (b, sq, hq, dv) in q's
         dtype, lse (b, hq, sq) fp32. softmax_scale 0 = 1/sqrt(d); window sides -1 = unbounded;
         softcap 0 = off. `deterministic` only travels to the backward autograd runs.
         float8_e4m3fn q, k, v: out is bfloat16, and the descales (fp32 (b, hkv), any strides,
         None = 1) scale them: S = softmax_scale·q_descale·k_descale·QKᵀ, O = v_descale·PV.
         Forward only: the backward of FP8 inputs raises Fa4Error.
+        The score variants (docs/semantics.md): alibi_slopes, fp32 (hq,) or (b, hq) with any
+        strides, subtract slope·|i + sk − sq − j| after softcap; sinks, fp32 (hq,) logits, join
+        every row's softmax denominator without a value (a row that sees no key: O = 0,
+        lse = sink).
     torch.ops.fa4cpp.bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left,
-                         window_right, softcap, deterministic) -> (dq, dk, dv)
+                         window_right, softcap, deterministic, alibi_slopes=None, sinks=None,
+                         dsinks=None) -> (dq, dk, dv)
+        the forward's variants again; dsinks (fp32 (hq,), a problem with sinks only) is written
+        with the sinks' gradient, −Σ over the head's rows of exp(sink − lse)·rowsum(dout ∘ out).
     torch.ops.fa4cpp.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 seqused_k, softmax_scale, causal, window_left, window_right,
                                 softcap, deterministic=False, q_descale=None, k_descale=None,
-                                v_descale=None) -> (out, lse)
+                                v_descale=None, alibi_slopes=None, sinks=None) -> (out, lse)
         q (total_q, hq, d), k/v (total_k, hkv, d/dv), cu_seqlens_* int32 (batch + 1),
-        seqused_k int32 (batch) or None; out (total_q, hq, dv), lse (hq, total_q). Descales as
-        fwd's, one row per sequence.
+        seqused_k int32 (batch) or None; out (total_q, hq, dv), lse (hq, total_q). Descales and
+        (batch, hq) ALiBi slopes as fwd's, one row per sequence.
     torch.ops.fa4cpp.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                 max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
-                                window_left, window_right, softcap, deterministic) -> (dq, dk, dv)
+                                window_left, window_right, softcap, deterministic,
+                                alibi_slopes=None, sinks=None, dsinks=None) -> (dq, dk, dv)
 
     torch.ops.fa4cpp.fwd_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                                  cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                  cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale,
                                  causal, window_left, window_right, softcap, rotary_interleaved,
                                  num_splits, q_descale=None, k_descale=None,
-                                 v_descale=None) -> (out, lse)
+                                 v_descale=None, alibi_slopes=None, sinks=None) -> (out, lse)
         attention over a KV cache (flash_attn_with_kvcache), appending k_new / v_new to it in
         place first; forward only. An e4m3 cache (and q) takes descales as fwd's, one row per
         batch entry; its appended rows are e4m3 (written as given) or bfloat16 / float16
         (quantised on write: divided by their descale, rounded to e4m3), and the output is
-        bfloat16, or the appended rows' dtype when they are 16-bit (the rotary tables' too).
-    torch.ops.fa4cpp.fwd_kvcache_out(<fwd_kvcache's arguments but the descales>, out,
-                                     q_descale=None, k_descale=None, v_descale=None) -> lse
+        bfloat16, or the appended rows' dtype when they are 16-bit (the rotary tables' too). The
+        score variants as fwd's, ALiBi slopes of (batch, hq) one row per batch entry.
+    torch.ops.fa4cpp.fwd_kvcache_out(<fwd_kvcache's arguments but the trailing ones>, out,
+                                     q_descale=None, k_descale=None, v_descale=None,
+                                     alibi_slopes=None, sinks=None) -> lse
         the same, writing into the caller's `out` (vLLM's out=).
 
 These are the native ops (C++, python/csrc, docs/python.md) when libfa4_torch.so is loaded; the
 functions below are then their Python implementation, registered as fa4cpp::<name>_py, which the
 native ops hand refusals, bad input and the modes to. Without the native ops they are the ops.
 
-fwd's autograd formula calls bwd (varlen_fwd's calls varlen_bwd); lse and the descales are not
-differentiable. The descale arguments come last, with defaults, so that calls written for the
-schemas without them keep working.
+fwd's autograd formula calls bwd (varlen_fwd's calls varlen_bwd), with dsinks when the sinks
+require grad; lse, the descales and the ALiBi slopes are not differentiable (the slopes are
+constants, as in flash_attn). The descale and score-variant arguments come last, with defaults, so
+that calls written for the schemas without them keep working.
 Tensors may have any strides (the library takes them); one whose last dimension is not contiguous
 is copied. CUDA tensors run on the sm90 backend on torch's current stream, CPU tensors on the CPU
 backend. A problem the library refuses raises Fa4Error with its reason, or runs on
@@ -53,6 +64,7 @@ import contextlib
 import ctypes
 import dataclasses
 import math
+import warnings
 from typing import Optional
 
 import torch
@@ -112,6 +124,37 @@ def _check_fp8(q, params, batch, heads_kv):
             _fail("%s must be a float32 tensor of shape (batch, heads_kv) = %s on %s (got %s %s on "
                   "%s); expand() broadcasts a shared value", name, (batch, heads_kv), q.device,
                   t.dtype, tuple(t.shape), t.device)
+
+
+def _check_variants(q, alibi_slopes, sinks, batch):
+    """ALiBi slopes fp32 (heads_q,) or (batch, heads_q), sinks fp32 (heads_q,), on q's device."""
+    heads = q.shape[-2]
+    if alibi_slopes is not None:
+        t = alibi_slopes
+        if (t.dtype != torch.float32 or tuple(t.shape) not in ((heads,), (batch, heads))
+                or t.device != q.device):
+            _fail("alibi_slopes must be a float32 tensor of shape (heads_q,) = %s or (batch, "
+                  "heads_q) = %s on %s (got %s %s on %s)", (heads,), (batch, heads), q.device,
+                  t.dtype, tuple(t.shape), t.device)
+    if sinks is not None:
+        t = sinks
+        if t.dtype != torch.float32 or tuple(t.shape) != (heads,) or t.device != q.device:
+            _fail("the sinks (learnable_sink / sinks) must be a float32 tensor of shape (heads_q,) "
+                  "= %s on %s, one logit per query head (got %s %s on %s)", (heads,), q.device,
+                  t.dtype, tuple(t.shape), t.device)
+
+
+def _check_dsinks(dsinks, params, q):
+    """The backward's dsinks: fp32 (heads_q,) on q's device, for a problem with sinks."""
+    if dsinks is None:
+        return
+    if params.sinks is None:
+        _fail("dsinks is given, but the problem has no sinks (pass sinks, or dsinks=None)")
+    heads = q.shape[-2]
+    if dsinks.dtype != torch.float32 or tuple(dsinks.shape) != (heads,) or \
+            dsinks.device != q.device:
+        _fail("dsinks must be a float32 tensor of shape (heads_q,) = %s on %s (got %s %s on %s)",
+              (heads,), q.device, dsinks.dtype, tuple(dsinks.shape), dsinks.device)
 
 
 def _refuse_fp8_backward(q):
@@ -205,6 +248,7 @@ def _check(q, k, v, params):
         _check_fixed(q, k, v)
         batch = q.shape[0]
     _check_fp8(q, params, batch, k.shape[-2])
+    _check_variants(q, params.alibi_slopes, params.sinks, batch)
 
 
 def _check_grads_inputs(dout, out, lse, q, v, params):
@@ -224,19 +268,20 @@ def _check_grads_inputs(dout, out, lse, q, v, params):
 
 def support(pass_, q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            seqused_k=None, backend=None):
+            seqused_k=None, alibi_slopes=None, sinks=None, backend=None):
     """None when the library's can_implement accepts the problem for pass_ ("fwd" or "bwd") on the
     backend the tensors' device selects (cuda -> sm90, cpu -> cpu; `backend` "cpu" / "sm90"
     overrides it), else the reason. Reads shapes, dtypes and devices only: fake and meta tensors
     are fine. Inputs fa4cpp cannot take at all (mismatched shapes, a dtype the library lacks, a
-    device it does not run on) are refused with a reason too, never raised."""
+    device it does not run on) are refused with a reason too, never raised. alibi_slopes and sinks
+    (the score variants) as the ops take them."""
     if pass_ not in _PASSES:
         raise ValueError("fa4cpp.ops.support: pass_ must be 'fwd' or 'bwd', not %r" % (pass_,))
     params = Params(softmax_scale=float(softmax_scale), causal=bool(causal),
                     window_left=int(window[0]), window_right=int(window[1]),
                     softcap=float(softcap), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     max_seqlen_q=int(max_seqlen_q or 0), max_seqlen_k=int(max_seqlen_k or 0),
-                    seqused_k=seqused_k)
+                    seqused_k=seqused_k, alibi_slopes=alibi_slopes, sinks=sinks)
     try:
         _check(q, k, v, params)
     except ValueError as e:
@@ -274,7 +319,8 @@ def _support(pass_, q, k, v, params):
                    window=(params.window_left, params.window_right), softcap=params.softcap,
                    cu_seqlens_q=params.cu_seqlens_q, cu_seqlens_k=params.cu_seqlens_k,
                    max_seqlen_q=params.max_seqlen_q, max_seqlen_k=params.max_seqlen_k,
-                   seqused_k=params.seqused_k)
+                   seqused_k=params.seqused_k, alibi_slopes=params.alibi_slopes,
+                   sinks=params.sinks)
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -312,21 +358,23 @@ def _out_shapes(q, v, params):
 
 
 def _index_arrays(params):
-    """cu_seqlens / seqused_k contiguous (the library reads them as plain int32 arrays)."""
+    """cu_seqlens / seqused_k contiguous (the library reads them as plain int32 arrays), and the
+    sinks (a plain fp32 array to it)."""
     def fix(t):
         return t if t is None or t.is_contiguous() else t.contiguous()
     if all(t is None or t.is_contiguous()
-           for t in (params.cu_seqlens_q, params.cu_seqlens_k, params.seqused_k)):
+           for t in (params.cu_seqlens_q, params.cu_seqlens_k, params.seqused_k, params.sinks)):
         return params  # nothing to copy (always so without varlen): dataclasses.replace is slow
     return dataclasses.replace(params, cu_seqlens_q=fix(params.cu_seqlens_q),
                                cu_seqlens_k=fix(params.cu_seqlens_k),
-                               seqused_k=fix(params.seqused_k))
+                               seqused_k=fix(params.seqused_k), sinks=fix(params.sinks))
 
 
 def _reference_kwargs(params):
     return dict(softmax_scale=params.softmax_scale, causal=params.causal,
                 window=(params.window_left, params.window_right), softcap=params.softcap,
-                seqused_k=params.seqused_k)
+                seqused_k=params.seqused_k, alibi_slopes=params.alibi_slopes,
+                sinks=params.sinks)
 
 
 def _descale_kwargs(params):
@@ -352,13 +400,15 @@ def _reference_forward(q, k, v, params):
     return out.to(_out_dtype(q, params)), lse.to(torch.float32)
 
 
-def _reference_backward(dout, q, k, v, params):
+def _reference_backward(dout, q, k, v, params, dsinks=None):
     if params.varlen:
         grads = reference.varlen_attention_backward(dout, q, k, v, params.cu_seqlens_q,
                                                     params.cu_seqlens_k,
                                                     **_reference_kwargs(params))
     else:
         grads = reference.attention_backward(dout, q, k, v, **_reference_kwargs(params))
+    if dsinks is not None:
+        dsinks.copy_(grads[3])
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
@@ -393,16 +443,18 @@ def _forward(q, k, v, params, out_like=None):
     return out, lse
 
 
-def _backward(dout, q, k, v, out, lse, params, grads_like=(None, None, None)):
+def _backward(dout, q, k, v, out, lse, params, grads_like=(None, None, None), dsinks=None):
+    """dsinks (fp32 (heads_q,), a problem with sinks only) receives the sinks' gradient."""
     _check(q, k, v, params)
     _refuse_fp8_backward(q)
     _check_grads_inputs(dout, out, lse, q, v, params)
+    _check_dsinks(dsinks, params, q)
     params = _index_arrays(params)
     dout, q, k, v, out, lse = (_last_dim_contiguous(t) for t in (dout, q, k, v, out, lse))
     reason = _support("bwd", q, k, v, params)
     if reason is not None:
         modes.unsupported("backward", reason)
-        return _reference_backward(dout, q, k, v, params)
+        return _reference_backward(dout, q, k, v, params, dsinks)
     dout, q, k, v, out = _device_ready((dout, q, k, v, out))
     # Varlen rows outside every sequence are not written by the library: their gradient is 0.
     alloc = torch.zeros if params.varlen else torch.empty
@@ -410,9 +462,15 @@ def _backward(dout, q, k, v, out, lse, params, grads_like=(None, None, None)):
         g = None if params.varlen else _like(like, t.shape, t.dtype, t.device)
         return alloc(t.shape, dtype=t.dtype, device=t.device) if g is None else g
     dq, dk, dv = (grad_for(t, like) for t, like in zip((q, k, v), grads_like))
-    _library.library().backward(dout, q, k, v, out, lse, dq, dk, dv, params)
+    # The library writes a plain fp32 array: a strided dsinks takes a copy.
+    direct = dsinks is None or dsinks.is_contiguous()
+    written = dsinks if direct else torch.empty(dsinks.shape, dtype=torch.float32,
+                                                device=dsinks.device)
+    _library.library().backward(dout, q, k, v, out, lse, dq, dk, dv, params, written)
+    if not direct:
+        dsinks.copy_(written)
     if modes.get_mode().verify > 0:
-        modes.verify_backward(dout, q, k, v, dq, dk, dv, params)
+        modes.verify_backward(dout, q, k, v, dq, dk, dv, params, dsinks)
     return dq, dk, dv
 
 
@@ -446,6 +504,22 @@ def _name(op):
     return "fa4cpp::%s_py" % op if _NATIVE else "fa4cpp::" + op
 
 
+# A fragment of the namespace for kernels registered beside torch.library.custom_op's.
+_FRAGMENT = torch.library.Library("fa4cpp", "FRAGMENT")
+
+
+def _plain_write(op):
+    """For an op that writes an optional trailing argument (the backward ops' dsinks): the
+    ADInplaceOrView key falls through. custom_op's kernel there bumps the written argument's
+    version counter by its position among the call's arguments, which a call that leaves it at
+    its default does not pass (an IndexError); the native ops leave that counter alone as well
+    (dsinks is a buffer the caller has just made)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch notes the replaced kernel
+        _FRAGMENT.impl(_name(op).split("::")[1], torch.library.fallthrough_kernel,
+                       "ADInplaceOrView", allow_override=True)
+
+
 def _fake(python_op, op):
     """Registers fn as the fake (shape) kernel of the Python op and of the native one."""
     def register(fn):
@@ -459,65 +533,118 @@ def _fake(python_op, op):
 # -- fixed-length ops -----------------------------------------------------------------------------
 
 def _fixed_params(q, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                  descales):
+                  descales, alibi_slopes=None, sinks=None):
     return Params(softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                  fp8=_fp8(q, descales))
+                  fp8=_fp8(q, descales), alibi_slopes=alibi_slopes, sinks=sinks)
+
+
+def _variant_kwargs(alibi_slopes, sinks):
+    """The score variants' op arguments: passed only when given, so that calls without them keep
+    the ops' shorter argument lists."""
+    kwargs = {}
+    if alibi_slopes is not None:
+        kwargs["alibi_slopes"] = alibi_slopes
+    if sinks is not None:
+        kwargs["sinks"] = sinks
+    return kwargs
 
 
 @torch.library.custom_op(_name("fwd"), mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, deterministic: bool = False,
         q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-        v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        v_descale: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+        sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     return _forward(q, k, v, _fixed_params(q, softmax_scale, causal, window_left, window_right,
                                            softcap, deterministic,
-                                           (q_descale, k_descale, v_descale)))
+                                           (q_descale, k_descale, v_descale), alibi_slopes,
+                                           sinks))
 
 
 @_fake(fwd, "fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-              deterministic=False, q_descale=None, k_descale=None, v_descale=None):
+              deterministic=False, q_descale=None, k_descale=None, v_descale=None,
+              alibi_slopes=None, sinks=None):
     params = _fixed_params(q, softmax_scale, causal, window_left, window_right, softcap, False,
-                           (q_descale, k_descale, v_descale))
+                           (q_descale, k_descale, v_descale), alibi_slopes, sinks)
     _check(q, k, v, params)
     out_shape, lse_shape = _out_shapes(q, v, params)
     return (q.new_empty(out_shape, dtype=_out_dtype(q, params)),
             q.new_empty(lse_shape, dtype=torch.float32))
 
 
-@torch.library.custom_op(_name("bwd"), mutates_args=())
+@torch.library.custom_op(_name("bwd"), mutates_args=("dsinks",))
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-        deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward(dout, q, k, v, out, lse, Params(softmax_scale, causal, window_left,
-                                                     window_right, softcap, deterministic))
+        deterministic: bool, alibi_slopes: Optional[Tensor] = None,
+        sinks: Optional[Tensor] = None,
+        dsinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    return _backward(dout, q, k, v, out, lse,
+                     Params(softmax_scale, causal, window_left, window_right, softcap,
+                            deterministic, alibi_slopes=alibi_slopes, sinks=sinks),
+                     dsinks=dsinks)
 
 
 @_fake(bwd, "bwd")
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-              deterministic):
-    params = Params(softmax_scale, causal, window_left, window_right, softcap)
+              deterministic, alibi_slopes=None, sinks=None, dsinks=None):
+    params = Params(softmax_scale, causal, window_left, window_right, softcap,
+                    alibi_slopes=alibi_slopes, sinks=sinks)
     _check(q, k, v, params)
     _refuse_fp8_backward(q)
     _check_grads_inputs(dout, out, lse, q, v, params)
+    _check_dsinks(dsinks, params, q)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_plain_write("bwd")
+
+# Where fwd's and varlen_fwd's score variants sit among their inputs.
+_FWD_VARIANTS = 12
+_VARLEN_FWD_VARIANTS = 17
+
+
+def _save_variants(ctx, inputs, first):
+    """The score variants of a forward's inputs (None past a shorter call's arguments), for the
+    backward: the slopes and the sinks as saved tensors, which input the sinks are."""
+    alibi_slopes, sinks = (tuple(inputs[first:first + 2]) + (None, None))[:2]
+    ctx.sinks_input = first + 1
+    return alibi_slopes, sinks
+
+
+def _sink_grad(ctx, sinks):
+    """A fresh fp32 buffer for the sinks' gradient when autograd wants it, else None."""
+    if sinks is None or not ctx.needs_input_grad[ctx.sinks_input]:
+        return None
+    return torch.empty(sinks.shape, dtype=torch.float32, device=sinks.device)
+
+
+def _gradients(ctx, dq, dk, dv, dsinks):
+    grads = [dq, dk, dv] + [None] * (ctx.inputs - 3)
+    if dsinks is not None:
+        grads[ctx.sinks_input] = dsinks
+    return tuple(grads)
 
 
 def _fwd_setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal, window_left, window_right, softcap = inputs[:8]
     deterministic = inputs[8] if len(inputs) > 8 else False
+    alibi_slopes, sinks = _save_variants(ctx, inputs, _FWD_VARIANTS)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
     ctx.scalars = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     ctx.inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    # FP8 inputs: bwd refuses them with its error.
-    dq, dk, dv = torch.ops.fa4cpp.bwd(dout, q, k, v, out, lse, *ctx.scalars)
-    return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
+    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+    dsinks = _sink_grad(ctx, sinks)
+    # FP8 inputs: bwd refuses them with its error. The slopes and descales have no gradient.
+    dq, dk, dv = torch.ops.fa4cpp.bwd(dout, q, k, v, out, lse, *ctx.scalars,
+                                      **_variant_kwargs(alibi_slopes, sinks),
+                                      **({} if dsinks is None else {"dsinks": dsinks}))
+    return _gradients(ctx, dq, dk, dv, dsinks)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -527,9 +654,10 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 def _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                    softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                   fp8=None):
+                   fp8=None, alibi_slopes=None, sinks=None):
     return Params(softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, fp8=fp8)
+                  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, fp8=fp8,
+                  alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 @torch.library.custom_op(_name("varlen_fwd"), mutates_args=())
@@ -537,56 +665,68 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor],
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
                softcap: float, deterministic: bool = False, q_descale: Optional[Tensor] = None,
-               k_descale: Optional[Tensor] = None,
-               v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+               k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+               alibi_slopes: Optional[Tensor] = None,
+               sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     return _forward(q, k, v, _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, seqused_k, softmax_scale, causal,
                                             window_left, window_right, softcap, deterministic,
-                                            _fp8(q, (q_descale, k_descale, v_descale))))
+                                            _fp8(q, (q_descale, k_descale, v_descale)),
+                                            alibi_slopes, sinks))
 
 
 @_fake(varlen_fwd, "varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                      softmax_scale, causal, window_left, window_right, softcap,
-                     deterministic=False, q_descale=None, k_descale=None, v_descale=None):
+                     deterministic=False, q_descale=None, k_descale=None, v_descale=None,
+                     alibi_slopes=None, sinks=None):
     params = _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                             softmax_scale, causal, window_left, window_right, softcap, False,
-                            _fp8(q, (q_descale, k_descale, v_descale)))
+                            _fp8(q, (q_descale, k_descale, v_descale)), alibi_slopes, sinks)
     _check(q, k, v, params)
     out_shape, lse_shape = _out_shapes(q, v, params)
     return (q.new_empty(out_shape, dtype=_out_dtype(q, params)),
             q.new_empty(lse_shape, dtype=torch.float32))
 
 
-@torch.library.custom_op(_name("varlen_bwd"), mutates_args=())
+@torch.library.custom_op(_name("varlen_bwd"), mutates_args=("dsinks",))
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                seqused_k: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
-               window_right: int, softcap: float,
-               deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+               window_right: int, softcap: float, deterministic: bool,
+               alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+               dsinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     return _backward(dout, q, k, v, out, lse, _varlen_params(
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
-        window_left, window_right, softcap, deterministic))
+        window_left, window_right, softcap, deterministic, alibi_slopes=alibi_slopes,
+        sinks=sinks), dsinks=dsinks)
 
 
 @_fake(varlen_bwd, "varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, seqused_k, softmax_scale, causal, window_left, window_right,
-                     softcap, deterministic):
+                     softcap, deterministic, alibi_slopes=None, sinks=None, dsinks=None):
     params = _varlen_params(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                            softmax_scale, causal, window_left, window_right, softcap, False)
+                            softmax_scale, causal, window_left, window_right, softcap, False,
+                            alibi_slopes=alibi_slopes, sinks=sinks)
     _check(q, k, v, params)
     _refuse_fp8_backward(q)
     _check_grads_inputs(dout, out, lse, q, v, params)
+    _check_dsinks(dsinks, params, q)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_plain_write("varlen_bwd")
 
 
 def _varlen_fwd_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k = inputs[:8]
     softmax_scale, causal, window_left, window_right, softcap = inputs[8:13]
     deterministic = inputs[13] if len(inputs) > 13 else False
+    alibi_slopes, sinks = _save_variants(ctx, inputs, _VARLEN_FWD_VARIANTS)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+                          sinks)
     ctx.scalars = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                    softcap, deterministic)
     ctx.inputs = len(inputs)
@@ -594,11 +734,15 @@ def _varlen_fwd_setup_context(ctx, inputs, output):
 
 
 def _varlen_fwd_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+     sinks) = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, *rest = ctx.scalars
+    dsinks = _sink_grad(ctx, sinks)
     dq, dk, dv = torch.ops.fa4cpp.varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                             max_seqlen_q, max_seqlen_k, seqused_k, *rest)
-    return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
+                                             max_seqlen_q, max_seqlen_k, seqused_k, *rest,
+                                             **_variant_kwargs(alibi_slopes, sinks),
+                                             **({} if dsinks is None else {"dsinks": dsinks}))
+    return _gradients(ctx, dq, dk, dv, dsinks)
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
@@ -608,7 +752,7 @@ varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_set
 
 def _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, descales=(None, None, None)):
+                   max_seqlen_q, descales=(None, None, None), variants=(None, None)):
     """Shapes, dtypes and devices of a KV-cache call (the library checks sizes and contents)."""
     varlen = cu_seqlens_q is not None
     if q.dim() != (3 if varlen else 4):
@@ -677,12 +821,13 @@ def _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, ca
     if varlen and max_seqlen_q < 0:
         _fail("max_seqlen_q is %d; it must be >= 0", max_seqlen_q)
     _check_fp8(q, Params(fp8=_fp8(q, descales, k_new)), batch, k_cache.shape[-2])
+    _check_variants(q, *variants, batch)
 
 
 def _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
                     page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal,
                     window_left, window_right, softcap, rotary_interleaved, num_splits,
-                    descales=(None, None, None)):
+                    descales=(None, None, None), variants=(None, None)):
     def contiguous(t):
         return t if t is None or t.is_contiguous() else t.contiguous()
     appends = k_new is not None
@@ -698,9 +843,10 @@ def _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_
         rotary_dim=2 * rotary_cos.shape[1] if rotary_cos is not None else 0,
         rotary_interleaved=bool(rotary_interleaved) if rotary_cos is not None else False,
         rotary_seqlen=rotary_cos.shape[0] if rotary_cos is not None else 0)
+    alibi_slopes, sinks = variants
     return Params(softmax_scale, causal, window_left, window_right, softcap, False,
                   contiguous(cu_seqlens_q), None, int(max_seqlen_q), 0, contiguous(cache_seqlens),
-                  kv, int(num_splits), _fp8(q, descales, k_new))
+                  kv, int(num_splits), _fp8(q, descales, k_new), alibi_slopes, contiguous(sinks))
 
 
 def _kvcache_key_lens(q, k_cache, k_new, params):
@@ -739,7 +885,7 @@ def _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params, append
         cu_seqlens_q=params.cu_seqlens_q, rotary_cos=cos, rotary_sin=sin,
         rotary_interleaved=kv.rotary_interleaved, softmax_scale=params.softmax_scale,
         causal=params.causal, window=(params.window_left, params.window_right),
-        softcap=params.softcap, **descales)
+        softcap=params.softcap, alibi_slopes=params.alibi_slopes, sinks=params.sinks, **descales)
 
 
 def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
@@ -775,14 +921,14 @@ def _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params):
 def _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                   max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
-                  rotary_interleaved, num_splits, descales):
+                  rotary_interleaved, num_splits, descales, variants):
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, descales)
+                   max_seqlen_q, descales, variants)
     params = _kvcache_params(q, k_new, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
                              page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
                              softmax_scale, causal, window_left, window_right, softcap,
-                             rotary_interleaved, num_splits, descales)
+                             rotary_interleaved, num_splits, descales, variants)
     _check_params(params)
     rotary = (rotary_cos, rotary_sin) if rotary_cos is not None else None
     return _forward_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params)
@@ -812,8 +958,9 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Ten
                 cu_seqlens_k_new: Optional[Tensor], max_seqlen_q: int, softmax_scale: float,
                 causal: bool, window_left: int, window_right: int, softcap: float,
                 rotary_interleaved: bool, num_splits: int, q_descale: Optional[Tensor] = None,
-                k_descale: Optional[Tensor] = None,
-                v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+                alibi_slopes: Optional[Tensor] = None,
+                sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Attention of q over a KV cache, the new rows k_new / v_new appended to it first (in place:
     the op mutates k_cache and v_cache), flash_attn_with_kvcache's semantics (docs/semantics.md).
     Forward only."""
@@ -821,7 +968,7 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Ten
                          cache_seqlens, cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
                          cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal, window_left,
                          window_right, softcap, rotary_interleaved, num_splits,
-                         (q_descale, k_descale, v_descale))
+                         (q_descale, k_descale, v_descale), (alibi_slopes, sinks))
 
 
 @_fake(fwd_kvcache, "fwd_kvcache")
@@ -829,10 +976,10 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                       cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
                       max_seqlen_q, softmax_scale, causal, window_left, window_right, softcap,
                       rotary_interleaved, num_splits, q_descale=None, k_descale=None,
-                      v_descale=None):
+                      v_descale=None, alibi_slopes=None, sinks=None):
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, (q_descale, k_descale, v_descale))
+                   max_seqlen_q, (q_descale, k_descale, v_descale), (alibi_slopes, sinks))
     out, lse = _kvcache_shapes(q, v_cache, cu_seqlens_q)
     return (q.new_empty(out, dtype=output_dtype(q, k_new)),
             q.new_empty(lse, dtype=torch.float32))
@@ -848,17 +995,20 @@ def fwd_kvcache_out(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional
                     causal: bool, window_left: int, window_right: int, softcap: float,
                     rotary_interleaved: bool, num_splits: int, out: Tensor,
                     q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                    v_descale: Optional[Tensor] = None) -> Tensor:
+                    v_descale: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+                    sinks: Optional[Tensor] = None) -> Tensor:
     """fwd_kvcache writing its output into `out` (the caller's tensor, q's shape with the cache's
     head dim, any strides, the output's dtype); returns lse. The native op writes out directly
     (through a copy only when its last dimension is not contiguous); this implementation copies.
-    The descales follow `out`, so that the arguments before it keep their places."""
+    The descales and the score variants follow `out`, so that the arguments before it keep their
+    places."""
     _check_out(out, q, v_cache, cu_seqlens_q, k_new)
     result, lse = _kvcache_call(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                                 cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
                                 cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale,
                                 causal, window_left, window_right, softcap, rotary_interleaved,
-                                num_splits, (q_descale, k_descale, v_descale))
+                                num_splits, (q_descale, k_descale, v_descale),
+                                (alibi_slopes, sinks))
     out.copy_(result)
     return lse
 
@@ -868,9 +1018,10 @@ def _fwd_kvcache_out_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_
                           cache_seqlens, cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q,
                           cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal, window_left,
                           window_right, softcap, rotary_interleaved, num_splits, out,
-                          q_descale=None, k_descale=None, v_descale=None):
+                          q_descale=None, k_descale=None, v_descale=None, alibi_slopes=None,
+                          sinks=None):
     _check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new,
-                   max_seqlen_q, (q_descale, k_descale, v_descale))
+                   max_seqlen_q, (q_descale, k_descale, v_descale), (alibi_slopes, sinks))
     _check_out(out, q, v_cache, cu_seqlens_q, k_new)
     return q.new_empty(_kvcache_shapes(q, v_cache, cu_seqlens_q)[1], dtype=torch.float32)

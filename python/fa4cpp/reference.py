@@ -3,6 +3,13 @@ S = scale·QKᵀ; softcap·tanh(S/softcap) when softcap > 0 (on the scaled score
 bottom-right aligned band mask; GQA (query head h reads kv head h // (heads_q / heads_kv)); varlen
 and seqused_k; a row that sees no key gets O = 0 and LSE = +inf.
 
+Score variants: ALiBi (alibi_slopes, fp32 (heads_q,) or (batch, heads_q)) subtracts
+slope·|i + sk − sq − j| from each score after softcap; attention sinks (sinks, fp32 (heads_q,)
+logits) join every row's softmax denominator without a value, LSE = log(Σ_j exp(s_j) + exp(sink)),
+and a row that sees no key gets O = 0 and LSE = sink. The slopes are constants (no gradient); the
+sinks' gradient is dsinks[h] = −Σ over the head's rows of exp(sink − LSE)·D, D = rowsum(dO ∘ O),
+and autograd reaches it through attention() / varlen_attention() too.
+
 attention() / varlen_attention() are differentiable (autograd runs through them); the
 *_backward() functions compute the same gradients with the explicit formulas of the library's
 backward (dV = PᵀdO, dS = P∘(dO·Vᵀ − rowsum(dO∘O)), times 1 − tanh² under softcap, dQ = scale·dS·K,
@@ -139,33 +146,61 @@ def _visible(rows, sq, sk, causal, left, right):
     return visible
 
 
+def _distance(rows, sq, sk, dtype):
+    """(n, sk): |i + sk − sq − j| of query row rows[i] and key j, ALiBi's distance (bottom-right
+    aligned, both sides of the diagonal)."""
+    keys = torch.arange(sk, device=rows.device)
+    return (rows[:, None] + (sk - sq) - keys[None, :]).abs().to(dtype)
+
+
+def _variants(alibi_slopes, sinks, b, dtype):
+    """The (heads_q,) ALiBi slopes and sinks of batch entry b in the compute dtype (None where
+    absent); sinks stay differentiable."""
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = (alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes).to(dtype)
+    return dict(slopes=slopes, sink=None if sinks is None else sinks.to(dtype))
+
+
 def _expand_heads(t, group):
     """(sk, hkv, d) -> (sk, hkv·group, d): query head h reads kv head h // group."""
     return t.repeat_interleave(group, dim=1)
 
 
-def _softmax(q, k, visible, scale, softcap):
-    """q (n, hq, d), k (sk, hq, d), visible (n, sk). Returns P (hq, n, sk), LSE (hq, n) and, under
+def _softmax(q, k, visible, scale, softcap, slopes=None, distance=None, sink=None):
+    """q (n, hq, d), k (sk, hq, d), visible (n, sk); slopes (hq,) with distance (n, sk) add
+    ALiBi's bias, sink (hq,) joins the denominator. Returns P (hq, n, sk), LSE (hq, n) and, under
     softcap, tanh(s/softcap) (for the backward's 1 − tanh²), else None."""
     s = torch.einsum("nhd,khd->hnk", q, k) * scale
     capped = None
     if softcap > 0:
         capped = torch.tanh(s / softcap)
         s = softcap * capped
+    if slopes is not None:
+        s = s - slopes[:, None, None] * distance[None]
     s = s.masked_fill(~visible, -math.inf)
-    sees_any = visible.any(dim=-1)  # (n,)
+    # Rows with something in their denominator: a visible key, or the head's sink (one of −inf
+    # is none, as in the library).
+    alive = visible.any(dim=-1)[None, :, None]  # (1, n, 1)
+    if sink is not None:
+        sink = sink[:, None, None]  # (hq, 1, 1)
+        alive = alive | (sink.detach() > -math.inf)
     if s.shape[-1] > 0:
         # The max only keeps exp() in range; softmax does not depend on it, so no gradient.
         m = s.detach().amax(dim=-1, keepdim=True)
-        m = torch.where(sees_any[None, :, None], m, torch.zeros_like(m))
     else:
-        m = s.new_zeros(s.shape[:-1] + (1,))
+        m = s.new_full(s.shape[:-1] + (1,), -math.inf)
+    if sink is not None:
+        m = torch.maximum(m, sink.detach())
+    m = torch.where(alive, m, torch.zeros_like(m))
     e = torch.exp(s - m)
     denom = e.sum(dim=-1, keepdim=True)
-    # 1 where no key is seen: P = 0 there, and log stays finite (so does its gradient).
+    if sink is not None:
+        denom = denom + torch.exp(sink - m)
+    # 1 where nothing is seen: P = 0 there, and log stays finite (so does its gradient).
     safe = torch.where(denom > 0, denom, torch.ones_like(denom))
     p = e / safe
-    lse = torch.where(sees_any[None, :], (m + safe.log()).squeeze(-1),
+    lse = torch.where(alive.squeeze(-1), (m + safe.log()).squeeze(-1),
                       torch.full_like(m.squeeze(-1), math.inf))
     return p, lse, capped
 
@@ -182,9 +217,15 @@ def _tiles(n, sk, hkv, group):
     return [(h, r) for r in _chunks(n, rows_per_chunk) for h in _chunks(hkv, kv_per_chunk)]
 
 
-def _sequence(q, k, v, rows, sq, scale, softcap, causal, left, right):
+def _head_chunk(t, h0, h1, group):
+    """Query heads h0·group .. h1·group of a (hq,) tensor, or None."""
+    return None if t is None else t[h0 * group:h1 * group]
+
+
+def _sequence(q, k, v, rows, sq, scale, softcap, causal, left, right, slopes=None, sink=None):
     """One sequence: q (n, hq, d) holds its query rows `rows` (absolute indices among sq rows);
-    k, v its used keys. Returns O (n, hq, dv), LSE (hq, n), differentiable."""
+    k, v its used keys; slopes / sink (hq,) its ALiBi slopes and sinks, or None. Returns
+    O (n, hq, dv), LSE (hq, n), differentiable."""
     dtype = _compute_dtype(q)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     n, hq, sk, hkv = q.shape[0], q.shape[1], k.shape[0], k.shape[1]
@@ -195,8 +236,11 @@ def _sequence(q, k, v, rows, sq, scale, softcap, causal, left, right):
             out_rows.append([])
             lse_rows.append([])
         visible = _visible(rows[r0:r1], sq, sk, causal, left, right)
+        distance = None if slopes is None else _distance(rows[r0:r1], sq, sk, dtype)
         p, lse, _ = _softmax(q[r0:r1, h0 * group:h1 * group],
-                             _expand_heads(k[:, h0:h1], group), visible, scale, softcap)
+                             _expand_heads(k[:, h0:h1], group), visible, scale, softcap,
+                             _head_chunk(slopes, h0, h1, group), distance,
+                             _head_chunk(sink, h0, h1, group))
         out_rows[-1].append(torch.einsum("hnk,khd->nhd", p, _expand_heads(v[:, h0:h1], group)))
         lse_rows[-1].append(lse)
     if n == 0:
@@ -207,21 +251,30 @@ def _sequence(q, k, v, rows, sq, scale, softcap, causal, left, right):
 
 
 def _sequence_backward(dout, q, k, v, rows, sq, scale, softcap, causal, left, right,
-                       magnitudes=False):
-    """Gradients of sum(O ∘ dout) for _sequence's rows: dq (n, hq, d), dk, dv (sk, hkv, ·), in the
-    compute dtype; dk and dv hold only these rows' contributions. With magnitudes, also the same
-    sums taken over absolute values (|dQ| ≤ |scale|·(P∘(|dO|·|V|ᵀ + rowsum|dO∘O|))·|K|, ...):
-    the size of the terms a gradient element is made of, which its rounding error scales with,
-    even where the terms cancel to (nearly) 0."""
+                       magnitudes=False, slopes=None, sink=None):
+    """Gradients of sum(O ∘ dout) for _sequence's rows: dq (n, hq, d), dk, dv (sk, hkv, ·), and
+    with a sink dsink (hq,), in the compute dtype; dk, dv and dsink hold only these rows'
+    contributions. With magnitudes, also the same sums taken over absolute values
+    (|dQ| ≤ |scale|·(P∘(|dO|·|V|ᵀ + rowsum|dO∘O|))·|K|, ...): the size of the terms a gradient
+    element is made of, which its rounding error scales with, even where the terms cancel to
+    (nearly) 0."""
     dtype = _compute_dtype(q)
     q, k, v, dout = q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype)
+    if slopes is not None:
+        slopes = slopes.to(dtype)
+    if sink is not None:
+        sink = sink.to(dtype)
     n, hq, sk, hkv = q.shape[0], q.shape[1], k.shape[0], k.shape[1]
     group = hq // hkv
-    grads = [torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)]
-    sizes = [torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)] if magnitudes else None
+
+    def buffers():
+        bufs = [torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)]
+        return bufs + [q.new_zeros(hq)] if sink is not None else bufs
+    grads = buffers()
+    sizes = buffers() if magnitudes else None
 
     def add(results, factor, heads, rows_, ds, p, qc, kc, doc):
-        dq, dk, dv = results
+        dq, dk, dv = results[:3]
         h0, h1 = heads
         dq[rows_, h0 * group:h1 * group] = factor * torch.einsum("hnk,khd->nhd", ds, kc)
         dk_heads = factor * torch.einsum("hnk,nhd->khd", ds, qc)
@@ -234,19 +287,28 @@ def _sequence_backward(dout, q, k, v, rows, sq, scale, softcap, causal, left, ri
         qc, doc = q[r0:r1, h0 * group:h1 * group], dout[r0:r1, h0 * group:h1 * group]
         kc, vc = _expand_heads(k[:, h0:h1], group), _expand_heads(v[:, h0:h1], group)
         visible = _visible(rows[r0:r1], sq, sk, causal, left, right)
-        p, _, capped = _softmax(qc, kc, visible, scale, softcap)
+        distance = None if slopes is None else _distance(rows[r0:r1], sq, sk, dtype)
+        sink_c = _head_chunk(sink, h0, h1, group)
+        p, lse, capped = _softmax(qc, kc, visible, scale, softcap,
+                                  _head_chunk(slopes, h0, h1, group), distance, sink_c)
         out = torch.einsum("hnk,khd->nhd", p, vc)
         d_row = (doc * out).sum(dim=-1).transpose(0, 1)  # D = rowsum(dO ∘ O): (h, n)
         dp = torch.einsum("nhe,khe->hnk", doc, vc)
         cap_factor = 1 if capped is None else 1 - capped * capped
         ds = p * (dp - d_row[..., None]) * cap_factor
         add(grads, scale, (h0, h1), slice(r0, r1), ds, p, qc, kc, doc)
+        # The sink's share of each row, exp(sink − LSE): dsink = −Σ_rows share · D.
+        share = None if sink_c is None else torch.exp(sink_c[:, None] - lse)  # (h, n)
+        if share is not None:
+            grads[3][h0 * group:h1 * group] -= (share * d_row).sum(dim=-1)
         if magnitudes:
             dp_abs = torch.einsum("nhe,khe->hnk", doc.abs(), vc.abs())
             d_abs = (doc.abs() * out.abs()).sum(dim=-1).transpose(0, 1)
             ds_abs = p * (dp_abs + d_abs[..., None]) * cap_factor
             add(sizes, abs(scale), (h0, h1), slice(r0, r1), ds_abs, p, qc.abs(), kc.abs(),
                 doc.abs())
+            if share is not None:
+                sizes[3][h0 * group:h1 * group] += (share * d_abs).sum(dim=-1)
     return (grads, sizes) if magnitudes else grads
 
 
@@ -268,17 +330,21 @@ def _key_counts(seqused_k, batch, default):
 
 @_exact_matmul
 def attention(q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0,
-              seqused_k=None, rows=None, q_descale=None, k_descale=None, v_descale=None):
+              seqused_k=None, rows=None, q_descale=None, k_descale=None, v_descale=None,
+              alibi_slopes=None, sinks=None):
     """Fixed-length attention. q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv).
     Returns O (b, n, hq, dv) and LSE (b, hq, n) in fp32 (float64 for float64 inputs), n = sq,
     or len(rows) when rows (query row indices) selects a subset. float8_e4m3fn inputs take fp32
-    (b, hkv) descales (None = 1)."""
+    (b, hkv) descales (None = 1). alibi_slopes (hq,) or (b, hq) and sinks (hq,) as the module
+    docstring says."""
     args = _mask_args(q, softmax_scale, causal, window, softcap)
     q, k, v = _dequantized(q, k, v, (q_descale, k_descale, v_descale))
     sq, sk = q.shape[1], k.shape[1]
     row_idx = _as_rows(rows, sq, q.device)
     used = _key_counts(seqused_k, q.shape[0], sk)
-    results = [_sequence(q[b, row_idx], k[b, :used[b]], v[b, :used[b]], row_idx, sq, **args)
+    dtype = _compute_dtype(q)
+    results = [_sequence(q[b, row_idx], k[b, :used[b]], v[b, :used[b]], row_idx, sq, **args,
+                         **_variants(alibi_slopes, sinks, b, dtype))
                for b in range(q.shape[0])]
     if not results:
         dtype, n = _compute_dtype(q), row_idx.shape[0]
@@ -290,12 +356,14 @@ def attention(q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1), soft
 @torch.no_grad()
 @_exact_matmul
 def attention_backward(dout, q, k, v, *, softmax_scale=0.0, causal=False, window=(-1, -1),
-                       softcap=0.0, seqused_k=None, rows=None, magnitudes=False):
-    """Gradients of sum(O ∘ dout) for attention(), by the explicit formulas: (dq, dk, dv) in
-    fp32 (float64 for float64 inputs). With rows, dout holds those query rows only (b, n, hq, dv)
-    and the result is (dq of those rows, None, None): dk and dv sum over every row. With
-    magnitudes, returns (gradients, magnitudes): the second the same sums over absolute values
-    (what a gradient's rounding error scales with; see _sequence_backward)."""
+                       softcap=0.0, seqused_k=None, rows=None, magnitudes=False,
+                       alibi_slopes=None, sinks=None):
+    """Gradients of sum(O ∘ dout) for attention(), by the explicit formulas: (dq, dk, dv), and
+    with sinks (dq, dk, dv, dsinks), in fp32 (float64 for float64 inputs). With rows, dout holds
+    those query rows only (b, n, hq, dv) and the result is (dq of those rows, None, None[, None]):
+    dk, dv and dsinks sum over every row. With magnitudes, returns (gradients, magnitudes): the
+    second the same sums over absolute values (what a gradient's rounding error scales with; see
+    _sequence_backward)."""
     args = _mask_args(q, softmax_scale, causal, window, softcap)
     sq, sk = q.shape[1], k.shape[1]
     row_idx = _as_rows(rows, sq, q.device)
@@ -303,27 +371,31 @@ def attention_backward(dout, q, k, v, *, softmax_scale=0.0, causal=False, window
     dtype = _compute_dtype(q)
 
     def buffers():
-        return [q.new_zeros(q.shape[0], row_idx.shape[0], *q.shape[2:], dtype=dtype),
+        bufs = [q.new_zeros(q.shape[0], row_idx.shape[0], *q.shape[2:], dtype=dtype),
                 k.new_zeros(k.shape, dtype=dtype), v.new_zeros(v.shape, dtype=dtype)]
+        return bufs + [q.new_zeros(q.shape[2], dtype=dtype)] if sinks is not None else bufs
     results = [buffers(), buffers() if magnitudes else None]
     for b in range(q.shape[0]):
         parts = _sequence_backward(dout[b], q[b, row_idx], k[b, :used[b]], v[b, :used[b]],
-                                   row_idx, sq, magnitudes=magnitudes, **args)
+                                   row_idx, sq, magnitudes=magnitudes, **args,
+                                   **_variants(alibi_slopes, sinks, b, dtype))
         for result, part in zip(results, parts if magnitudes else [parts]):
-            result[0][b], result[1][b, :used[b]], result[2][b, :used[b]] = part
+            result[0][b], result[1][b, :used[b]], result[2][b, :used[b]] = part[:3]
+            if sinks is not None:
+                result[3] += part[3]
     return _backward_result(results, rows, magnitudes)
 
 
 def _backward_result(results, rows, magnitudes):
-    if rows is not None:  # dk, dv would miss the rows not sampled
-        results = [[r[0], None, None] if r is not None else None for r in results]
+    if rows is not None:  # dk, dv (and dsinks) would miss the rows not sampled
+        results = [[r[0]] + [None] * (len(r) - 1) if r is not None else None for r in results]
     grads = tuple(results[0])
     return (grads, tuple(results[1])) if magnitudes else grads
 
 
 def _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows):
-    """Per sequence with sampled rows: (positions in rows, local row indices, query count,
-    key slice); plus the sampled row indices."""
+    """Per sequence with sampled rows: (its index, positions in rows, local row indices, query
+    count, key slice); plus the sampled row indices."""
     cq = [int(x) for x in cu_seqlens_q.tolist()]
     ck = [int(x) for x in cu_seqlens_k.tolist()]
     used = _key_counts(seqused_k, len(cq) - 1, None)
@@ -334,7 +406,7 @@ def _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows):
         if where.numel() == 0:
             continue
         n_keys = ck[b + 1] - ck[b] if used[b] is None else used[b]
-        sequences.append((where, row_idx[where] - cq[b], cq[b + 1] - cq[b],
+        sequences.append((b, where, row_idx[where] - cq[b], cq[b + 1] - cq[b],
                           slice(ck[b], ck[b] + n_keys)))
     return sequences, row_idx
 
@@ -342,20 +414,22 @@ def _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows):
 @_exact_matmul
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale=0.0, causal=False,
                      window=(-1, -1), softcap=0.0, seqused_k=None, rows=None, q_descale=None,
-                     k_descale=None, v_descale=None):
+                     k_descale=None, v_descale=None, alibi_slopes=None, sinks=None):
     """Variable-length attention over packed (total, heads, dim) tensors, sequence b in rows
     cu_seqlens[b] .. cu_seqlens[b+1]. Returns O (n, hq, dv) and LSE (hq, n) in fp32 for the token
     rows `rows` (default: all total_q rows; rows outside every sequence — left unwritten by the
     library — get O = 0 and LSE = +inf). float8_e4m3fn inputs take fp32 (sequences, hkv)
-    descales (None = 1)."""
+    descales (None = 1). alibi_slopes (hq,) or (sequences, hq) and sinks (hq,) as the module
+    docstring says."""
     args = _mask_args(q, softmax_scale, causal, window, softcap)
     q, k, v = _dequantized(q, k, v, (q_descale, k_descale, v_descale), cu_seqlens_q, cu_seqlens_k)
     sequences, row_idx = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows)
     dtype = _compute_dtype(q)
     n, hq, dv = row_idx.shape[0], q.shape[1], v.shape[2]
     outs, lses, positions = [], [], []
-    for where, local, sq, keys in sequences:
-        o, l = _sequence(q[row_idx[where]], k[keys], v[keys], local, sq, **args)
+    for b, where, local, sq, keys in sequences:
+        o, l = _sequence(q[row_idx[where]], k[keys], v[keys], local, sq, **args,
+                         **_variants(alibi_slopes, sinks, b, dtype))
         outs.append(o)
         lses.append(l)
         positions.append(where)
@@ -374,23 +448,28 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale=0.0, 
 @_exact_matmul
 def varlen_attention_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale=0.0,
                               causal=False, window=(-1, -1), softcap=0.0, seqused_k=None,
-                              rows=None, magnitudes=False):
-    """Gradients of sum(O ∘ dout) for varlen_attention(), as attention_backward(): rows outside
-    every sequence (and keys beyond seqused_k) get zero gradients; with rows, dout holds those
-    rows only and the result is (dq of those rows, None, None)."""
+                              rows=None, magnitudes=False, alibi_slopes=None, sinks=None):
+    """Gradients of sum(O ∘ dout) for varlen_attention(), as attention_backward() (dsinks too,
+    summed over every sequence): rows outside every sequence (and keys beyond seqused_k) get zero
+    gradients; with rows, dout holds those rows only and the result is (dq of those rows, None,
+    None[, None])."""
     args = _mask_args(q, softmax_scale, causal, window, softcap)
     sequences, row_idx = _varlen_layout(q, cu_seqlens_q, cu_seqlens_k, seqused_k, rows)
     dtype = _compute_dtype(q)
 
     def buffers():
-        return [q.new_zeros(row_idx.shape[0], *q.shape[1:], dtype=dtype),
+        bufs = [q.new_zeros(row_idx.shape[0], *q.shape[1:], dtype=dtype),
                 k.new_zeros(k.shape, dtype=dtype), v.new_zeros(v.shape, dtype=dtype)]
+        return bufs + [q.new_zeros(q.shape[1], dtype=dtype)] if sinks is not None else bufs
     results = [buffers(), buffers() if magnitudes else None]
-    for where, local, sq, keys in sequences:
+    for b, where, local, sq, keys in sequences:
         parts = _sequence_backward(dout[where], q[row_idx[where]], k[keys], v[keys], local, sq,
-                                   magnitudes=magnitudes, **args)
+                                   magnitudes=magnitudes, **args,
+                                   **_variants(alibi_slopes, sinks, b, dtype))
         for result, part in zip(results, parts if magnitudes else [parts]):
-            result[0][where], result[1][keys], result[2][keys] = part
+            result[0][where], result[1][keys], result[2][keys] = part[:3]
+            if sinks is not None:
+                result[3] += part[3]
     return _backward_result(results, rows, magnitudes)
 
 
@@ -487,13 +566,16 @@ def kvcache_attention(q, k_cache, v_cache, key_lens, *, cache_seqlens, page_tabl
                       cache_batch_idx=None, cache_leftpad=None, cu_seqlens_q=None,
                       rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                       softmax_scale=0.0, causal=False, window=(-1, -1), softcap=0.0,
-                      q_descale=None, k_descale=None, v_descale=None):
+                      q_descale=None, k_descale=None, v_descale=None, alibi_slopes=None,
+                      sinks=None):
     """Attention of q over a KV cache the appends have already been written to: sequence b's keys
     are cache positions [leftpad[b], key_lens[b]) of its cache row; with rotary tables, q rotated
     at cache_seqlens[b] + i (causal or window) or cache_seqlens[b]. q (b, sq, hq, d) or, with
     cu_seqlens_q, (total, hq, d). Returns O and LSE in fp32, in q's layout and (b, hq, sq) /
     (hq, total). An e4m3 q and cache take fp32 (b, hkv) descales of batch entry b (not of the
-    cache row it reads); rotated e4m3 queries are rounded back to e4m3."""
+    cache row it reads); rotated e4m3 queries are rounded back to e4m3. alibi_slopes ((hq,) or
+    (b, hq), of batch entry b) and sinks (hq,) as the module docstring says, over each sequence's
+    keys (sk = key_lens[b] − leftpad[b])."""
     fp8 = q.dtype in FP8_DTYPES
     if not fp8 and any(d is not None for d in (q_descale, k_descale, v_descale)):
         raise ValueError("descales scale float8_e4m3fn inputs only (q is %s)" % q.dtype)
@@ -539,7 +621,8 @@ def kvcache_attention(q, k_cache, v_cache, key_lens, *, cache_seqlens, page_tabl
     cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=dev)
     scale = softmax_scale if softmax_scale != 0 else effective_scale(0.0, q.shape[-1])
     out, lse = varlen_attention(qq, kk, vv, cu_q_t, cu_k_t, softmax_scale=scale, causal=causal,
-                                window=window, softcap=softcap)
+                                window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                sinks=sinks)
     if varlen:
         return out, lse
     sq = q.shape[1]

@@ -170,8 +170,9 @@ def test_unsupported_arguments_raise_naming_them():
     q, k, v = make(1, 4, 4, 2, 2, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="dropout_p"):
         fa4cpp.flash_attn_func(q, k, v, dropout_p=0.1)
+    # ALiBi is computed (test_variants.py); slopes it cannot take raise naming the argument.
     with pytest.raises(ValueError, match="alibi_slopes"):
-        fa4cpp.flash_attn_func(q, k, v, alibi_slopes=torch.ones(2))
+        fa4cpp.flash_attn_func(q, k, v, alibi_slopes=torch.ones(3))
     with pytest.raises(ValueError, match="softmax_scale"):
         fa4cpp.flash_attn_func(q, k, v, softmax_scale=0.0)
     cu = _cu([4])
@@ -182,7 +183,7 @@ def test_unsupported_arguments_raise_naming_them():
         fa4cpp.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 4, 4, dropout_p=0.5)
     with pytest.raises(ValueError, match="alibi_slopes"):
         fa4cpp.flash_attn_qkvpacked_func(torch.stack([q, k, v], dim=2),
-                                         alibi_slopes=torch.ones(2))
+                                         alibi_slopes=torch.ones(2, dtype=torch.float64))
     fa4cpp.flash_attn_func(q, k, v, dropout_p=0.0)  # the eval-mode value is fine
 
 

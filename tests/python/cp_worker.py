@@ -1,0 +1,48 @@
+"""One rank of a context-parallel run for test_context_parallel.py: joins a gloo group, draws the
+full inputs from the shared seed, runs ring_flash_attn_func on its shards forward and backward,
+and saves its shards of O, LSE, dQ, dK and dV. Usage:
+    cp_worker.py RANK WORLD PORT SEED CASE_JSON OUT_DIR"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    rank, world, port, seed = (int(x) for x in sys.argv[1:5])
+    case = json.loads(sys.argv[5])
+    out_dir = sys.argv[6]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from fa4cpp.context_parallel import ring_flash_attn_func, shard_sequence
+
+    dtype = getattr(torch, case["dtype"])
+    full = draw(case, seed, dtype)
+    lb = case["load_balance"]
+    shards = {name: shard_sequence(t, rank, world, load_balance=lb) for name, t in full.items()}
+    q, k, v = (shards[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    out, lse = ring_flash_attn_func(q, k, v, causal=case["causal"], softcap=case["softcap"],
+                                    load_balance=lb, return_lse=True)
+    out.backward(shards["dout"])
+    torch.save({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad},
+               os.path.join(out_dir, "rank%d.pt" % rank))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def draw(case, seed, dtype):
+    """The full inputs every rank (and the test) draws alike."""
+    g = torch.Generator().manual_seed(seed)
+    b, s, hq, hkv, d = case["batch"], case["seqlen"], case["heads_q"], case["heads_kv"], case["dim"]
+    return {"q": torch.randn(b, s, hq, d, generator=g).to(dtype),
+            "k": torch.randn(b, s, hkv, d, generator=g).to(dtype),
+            "v": torch.randn(b, s, hkv, d, generator=g).to(dtype),
+            "dout": torch.randn(b, s, hq, d, generator=g).to(dtype)}
+
+
+if __name__ == "__main__":
+    main()
