@@ -154,6 +154,19 @@ class Params:
     def varlen(self):
         return self.cu_seqlens_q is not None
 
+    def reference_kwargs(self):
+        """The keyword arguments fa4cpp.reference's attention functions take for this problem."""
+        return dict(softmax_scale=self.softmax_scale, causal=self.causal,
+                    window=(self.window_left, self.window_right), softcap=self.softcap,
+                    seqused_k=self.seqused_k, alibi_slopes=self.alibi_slopes, sinks=self.sinks)
+
+    def descale_kwargs(self):
+        """FP8 inputs' descales as the reference's keyword arguments ({} without FP8)."""
+        if self.fp8 is None:
+            return {}
+        return dict(q_descale=self.fp8.q_descale, k_descale=self.fp8.k_descale,
+                    v_descale=self.fp8.v_descale)
+
 
 @dataclasses.dataclass(frozen=True)
 class KvCache:

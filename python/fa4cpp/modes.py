@@ -210,20 +210,6 @@ def _compare(what, got, ref, tolerance, names, rows):
            float(ref[index]), float(tolerance[index]), err.numel(), float(err.max())))
 
 
-def _reference_kwargs(params):
-    return dict(softmax_scale=params.softmax_scale, causal=params.causal,
-                window=(params.window_left, params.window_right), softcap=params.softcap,
-                seqused_k=params.seqused_k, alibi_slopes=params.alibi_slopes,
-                sinks=params.sinks)
-
-
-def _descale_kwargs(params):
-    fp8 = params.fp8
-    if fp8 is None:
-        return {}
-    return dict(q_descale=fp8.q_descale, k_descale=fp8.k_descale, v_descale=fp8.v_descale)
-
-
 def _varlen_rows(params, hq, n_keys):
     """Sampled token rows of a varlen problem, only rows inside a sequence (the library leaves
     the others unwritten)."""
@@ -251,7 +237,7 @@ def _used_value_scale(v, params):
 
 def verify_forward(q, k, v, out, lse, params):
     """Checks a library forward's out / lse on a sample of query rows; raises VerificationError."""
-    kw = dict(_reference_kwargs(params), **_descale_kwargs(params))
+    kw = dict(params.reference_kwargs(), **params.descale_kwargs())
     values = v
     if params.fp8 is not None:  # the values the problem means: e4m3 times the descales
         values = reference.dequantize(v, params.fp8.v_descale,
@@ -278,7 +264,7 @@ def verify_forward(q, k, v, out, lse, params):
 def verify_backward(dout, q, k, v, dq, dk, dv, params, dsinks=None):
     """Checks a library backward's dq on a sample of query rows, and dk / dv (and dsinks, when
     given) when every row is checked (they sum over all rows); raises VerificationError."""
-    kw = dict(_reference_kwargs(params), magnitudes=True)
+    kw = dict(params.reference_kwargs(), magnitudes=True)
     if params.varlen:
         rows = _varlen_rows(params, q.shape[1], params.max_seqlen_k)
         every_row = len(rows) == int(params.cu_seqlens_q[-1])

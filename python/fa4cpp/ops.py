@@ -370,27 +370,13 @@ def _index_arrays(params):
                                seqused_k=fix(params.seqused_k), sinks=fix(params.sinks))
 
 
-def _reference_kwargs(params):
-    return dict(softmax_scale=params.softmax_scale, causal=params.causal,
-                window=(params.window_left, params.window_right), softcap=params.softcap,
-                seqused_k=params.seqused_k, alibi_slopes=params.alibi_slopes,
-                sinks=params.sinks)
-
-
-def _descale_kwargs(params):
-    fp8 = params.fp8
-    if fp8 is None:
-        return {}
-    return dict(q_descale=fp8.q_descale, k_descale=fp8.k_descale, v_descale=fp8.v_descale)
-
-
 def _out_dtype(q, params):
     """The output dtype of a checked call (params.fp8 is set only for FP8 inputs then)."""
     return q.dtype if params.fp8 is None else params.fp8.out_dtype
 
 
 def _reference_forward(q, k, v, params):
-    kwargs = dict(_reference_kwargs(params), **_descale_kwargs(params))
+    kwargs = dict(params.reference_kwargs(), **params.descale_kwargs())
     with torch.no_grad():
         if params.varlen:
             out, lse = reference.varlen_attention(q, k, v, params.cu_seqlens_q,
@@ -404,9 +390,9 @@ def _reference_backward(dout, q, k, v, params, dsinks=None):
     if params.varlen:
         grads = reference.varlen_attention_backward(dout, q, k, v, params.cu_seqlens_q,
                                                     params.cu_seqlens_k,
-                                                    **_reference_kwargs(params))
+                                                    **params.reference_kwargs())
     else:
-        grads = reference.attention_backward(dout, q, k, v, **_reference_kwargs(params))
+        grads = reference.attention_backward(dout, q, k, v, **params.reference_kwargs())
     if dsinks is not None:
         dsinks.copy_(grads[3])
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
@@ -871,7 +857,7 @@ def _reference_kvcache(q, k_cache, v_cache, k_new, v_new, rotary, params, append
     kv = params.kv
     before, after = _kvcache_key_lens(q, k_cache, k_new, params)
     cos, sin = rotary if rotary is not None else (None, None)
-    descales = _descale_kwargs(params)
+    descales = params.descale_kwargs()
     if append and k_new is not None:
         reference.kvcache_append(k_cache, v_cache, k_new, v_new, before,
                                  page_table=kv.page_table, cache_batch_idx=kv.cache_batch_idx,

@@ -66,8 +66,8 @@ def _row(descale, b, heads_kv):
 
 # -- the two oracles ------------------------------------------------------------------------------
 
-def _visible(sq, sk, causal, window):
-    """(sq, sk): query i sees key j (bottom-right aligned band)."""
+def _visible(sq, sk, causal=False, window=(-1, -1)):
+    """(sq, sk): query i sees key j (flash_attn's bottom-right aligned band)."""
     left, right = window
     if causal:
         right = 0

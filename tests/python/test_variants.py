@@ -25,6 +25,7 @@ import torch
 
 import fa4cpp
 from fa4cpp import FallbackWarning, VerificationError, c_abi, ops
+from test_fp8 import _visible
 from test_kvcache import _case, _position
 
 FWD_ATOL = 1e-5
@@ -43,22 +44,6 @@ def path(request):
 
 
 # -- oracles --------------------------------------------------------------------------------------
-
-def _visible(sq, sk, causal=False, window=(-1, -1)):
-    """(sq, sk): query i sees key j (flash_attn's bottom-right aligned band)."""
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq)[:, None]
-    j = torch.arange(sk)[None, :]
-    diagonal = i + sk - sq
-    visible = torch.ones(sq, sk, dtype=torch.bool)
-    if left >= 0:
-        visible &= j >= diagonal - left
-    if right >= 0:
-        visible &= j <= diagonal + right
-    return visible
-
 
 def _gpt_oss_visible(n, sliding_window):
     """gpt-oss's mask of n tokens: causal, and with a sliding window a query keeps only the keys
