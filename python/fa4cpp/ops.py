@@ -1011,3 +1011,42 @@ def _fwd_kvcache_out_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_
                    max_seqlen_q, (q_descale, k_descale, v_descale), (alibi_slopes, sinks))
     _check_out(out, q, v_cache, cu_seqlens_q, k_new)
     return q.new_empty(_kvcache_shapes(q, v_cache, cu_seqlens_q)[1], dtype=torch.float32)
+
+
+# -- the native ops against this package's ---------------------------------------------------------
+
+_OPS = ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "fwd_kvcache", "fwd_kvcache_out")
+
+
+def schema_mismatch(native_schema, python_schema):
+    """How two op schemas differ in their arguments (names and types) or returns; None when they
+    do not. The names of the ops themselves are not compared."""
+    def shape(schema):
+        return ([(a.name, str(a.type)) for a in schema.arguments],
+                [str(r.type) for r in schema.returns])
+    native, python = shape(native_schema), shape(python_schema)
+    if native == python:
+        return None
+    return "the native op takes %s and returns %s; this package's takes %s and returns %s" % (
+        native[0], native[1], python[0], python[1])
+
+
+def _check_native_schemas():
+    """The native ops hand calls to the Python implementation (modes, errors) with their own
+    arguments: a libfa4_torch.so built from other sources than this package would pass the wrong
+    ones and crash the process. Refuse it at import instead."""
+    for op in _OPS:
+        try:
+            native = getattr(torch.ops.fa4cpp, op).default._schema
+        except (AttributeError, RuntimeError):
+            native, why = None, "the native library does not register it"
+        if native is not None:
+            why = schema_mismatch(native, getattr(torch.ops.fa4cpp, op + "_py").default._schema)
+        if why is not None:
+            raise ImportError("%s does not match this fa4cpp package (torch.ops.fa4cpp.%s: %s): "
+                              "rebuild it from the same sources (pip install "
+                              "--no-build-isolation .)" % (_library.native()[1], op, why))
+
+
+if _NATIVE:
+    _check_native_schemas()

@@ -284,3 +284,16 @@ def test_kvcache_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.fa4cpp.fwd_kvcache.default, common)
     out = torch.empty(q.shape[:-1] + v_cache.shape[-1:])
     torch.library.opcheck(torch.ops.fa4cpp.fwd_kvcache_out.default, common + (out,))
+
+
+@needs_native
+def test_native_schemas_match_the_package():
+    """Import checks every native op against the package's (a stale libfa4_torch.so would pass
+    the Python implementation the wrong arguments); the check tells two different ops apart."""
+    for op in ops._OPS:
+        native = getattr(torch.ops.fa4cpp, op).default._schema
+        assert ops.schema_mismatch(native, getattr(torch.ops.fa4cpp, op + "_py").default._schema) \
+            is None, op
+    why = ops.schema_mismatch(torch.ops.fa4cpp.fwd.default._schema,
+                              torch.ops.fa4cpp.bwd_py.default._schema)
+    assert why is not None and "dout" in why
