@@ -4,6 +4,7 @@
   is unset, a build tree's libfa4.so (build/cpu, then build/default) is used if one exists.
 - Tests marked `sm90` need a CUDA device of compute capability 9.0 and skip, saying so, elsewhere.
 - Every test starts with fallback and verify off, no fallback warning yet given, and a fixed seed.
+- The fixture `path` runs a test on both the native ops and the Python implementation.
 - The fixture `python_path` sends the native ops' calls to the Python implementation, for tests
   that replace a piece of it (ops.support, the c_abi calls) outside a mode. FA4CPP_TEST_PYTHON_PATH=1
   sends every test's calls there (scripts/test.sh runs the ops' tests so too).
@@ -59,6 +60,17 @@ def _clean_state(monkeypatch):
 
 
 _NO_PATH = contextlib.nullcontext()
+
+
+@pytest.fixture(params=["native", "python"])
+def path(request):
+    """Runs a test twice: through the native ops, then through the package's Python
+    implementation (the same path twice where the native ops are not built)."""
+    if request.param == "python":
+        with ops.python_path():
+            yield request.param
+    else:
+        yield request.param
 
 
 @pytest.fixture

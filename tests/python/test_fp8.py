@@ -25,17 +25,6 @@ from test_kvcache import _case, _position, _rotate
 E4M3 = torch.float8_e4m3fn
 
 
-@pytest.fixture(params=["native", "python"])
-def path(request):
-    """The call's path: the native ops, or the package's Python implementation (the same path
-    twice where the native ops are not built)."""
-    if request.param == "python":
-        with ops.python_path():
-            yield request.param
-    else:
-        yield request.param
-
-
 # -- inputs ---------------------------------------------------------------------------------------
 
 def _e4m3(*shape, spread=2.0):

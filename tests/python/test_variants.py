@@ -32,17 +32,6 @@ FWD_ATOL = 1e-5
 BWD_ATOL = 1e-4
 
 
-@pytest.fixture(params=["native", "python"])
-def path(request):
-    """The call's path: the native ops, or the package's Python implementation (the same path
-    twice where the native ops are not built)."""
-    if request.param == "python":
-        with ops.python_path():
-            yield request.param
-    else:
-        yield request.param
-
-
 # -- oracles --------------------------------------------------------------------------------------
 
 def _gpt_oss_visible(n, sliding_window):
