@@ -299,7 +299,9 @@ struct BwdKernel {
 
     // The tile loop, compiled once per (softcap, ALiBi) setting (run_by_variant): with softcap,
     // P must be rounded before Sᵀ becomes dS's factor.
-    auto tiles = [&](auto softcap_tag, auto alibi_tag) {
+    // Inlined by force: left to itself the compiler outlines the four instances into calls, and
+    // wgmmas in flight across a call are serialized (ptxas C7510).
+    auto tiles = [&](auto softcap_tag, auto alibi_tag) CUTLASS_LAMBDA_FUNC_INLINE {
       constexpr bool kSoftcap = decltype(softcap_tag)::value;
       constexpr bool kAlibi = decltype(alibi_tag)::value;
       const BwdAlibi alibi{kAlibi ? alibi_slope(p, w) : 0.0f};
