@@ -21,6 +21,12 @@ sampled during its timings (bench/power_log.py) and the energy per call (from th
 counter where it has one, else power × time) in a second table: under the board's power cap the
 clock, and with it the time, follows the energy a kernel spends.
 
+--variants none,sinks,alibi also times each build with attention sinks (fp32 logits per query
+head, d(sinks) computed in the backward) and with ALiBi (flash_attn's slopes 2^(-8(h+1)/H)), each
+its own column (fa4cpp+sinks, fa4cpp+alibi): what a score variant costs over the same problem
+without it. FlashAttention-4 takes sinks too (learnable_sink): with sinks asked for, it gets a
+FA4+sinks column.
+
 --inputs spiky draws the inputs of the tests' spiky cases (a few query and key rows scaled up: large
 logits, late maxima). Builds configured with -DFA4_SM90_RESCALE_STATS=ON also report their O
 rescale counts (src/sm90/common/rescale_stats.hpp) for one forward run per row; their times include the
@@ -28,6 +34,7 @@ counting's cost, so time the same variant built without it.
 """
 import argparse
 import contextlib
+import copy
 import ctypes
 import datetime
 import importlib
@@ -114,12 +121,46 @@ def _first(result):
 
 def other_fn(func, q, k, v, causal, dout=None, with_forward=False):
     """The closure timing one of OTHERS on the sweep's (batch, seq, heads, dim) tensors: the
-    forward, or (dout given) autograd's backward of one forward run / both per call."""
+    forward, or (dout given) autograd's backward of one forward run / both per call. A func with
+    `extra` (a function of q giving keyword tensors, e.g. FA4's learnable_sink) gets them too, and
+    the backward differentiates them as well."""
+    extra = getattr(func, "extra", lambda q: {})(q)
     if dout is None:
-        return lambda: func(q, k, v, causal=causal)
+        return lambda: func(q, k, v, causal=causal, **extra)
+    extra = {name: x.detach().requires_grad_() for name, x in extra.items()}
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    return backward_closure(lambda: _first(func(*leaves, causal=causal)), leaves, dout,
-                            with_forward)
+    return backward_closure(lambda: _first(func(*leaves, causal=causal, **extra)),
+                            leaves + list(extra.values()), dout, with_forward)
+
+
+def alibi_slopes(heads, device="cuda"):
+    """flash_attn's ALiBi slopes for `heads` heads: 2^(-8(h+1)/heads)."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)],
+                        device=device, dtype=torch.float32)
+
+
+def sink_logits(heads, device="cuda"):
+    """Attention sinks' logits (fp32, one per query head), as gpt-oss learns them: around 0."""
+    return torch.randn(heads, device=device, dtype=torch.float32)
+
+
+# --variants: the score variants a build can be timed with, and the peers that compute them too
+# ({column suffix: {peer column: keyword of its flash_attn_func}}).
+VARIANTS = ("none", "sinks", "alibi")
+OTHER_VARIANTS = {"sinks": {"FA4": "learnable_sink"}}
+
+
+def variant_others(others, variants):
+    """The OTHERS' variant columns (FA4+sinks) for the asked variants, beside the plain ones."""
+    out = dict(others)
+    for variant in variants:
+        for name, keyword in OTHER_VARIANTS.get(variant, {}).items():
+            if name in others:
+                def func(*a, _f=others[name], **kw):
+                    return _f(*a, **kw)
+                func.extra = lambda q, _kw=keyword: {_kw: sink_logits(q.shape[2], q.device)}
+                out[name + "+" + variant] = func
+    return out
 
 
 def backward_closure(forward, leaves, grad_out, with_forward):
@@ -255,6 +296,7 @@ class Build:
     def __init__(self, name, path, deterministic=False, env=None):
         self.name, self.path, self.deterministic = name, path, deterministic
         self.env = dict(env or {})
+        self.variant = "none"
         self.fa4 = fa4_ctypes.Library(path)
         with self.environment():
             self.fa4.overrides = self.fa4.overrides_from_env()
@@ -281,6 +323,22 @@ class Build:
 
     def has_rescale_counts(self):
         return self._counts is not None
+
+    def with_variant(self, variant):
+        """This build (the same loaded library) timed with a score variant: its own column."""
+        if variant == "none":
+            return self
+        other = copy.copy(self)
+        other.name, other.variant = "%s+%s" % (self.name, variant), variant
+        return other
+
+    def params(self, causal, heads_q, device="cuda"):
+        """The C ABI's Params of a row: the mask, the build's deterministic mode and its variant's
+        tensors (fresh for each row)."""
+        return fa4_ctypes.Params(
+            causal=causal, deterministic=self.deterministic,
+            alibi_slopes=alibi_slopes(heads_q, device) if self.variant == "alibi" else None,
+            sinks=sink_logits(heads_q, device) if self.variant == "sinks" else None)
 
     def _read_counts(self):
         c = (ctypes.c_uint64 * 3)()
@@ -321,7 +379,7 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     ref = cudnn()
 
     def first_run(bld, entry):
-        run = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+        run = bld.fa4.forward_fn(q, k, v, out, lse, params=bld.params(causal, q.shape[2]))
         out.fill_(float("nan"))
         counts = bld.rescale_counts(run)
         if counts is None:
@@ -341,43 +399,47 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
 
 
 def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
-    """`rounds` rounds of cuDNN and the builds (in an order rotated each round), then the OTHERS
-    that ran and torch FA2 (None: refused already); medians into the row. cuDNN takes its turn in
-    the rotation: at power-bound shapes whatever runs first after FA2's lighter load starts on a
-    cooler chip and at a higher clock, and cuDNN was always first."""
+    """`rounds` rounds of everything that ran: cuDNN, the builds, the OTHERS and torch FA2 (None:
+    refused already), in an order rotated each round so that each takes its turn to go first;
+    medians into the row. At power-bound shapes whatever runs first after a lighter load starts on
+    a cooler chip and at a higher clock: a fixed order would favour one column."""
     other_runs = other_runs or {}
-    times = {"cudnn": [], "fa2": []}
-    times.update({name: [] for name in runs})
-    other_times = {name: [] for name in other_runs}
-    windows = {name: [] for name in times}  # --power: each timing's clock and power
-    names = list(runs)
-    timed = dict(runs, cudnn=cudnn)
-    order = ["cudnn"] + names
+    timed = {("lib", name): run for name, run in runs.items()}
+    timed[("cudnn",)] = cudnn
+    timed.update({("other", name): run for name, run in other_runs.items()})
+    if fa2 is not None and "fa2_refused" not in row:
+        timed[("fa2",)] = fa2
+    times = {key: [] for key in timed}
+    windows = {key: [] for key in timed}  # --power: each timing's clock and power
+    order = [("cudnn",)] + [key for key in timed if key != ("cudnn",)]
     for r in range(rounds):
         shift = r % len(order)
-        for name in order[shift:] + order[:shift]:
-            times[name].append(median_ms(timed[name], windows[name]))
-        for name, run in other_runs.items():
-            other_times[name].append(median_ms(run))
-        if fa2 is not None and "fa2_refused" not in row:
+        for key in order[shift:] + order[:shift]:
+            if key not in timed:  # FA2 refused in an earlier round
+                continue
             try:
-                times["fa2"].append(median_ms(fa2))
+                times[key].append(median_ms(timed[key], windows[key]))
             except RuntimeError as e:  # e.g. a head dim torch's FA2 lacks
+                if key != ("fa2",):
+                    raise
                 row["fa2_refused"] = str(e).splitlines()[0]
-    row["cudnn_ms"] = statistics.median(times["cudnn"])
-    if times["fa2"]:
-        row["fa2_ms"] = statistics.median(times["fa2"])
-    power = power_log.combine(windows["cudnn"], row["cudnn_ms"])
+                del timed[key]
+    row["cudnn_ms"] = statistics.median(times[("cudnn",)])
+    if times.get(("fa2",)):
+        row["fa2_ms"] = statistics.median(times[("fa2",)])
+    power = power_log.combine(windows[("cudnn",)], row["cudnn_ms"])
     if power is not None:
         row["cudnn_power"] = power
-    for name in names:
-        row["libs"][name]["ms_rounds"] = times[name]
-        row["libs"][name]["ms"] = statistics.median(times[name])
-        power = power_log.combine(windows[name], row["libs"][name]["ms"])
+    for name in runs:
+        key = ("lib", name)
+        row["libs"][name]["ms_rounds"] = times[key]
+        row["libs"][name]["ms"] = statistics.median(times[key])
+        power = power_log.combine(windows[key], row["libs"][name]["ms"])
         if power is not None:
             row["libs"][name]["power"] = power
-    for name, t in other_times.items():
-        row.setdefault("others", {})[name] = {"ms": statistics.median(t)}
+    for name in other_runs:
+        t = times[("other", name)]
+        row.setdefault("others", {})[name] = {"ms": statistics.median(t), "ms_rounds": t}
 
 
 def sdpa_backward_fn(backend, q, k, v, causal, dout, with_forward=False):
@@ -408,10 +470,12 @@ def measure_row_backward(builds, rounds, q, k, v, out, lse, causal, with_forward
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def first_run(bld, entry):
-        forward = bld.fa4.forward_fn(q, k, v, out, lse, causal=causal)
+        params = bld.params(causal, q.shape[2])
+        forward = bld.fa4.forward_fn(q, k, v, out, lse, params=params)
         forward()
-        run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, causal=causal,
-                                  deterministic=bld.deterministic)
+        dsinks = torch.empty_like(params.sinks) if params.sinks is not None else None
+        run = bld.fa4.backward_fn(dout, q, k, v, out, lse, dq, dk, dv, params=params,
+                                  dsinks=dsinks)
         if with_forward:
             run = (lambda f, b: lambda: (f(), b()))(forward, run)
         for g in (dq, dk, dv):
@@ -470,6 +534,9 @@ def main():
     ap.add_argument("--deterministic", default="", metavar="NAME,...",
                     help="these builds run their backward in deterministic mode (to time it beside "
                          "the default mode, give the same library twice: copy the file)")
+    ap.add_argument("--variants", default="none", metavar="NAME,...",
+                    help="score variants each build is timed with, each its own column: %s"
+                         % ", ".join(VARIANTS))
     ap.add_argument("--power", action="store_true",
                     help="also record the SM clock, board power and energy per call of every "
                          "fa4cpp build and cuDNN (NVML, sampled every %d ms)"
@@ -489,7 +556,11 @@ def main():
         raise SystemExit("--deterministic: no --lib named %s" % ", ".join(sorted(
             deterministic - {name for name, _ in libs})))
     env = parse_lib_env(args.lib_env, {name for name, _ in libs})
+    variants = args.variants.split(",")
+    if set(variants) - set(VARIANTS) or not variants:
+        raise SystemExit("--variants: expected names of %s" % ", ".join(VARIANTS))
     builds = [Build(name, path, name in deterministic, env.get(name)) for name, path in libs]
+    builds = [b.with_variant(variant) for b in builds for variant in variants]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     hdims = [int(x) for x in args.hdims.split(",")]
     seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -497,10 +568,12 @@ def main():
     causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     torch.manual_seed(0)
     others, others_missing = find_others()
+    others = variant_others(others, variants)
     run = ResultFile(args.out, args.name, markdown, PASSES[args.pass_][0] + " sweep, docs/benchmarks.md",
                      args.sha, builds, args.rounds, extra={
                          "pass": args.pass_, "others": sorted(others),
                          "others_missing": others_missing, "inputs": args.inputs,
+                         "variants": variants,
                          "flops": "4*b*h*s*s*d, halved for causal" + (
                              "" if args.pass_ == "fwd" else
                              ", x%g (%s)" % (PASSES[args.pass_][1], PASSES[args.pass_][0]))})
@@ -578,7 +651,7 @@ def result_dict(benchmark, sha, builds, rounds):
         "git_sha": sha,
         "libs": [{"name": x.name, "path": repo_relative(x.path), "version": x.version,
                   "rescale_counts": x.has_rescale_counts(), "deterministic": x.deterministic,
-                  "env": x.env} for x in builds],
+                  "env": x.env, "variant": getattr(x, "variant", "none")} for x in builds],
         "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu_before": gpu_facts(),
         "gpu_after": None,
@@ -630,7 +703,7 @@ def run_facts(r):
 
 def timing_note(rounds):
     return ("triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
-            + ("; median of %d rounds, cuDNN and the builds in rotated order" % rounds
+            + ("; median of %d rounds, every column in rotated order" % rounds
                if rounds > 1 else ""))
 
 
@@ -689,9 +762,36 @@ def markdown(r):
             fmt(x, "cudnn_tflops"), fmt(x, "fa2_tflops"), other_cells,
             " | ".join("%.2f" % e["vs_cudnn"] if "vs_cudnn" in e else "—" for e in libs),
             " / ".join(diffs)))
+    lines += variant_markdown(r)
     lines += rescale_markdown(r, names)
     lines += power_markdown(r, names)
     return "\n".join(lines) + "\n"
+
+
+def variant_markdown(r):
+    """With --variants: each variant column's time over its plain column's (a build's, FA4's), per
+    row: what the variant costs, the same run, the same tensors (>1: slower)."""
+    pairs = [(x["name"], x["name"].rsplit("+", 1)[0]) for x in r["libs"]
+             if x.get("variant", "none") != "none"]
+    pairs += [(o, o.rsplit("+", 1)[0]) for o in r.get("others", []) if "+" in o]
+    if not pairs:
+        return []
+    lines = ["", "Variant cost: time with the variant / time without it (same run, same tensors); "
+             "the variants' max abs diff vs cuDNN is the variant's effect, not an error.", "",
+             "| d | seqlen | b | hq/hkv | causal | %s |" % " | ".join(
+                 "%s / %s" % pair for pair in pairs),
+             "|---" * (5 + len(pairs)) + "|"]
+    for x in r["rows"]:
+        def ms(name):
+            return (x["libs"].get(name) or x.get("others", {}).get(name) or {}).get("ms")
+        cells = []
+        for a, b in pairs:
+            ta, tb = ms(a), ms(b)
+            cells.append("%.3f" % (ta / tb) if ta and tb else "—")
+        lines.append("| %d | %d | %d | %d/%d | %s | %s |" % (
+            x["head_dim"], x["seqlen"], x["batch"], x["heads_q"], x["heads_kv"],
+            "yes" if x["causal"] else "no", " | ".join(cells)))
+    return lines
 
 
 def rescale_markdown(r, names):

@@ -568,13 +568,20 @@ class Library:
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
             self._check(self.lib.fa4_forward_with_overrides(
                 ctypes.byref(p), ctypes.byref(t), ws, nbytes, stream, BACKEND_SM90, overrides))
-        run.workspace = buf  # keeps the workspace alive as long as the closure
+        # The workspace and the params' tensors (sinks, slopes, ...) live as long as the closure.
+        run.workspace, run.params = buf, params
         return run
 
-    def backward_fn(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False):
-        """The backward's closure, like forward_fn (out and lse as the forward wrote them)."""
-        p = self.problem(q, k, v, Params(causal=causal, deterministic=deterministic))
+    def backward_fn(self, dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False,
+                    params=None, dsinks=None):
+        """The backward's closure, like forward_fn (out and lse as the forward wrote them); params
+        replaces causal and deterministic, and dsinks (a problem with sinks) receives d(sinks)."""
+        if params is None:
+            params = Params(causal=causal, deterministic=deterministic)
+        p = self.problem(q, k, v, params)
         t = self._backward_tensors(dout, q, k, v, out, lse, dq, dk, dv)
+        if dsinks is not None:
+            t.dsinks = dsinks.data_ptr()
         buf, ws, nbytes = self._workspace(p, BACKEND_SM90, PASS_BACKWARD, q.device)
         overrides = self._overrides_arg()
 
@@ -582,5 +589,5 @@ class Library:
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
             self._check(self.lib.fa4_backward_with_overrides(
                 ctypes.byref(p), ctypes.byref(t), ws, nbytes, stream, BACKEND_SM90, overrides))
-        run.workspace = buf
+        run.workspace, run.params, run.dsinks = buf, params, dsinks
         return run

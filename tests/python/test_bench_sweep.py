@@ -181,24 +181,80 @@ def test_rescale_table_names_heads_and_builds_that_never_rescaled(sweep):
     assert sweep.rescale_markdown({"rows": [dict(row, libs={"a": {}})]}, ["a"]) == []
 
 
-def test_cudnn_takes_turns_with_the_builds(sweep, monkeypatch):
-    # Each column's timings must come from its own callable, and each of cuDNN and the builds
-    # must go first in some round: a fixed order hands whoever runs first a cooler chip.
+def test_every_column_takes_turns_to_go_first(sweep, monkeypatch):
+    # Each column's timings must come from its own callable, and each of cuDNN, the builds, the
+    # peers and FA2 must go first in some round: a fixed order hands whoever runs first a cooler
+    # chip.
     order = []
     monkeypatch.setattr(sweep, "median_ms", lambda fn, windows=None: fn())
 
     def timed(name, ms):
         return lambda: (order.append(name), ms)[1]
     row = {"libs": {"a": {}, "b": {}}}
-    sweep.time_rounds(row, 4, timed("cudnn", 3.0), timed("fa2", 5.0),
-                      {"a": timed("a", 1.0), "b": timed("b", 2.0)})
-    rounds = [order[i:i + 4] for i in range(0, 16, 4)]
-    assert [r[:3] for r in rounds] == [["cudnn", "a", "b"], ["a", "b", "cudnn"],
-                                       ["b", "cudnn", "a"], ["cudnn", "a", "b"]]
-    assert all(r[3] == "fa2" for r in rounds)
+    sweep.time_rounds(row, 5, timed("cudnn", 3.0), timed("fa2", 5.0),
+                      {"a": timed("a", 1.0), "b": timed("b", 2.0)}, {"FA3": timed("FA3", 4.0)})
+    rounds = [order[i:i + 5] for i in range(0, 25, 5)]
+    assert [r[0] for r in rounds] == ["cudnn", "a", "b", "FA3", "fa2"]
+    assert all(sorted(r) == sorted(rounds[0]) for r in rounds)
     assert (row["cudnn_ms"], row["fa2_ms"]) == (3.0, 5.0)
     assert [row["libs"][n]["ms"] for n in "ab"] == [1.0, 2.0]
-    assert row["libs"]["a"]["ms_rounds"] == [1.0] * 4
+    assert row["libs"]["a"]["ms_rounds"] == [1.0] * 5
+    assert row["others"]["FA3"]["ms"] == 4.0
+
+
+def test_fa2_refusal_drops_only_its_column(sweep, monkeypatch):
+    monkeypatch.setattr(sweep, "median_ms", lambda fn, windows=None: fn())
+
+    def refuses():
+        raise RuntimeError("no kernel for this head dim\ndetail")
+    row = {"libs": {"a": {}}}
+    sweep.time_rounds(row, 3, lambda: 3.0, refuses, {"a": lambda: 1.0})
+    assert row["fa2_refused"] == "no kernel for this head dim" and "fa2_ms" not in row
+    assert row["libs"]["a"]["ms_rounds"] == [1.0] * 3 and row["cudnn_ms"] == 3.0
+
+
+def test_variant_columns(sweep):
+    # A build's variant columns share its library and carry the variant's tensors; FA4 gets a
+    # sinks column whose closures pass (and differentiate) learnable_sink.
+    bld = sweep.Build.__new__(sweep.Build)
+    bld.name, bld.deterministic, bld.variant = "fa4cpp", False, "none"
+    assert bld.with_variant("none") is bld
+    sinks, alibi = bld.with_variant("sinks"), bld.with_variant("alibi")
+    assert (sinks.name, alibi.name, bld.name) == ("fa4cpp+sinks", "fa4cpp+alibi", "fa4cpp")
+    p = alibi.params(True, 4, device="cpu")
+    assert p.causal and p.sinks is None
+    assert torch.allclose(p.alibi_slopes, torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(4)]))
+    p = sinks.params(False, 4, device="cpu")
+    assert p.alibi_slopes is None and p.sinks.shape == (4,) and p.sinks.dtype == torch.float32
+
+    seen = []
+
+    def fa4(q, k, v, causal=False, learnable_sink=None):
+        seen.append(learnable_sink)
+        out, lse = attention(q, k, v, causal=causal)
+        return (out * (1.0 if learnable_sink is None else learnable_sink.sum().sigmoid()), lse)
+    others = sweep.variant_others({"FA4": fa4, "FA3": attention}, ["none", "sinks"])
+    assert sorted(others) == ["FA3", "FA4", "FA4+sinks"]
+    q, k, v = (torch.randn(1, 16, 2, 8) for _ in range(3))
+    sweep.other_fn(others["FA4+sinks"], q, k, v, False)()
+    assert seen[-1].shape == (2,)
+    grads = sweep.other_fn(others["FA4+sinks"], q, k, v, False, torch.randn(1, 16, 2, 8))()
+    assert len(grads) == 4 and grads[3].shape == (2,)  # d(learnable_sink) too
+    sweep.other_fn(others["FA4"], q, k, v, False)()
+    assert seen[-1] is None
+
+
+def test_variant_cost_table(sweep):
+    row = {"batch": 1, "seqlen": 16, "heads_q": 2, "heads_kv": 2, "head_dim": 8, "causal": True,
+           "libs": {"fa4cpp": {"ms": 2.0}, "fa4cpp+sinks": {"ms": 2.02}},
+           "others": {"FA4": {"ms": 4.0}, "FA4+sinks": {"ms": 5.0}}}
+    result = {"libs": [{"name": "fa4cpp"}, {"name": "fa4cpp+sinks", "variant": "sinks"}],
+              "others": ["FA4", "FA4+sinks"], "rows": [row]}
+    lines = sweep.variant_markdown(result)
+    assert "| fa4cpp+sinks / fa4cpp | FA4+sinks / FA4 |" in lines[3]
+    assert lines[-1] == "| 8 | 16 | 1 | 2/2 | yes | 1.010 | 1.250 |"
+    assert sweep.variant_markdown({"libs": [{"name": "fa4cpp"}], "others": ["FA3"],
+                                   "rows": [row]}) == []
 
 
 def test_gqa_rows_at_the_lengths_asked_for(sweep):
