@@ -28,8 +28,9 @@ set(FA4_SM90_CUDA_FLAGS
   # (the forward for the varlen tile order, the backward's main and dQ kernels), which CUTLASS
   # compiles in only with this definition; each instance file refuses to build without it.
   -DCUTLASS_ENABLE_GDC_FOR_SM90
-  # A ptxas warning is a failed build: C7510 ("wgmma serialized") silently costs ~20 %, and a
-  # spill in the mainloop costs more (spills are warnings for the forward kernels; see below).
+  # A ptxas warning is a failed build: a spill in the mainloop costs dearly (spills are warnings
+  # for the forward kernels; see below). ptxas reports serialized wgmmas (C7510, ~20 %) as
+  # information instead: cmake/ptxas_guard.sh fails those compiles.
   -Xptxas=-Werror
 )
 # The forward kernels must not spill. Some backward kernels spill a few registers (24-36 bytes,
@@ -84,6 +85,10 @@ if(FA4_SM90_SOURCES)
   target_sources(fa4_objects PRIVATE ${FA4_SM90_SOURCES})
   target_include_directories(fa4_objects PRIVATE ${FA4_CUTLASS_DIR}/include)
   target_compile_options(fa4_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${FA4_SM90_CUDA_FLAGS}>)
+  # Every CUDA compile of the library goes through the guard (before a launcher the user set,
+  # such as ccache).
+  set(_fa4_launcher ${PROJECT_SOURCE_DIR}/cmake/ptxas_guard.sh ${CMAKE_CUDA_COMPILER_LAUNCHER})
+  set_target_properties(fa4_objects PROPERTIES CUDA_COMPILER_LAUNCHER "${_fa4_launcher}")
 endif()
 
 # Debug counters of the forward softmax's O rescales (src/sm90/rescale_stats.*): warp tiles, rescales
