@@ -303,6 +303,7 @@ run_sanitize() {
   variants+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_q113_k203_gqa8_causal_spiky_alibi'
   variants+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_varlen_odd_gqa4_sinks_alibi_per_batch'
   variants+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q113_k203_gqa4_softcap30_spiky_alibi'
+  variants+=':Cases/Sm90KvCache.MatchesReference/sinks_alibi_per_batch_varlen_chunks_page64_split3'
   sanitize variants "variants" "memcheck racecheck synccheck" "$variants"
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   [ -z "${FA4_SANITIZE_SETS:-}" ] || [[ ",$FA4_SANITIZE_SETS," == *",persistent,"* ]] || return 0
