@@ -30,12 +30,12 @@ struct ScoreVariantParams {
 // The tile row `tile_row` of tile head `tile_head`: its query head and its diagonal key.
 struct VariantRow {
   int head;
-  float center;  // i + sk − sq, as a float
+  int center;  // i + sk − sq
 };
 CUTE_DEVICE VariantRow variant_row(QueryRows const& rows, Sequence const& seq, int tile_head,
                                    int tile_row) {
   const QueryRows::Row row = rows.locate(tile_row, tile_head);
-  return {row.head, float(row.position + seq.len_k - seq.len_q)};
+  return {row.head, row.position + seq.len_k - seq.len_q};
 }
 
 // The forward: scores(i, j) −= slope_i · |center_i − key_j| on a thread's (rows, cols) view of the
@@ -48,14 +48,16 @@ template <int kBlockN, class Scores, class Coords>
 CUTE_DEVICE void apply_alibi(Scores& scores, Coords const& coords, ScoreVariantParams const& v,
                              QueryRows const& rows, Sequence const& seq, int batch,
                              int tile_head, int64_t first_row, int n_block) {
-  const float key0 = float(n_block * kBlockN + cute::get<1>(coords(0, 0)));
+  const int key0 = n_block * kBlockN + cute::get<1>(coords(0, 0));
   CUTE_UNROLL
   for (int i = 0; i < cute::size<0>(scores); ++i) {
     const VariantRow row =
         variant_row(rows, seq, tile_head, int(first_row) + cute::get<0>(coords(i, 0)));
     const float slope =
         v.alibi[batch * v.alibi_batch_stride + row.head * v.alibi_head_stride] * v.alibi_unit;
-    const float from_first = row.center - key0;
+    // The difference in int, then float: exact for any length (each term alone would round
+    // past 2^24 keys).
+    const float from_first = float(row.center - key0);
     CUTE_UNROLL
     for (int j = 0; j < cute::size<1>(scores); ++j) {
       const float col = float(cute::get<1>(coords(0, j)) - cute::get<1>(coords(0, 0)));

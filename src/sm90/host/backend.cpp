@@ -377,6 +377,7 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                 {"workspace.data", workspace.data},
                                 {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
                                 {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
+                                {"alibi.data", p.alibi.data},
                                 {"sinks", p.sinks},
                                 {"dsinks", t.dsinks}};
   if (s.ok()) s = check_device_memory(views);
