@@ -557,8 +557,8 @@ def main():
             deterministic - {name for name, _ in libs})))
     env = parse_lib_env(args.lib_env, {name for name, _ in libs})
     variants = args.variants.split(",")
-    if set(variants) - set(VARIANTS) or not variants:
-        raise SystemExit("--variants: expected names of %s" % ", ".join(VARIANTS))
+    if set(variants) - set(VARIANTS) or len(set(variants)) != len(variants):
+        raise SystemExit("--variants: expected distinct names of %s" % ", ".join(VARIANTS))
     builds = [Build(name, path, name in deterministic, env.get(name)) for name, path in libs]
     builds = [b.with_variant(variant) for b in builds for variant in variants]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
