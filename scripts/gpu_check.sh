@@ -295,6 +295,16 @@ run_sanitize() {
   kv+=':Cases/Sm90KvCache.MatchesReference/batch_idx_leftpad_rotary_page7'
   kv+=':Cases/Sm90KvCache.MatchesReference/appends_without_queries'
   sanitize kv_cache "kv cache" "memcheck racecheck synccheck" "$kv"
+  # Score variants: ALiBi in the forward's score step and both backward tile loops (d128's on Sᵀ,
+  # d256's on S), sinks in the finish, in split-KV's combine and in d(sinks)' kernel (varlen).
+  local variants='Matrix/Sm90Forward.MatchesReference/d128_bf16_q300_k300_causal_gqa1_packed_spiky_sinks_alibi_per_batch'
+  variants+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q4_k3000_causal_split_gqa1_sinks'
+  variants+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa8_sinks_alibi_per_batch'
+  variants+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_q113_k203_gqa8_causal_spiky_alibi'
+  variants+=':Matrix/Sm90Backward.MatchesReferenceGradients/d128_bf16_varlen_odd_gqa4_sinks_alibi_per_batch'
+  variants+=':Matrix/Sm90Backward.MatchesReferenceGradients/d256_bf16_q113_k203_gqa4_softcap30_spiky_alibi'
+  variants+=':Cases/Sm90KvCache.MatchesReference/sinks_alibi_per_batch_varlen_chunks_page64_split3'
+  sanitize variants "variants" "memcheck racecheck synccheck" "$variants"
   # Two and three tiles per CTA: the persistent tile loop's hand-over of Q's buffer and the rings.
   [ -z "${FA4_SANITIZE_SETS:-}" ] || [[ ",$FA4_SANITIZE_SETS," == *",persistent,"* ]] || return 0
   local tool rc

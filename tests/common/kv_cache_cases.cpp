@@ -53,6 +53,9 @@ std::string describe(const CacheCase& c) {
   if (c.causal) s += " causal";
   if (c.window.left >= 0 || c.window.right >= 0)
     s += " window " + std::to_string(c.window.left) + "," + std::to_string(c.window.right);
+  if (c.sinks) s += " sinks";
+  if (c.alibi != Case::Alibi::kNone)
+    s += c.alibi == Case::Alibi::kPerHead ? " alibi per head" : " alibi per (batch, head)";
   return s;
 }
 
@@ -200,6 +203,7 @@ std::unique_ptr<CacheSetup> make_cache_setup(const CacheCase& c, std::mt19937_64
     s->lse = HostLse(c.batch, c.heads_q, c.seqlen_q, false);
   }
   s->q.fill_normal(rng, stored);
+  draw_score_variants(c.sinks, c.alibi, p, &s->sinks, &s->alibi_slopes, rng);
   s->k_initial = s->k.dense();
   s->v_initial = s->v.dense();
   s->out.poison();
@@ -320,6 +324,9 @@ std::vector<CheckResult> check_attention(const CacheSetup& s, double lse_ulps) {
   r.window = p.window;
   r.softcap = p.softcap;
   r.fp8 = p.fp8;
+  // ALiBi's positions are the sequence's keys past its left pad, as the gathered keys are here.
+  r.sinks = p.sinks;
+  r.alibi = p.alibi;
   r.return_lse = true;
   std::vector<int32_t> cu_q{0}, cu_k{0};
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -367,8 +374,12 @@ std::vector<CheckResult> check_attention(const CacheSetup& s, double lse_ulps) {
                                              ref::Precision::kLowPrecision, {}, rot, &descales);
   const FlashRule rule = flash_rule(p, Pass::kForward);
   const Dims out_dims{1, r.varlen.total_q, p.heads_q, p.head_dim_v};
+  double magnitude = 0.0;
+  for (double x : exact.out)
+    if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
   const CheckResult o = check_flash_rule("out", tensor_shape(out_dims), s.out.dense(), exact.out,
-                                         lp.out, rule.multiplier, rule.atol);
+                                         lp.out, rule.multiplier,
+                                         rule.atol + alibi_slack(r, magnitude));
   // LSE: the call's layout (batch, heads, rows) or (heads, total) to the reference's
   // (heads, total).
   std::vector<double> lse(exact.lse.size());
@@ -468,6 +479,47 @@ std::vector<CacheCase> cache_cases() {
     c.dtype = DType::kFP16;
     c.name = "window_softcap_gqa8_fp16_hnd";
     add(c);
+  }
+  // Score variants on caches: gpt-oss's decode (sinks, a window of 128 keys, GQA 8 on pages of
+  // 16 with an append); ALiBi past left pads on pages of 7, its positions those of the keys after
+  // the pad; both on an engine's varlen batch of chunks.
+  {
+    CacheCase c;
+    c.heads_q = 8;
+    c.heads_kv = 1;
+    c.page_size = 16;
+    c.append = 1;
+    c.capacity = 400;
+    c.causal = true;
+    c.window = {128, 0};
+    c.rotary_dim = 64;
+    c.sinks = true;
+    c.name = "sinks_window128_gqa8_page16_decode";
+    add(c);
+    CacheCase a;
+    a.batch_idx = true;
+    a.leftpad = true;
+    a.page_size = 7;
+    a.append = 3;
+    a.seqlen_q = 3;
+    a.causal = true;
+    a.alibi = Case::Alibi::kPerHead;
+    a.name = "alibi_batch_idx_leftpad_page7";
+    add(a);
+    CacheCase v;
+    v.batch = 5;
+    v.dim = 128;
+    v.page_size = 64;
+    v.varlen_q = true;
+    v.varlen_append = true;
+    v.seqlen_q = 40;
+    v.append = 40;
+    v.capacity = 500;
+    v.causal = true;
+    v.sinks = true;
+    v.alibi = Case::Alibi::kPerBatchHead;
+    v.name = "sinks_alibi_per_batch_varlen_chunks_page64";
+    add(v);
   }
   // Varlen queries and appends (an engine's batch of decode and prefill), zero-length included.
   {

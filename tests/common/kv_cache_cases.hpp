@@ -50,6 +50,9 @@ struct CacheCase {
   // of 1/32 to 1/16 per (batch, kv head); the output and the rotary tables are bf16. Appended rows
   // are e4m3 as given, or bf16 quantised on write (Fp8::quantize_appends).
   bool quantize_appends = false;
+  // Score variants (the matrix's Case has the same two): sinks, ALiBi per head or per batch entry.
+  bool sinks = false;
+  Case::Alibi alibi = Case::Alibi::kNone;
 };
 
 std::string describe(const CacheCase& c);  // the case in words, for failure messages
@@ -64,6 +67,7 @@ struct CacheSetup {
   HostTensor q, k, v, k_new, v_new, out, cos, sin;
   HostLse lse;
   std::vector<float> q_descale, k_descale, v_descale;  // e4m3: (batch, heads_kv), dense
+  std::vector<float> sinks, alibi_slopes;               // the score variants', when on
   int64_t cache_rows = 0;
   std::vector<double> k_initial, v_initial;  // the cache as drawn, before any call wrote it
 };

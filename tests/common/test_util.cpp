@@ -421,22 +421,25 @@ std::unique_ptr<CaseData> make_setup(const Case& c, std::mt19937_64& rng) {
     s->k.fill_normal(rng);
   }
   s->v.fill_normal(rng);
-  // Sinks around the size of the rows' log-sum-exps (a few dominant), ALiBi slopes of ALiBi's
-  // geometric series 2^(-8 (h + 1) / H), per head or scaled per batch entry.
-  if (c.sinks) {
+  draw_score_variants(c.sinks, c.alibi, p, &s->sinks, &s->alibi_slopes, rng);
+  return s;
+}
+
+void draw_score_variants(bool sinks, Case::Alibi alibi, Problem& p, std::vector<float>* sinks_out,
+                         std::vector<float>* slopes_out, std::mt19937_64& rng) {
+  if (sinks) {
     std::normal_distribution<float> logit(1.0f, 3.0f);
-    for (int64_t h = 0; h < p.heads_q; ++h) s->sinks.push_back(logit(rng));
-    p.sinks = s->sinks.data();
+    for (int64_t h = 0; h < p.heads_q; ++h) sinks_out->push_back(logit(rng));
+    p.sinks = sinks_out->data();
   }
-  if (c.alibi != Case::Alibi::kNone) {
-    const bool per_batch = c.alibi == Case::Alibi::kPerBatchHead;
+  if (alibi != Case::Alibi::kNone) {
+    const bool per_batch = alibi == Case::Alibi::kPerBatchHead;
     for (int64_t b = 0; b < (per_batch ? p.batch : 1); ++b)
       for (int64_t h = 0; h < p.heads_q; ++h)
-        s->alibi_slopes.push_back(float(std::exp2(-8.0 * double(h + 1) / double(p.heads_q)) *
-                                        (per_batch ? 1.0 + 0.5 * double(b) : 1.0)));
-    p.alibi = {s->alibi_slopes.data(), per_batch ? p.heads_q : 0, 1};
+        slopes_out->push_back(float(std::exp2(-8.0 * double(h + 1) / double(p.heads_q)) *
+                                    (per_batch ? 1.0 + 0.5 * double(b) : 1.0)));
+    p.alibi = {slopes_out->data(), per_batch ? p.heads_q : 0, 1};
   }
-  return s;
 }
 
 void poison_unused_rows(CaseData& s) {

@@ -191,6 +191,12 @@ struct CaseData {
 };
 std::unique_ptr<CaseData> make_setup(const Case& c, std::mt19937_64& rng);
 
+// The score variants' arrays drawn into *sinks_out and *slopes_out and pointed at by p: sinks
+// around the size of the rows' log-sum-exps (a few dominant), ALiBi slopes of ALiBi's geometric
+// series 2^(-8 (h + 1) / H), per head or scaled per batch entry. Nothing drawn when neither is on.
+void draw_score_variants(bool sinks, Case::Alibi alibi, Problem& p, std::vector<float>* sinks_out,
+                         std::vector<float>* slopes_out, std::mt19937_64& rng);
+
 // Overwrites with the poison (NaN) the input rows no query may read: rows of K and V at or beyond
 // seqused_k[b] inside sequence b, and varlen rows of Q, K and V past the last sequence. Any
 // arithmetic with them shows (a backend that multiplies P = 0 by such a V row gets NaN), so the

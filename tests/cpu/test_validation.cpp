@@ -758,7 +758,7 @@ TEST_F(Validation, Workspace) {
 // Found in review: the sm90 kernel keeps the running max of raw scores, which is the max of the
 // logits only for a positive scale; other scales are refused there (the CPU backend runs them).
 // Score variants: ALiBi slopes and sinks are arrays of floats (aligned, strides ≥ 0); d(sinks)
-// needs sinks; the sm90 kernels do not compute either yet.
+// needs sinks.
 TEST_F(Validation, ScoreVariants) {
   Case& c = fixed();
   alignas(16) static float slopes[64] = {0.5f, 0.25f, 0.125f, 0.0625f};
@@ -785,17 +785,6 @@ TEST_F(Validation, ScoreVariants) {
     BackwardTensors t = c.bwd;
     t.dsinks = slopes + 8;
     expect_backward_rejected(c, c.problem, t, StatusCode::kInvalidArgument, {"dsinks"});
-  }
-  auto bf16 = make_case(DType::kBF16, /*varlen=*/false, 128, 128);
-  for (bool sinks : {false, true}) {
-    SCOPED_TRACE(sinks ? "sinks on sm90" : "alibi on sm90");
-    Problem p = bf16->problem;
-    if (sinks)
-      p.sinks = slopes;
-    else
-      p.alibi = {slopes, 0, 1};
-    expect_status(fa4::can_implement(p, Backend::kSm90, Pass::kForward), StatusCode::kNotSupported,
-                  {sinks ? "sinks" : "ALiBi"});
   }
 }
 

@@ -101,6 +101,10 @@ DeviceMirror::View array_view(const std::vector<int32_t>& a) {
   const int64_t n = int64_t(a.size());
   return {a.data(), {1, 1, 1, n}, {n, n, n, 1}};
 }
+DeviceMirror::View array_view(const std::vector<float>& a) {
+  const int64_t n = int64_t(a.size());
+  return {a.data(), {1, 1, 1, n}, {n, n, n, 1}};
+}
 
 DeviceRun::DeviceRun(const CaseData& s)
     : setup(s),
@@ -136,6 +140,14 @@ DeviceRun::DeviceRun(const CaseData& s)
     problem.varlen.cu_seqlens_k = device_array(s.cu_k);
   }
   if (s.problem.seqused_k != nullptr) problem.seqused_k = device_array(s.used_k);
+  // The score variants' arrays: sink logits, ALiBi slopes (their strides as the host's).
+  auto device_floats = [&](const std::vector<float>& a) -> const float* {
+    inputs.push_back(std::make_unique<DeviceMirror>(
+        std::vector<DeviceMirror::View>{array_view(a)}, sizeof(float)));
+    return static_cast<const float*>(inputs.back()->device(a.data()));
+  };
+  if (s.problem.sinks != nullptr) problem.sinks = device_floats(s.sinks);
+  if (s.problem.alibi.data != nullptr) problem.alibi.data = device_floats(s.alibi_slopes);
   d_out = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(out)}, elem);
   d_lse = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(lse)}, 4);
   tensors.q = q_mirror->device_view(s.q.view());

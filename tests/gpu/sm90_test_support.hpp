@@ -61,6 +61,7 @@ std::string gqa_tag(const Case& c);  // "_gqa4"
 
 // A host int32 array (cu_seqlens, seqused_k) as a DeviceMirror view.
 DeviceMirror::View array_view(const std::vector<int32_t>& a);
+DeviceMirror::View array_view(const std::vector<float>& a);
 
 // The overrides the GPU tests run under: the FA4_SM90_* environment variables scripts/gpu_check.sh
 // sets for its test sets (fa4::overrides_from_env), read once; an invalid value fails the binary.

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <future>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <ostream>
@@ -290,6 +291,13 @@ std::vector<Case> backward_cases() {
     append(seqused_cases(k));
     append(deterministic_cases(k));
     append(pair_cases(k));
+    // The score variants over a share of the kernel's fixed-length cases and its varlen ones
+    // (empty sequences included): sinks with their gradient, ALiBi per head, both with ALiBi per
+    // (batch, head), in turn.
+    std::vector<Case> from = is_full_kernel(k) ? full_fixed_cases(k) : other_fixed_cases(k);
+    const std::vector<Case> varlen = varlen_cases(k);
+    from.insert(from.end(), varlen.begin(), varlen.end());
+    for (size_t n = 0; n < from.size(); n += 3) cases.push_back(with_variant(from[n], n / 3));
   }
   return cases;
 }
@@ -310,6 +318,8 @@ struct BackwardRun {
   std::vector<HostTensor> grads;  // dq, dk, dv
   std::unique_ptr<DeviceMirror> d_dout;
   std::vector<std::unique_ptr<DeviceMirror>> d_grads;
+  std::vector<float> dsinks;  // with sinks: heads_q, NaN before each run
+  std::unique_ptr<DeviceMirror> d_dsinks;
   DeviceWorkspace workspace;
   BackwardTensors tensors;
 
@@ -359,6 +369,12 @@ struct BackwardRun {
     tensors.dq = dq_mirror.device_view(grads[0].view());
     tensors.dk = dk_mirror.device_view(grads[1].view());
     tensors.dv = dv_mirror.device_view(grads[2].view());
+    if (p.sinks != nullptr) {
+      dsinks.assign(size_t(p.heads_q), std::numeric_limits<float>::quiet_NaN());
+      d_dsinks = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{array_view(dsinks)},
+                                                sizeof(float));
+      tensors.dsinks = static_cast<float*>(d_dsinks->device(dsinks.data()));
+    }
   }
 
   // q, k, v, the sequence arrays and dO (out and LSE come from the forward, or stay poisoned).
@@ -378,6 +394,12 @@ struct BackwardRun {
       if (e.empty()) e = m->upload();
       if (!e.empty()) return e;
     }
+    if (d_dsinks) {
+      std::fill(dsinks.begin(), dsinks.end(), std::numeric_limits<float>::quiet_NaN());
+      std::string e = d_dsinks->poison();
+      if (e.empty()) e = d_dsinks->upload();
+      if (!e.empty()) return "dsinks: " + e;
+    }
     return DeviceRun::device_sync();
   }
 
@@ -386,7 +408,7 @@ struct BackwardRun {
       const std::string e = m->download(nullptr);
       if (!e.empty()) return e;
     }
-    return "";
+    return d_dsinks ? d_dsinks->download(nullptr) : "";
   }
 
   // The device copies of every input, named, in DeviceRun's order of its inputs.
@@ -536,6 +558,7 @@ void check_backward(const Case& c, const Overrides& overrides = test_overrides()
                                    k_rows = rows_in_sequences(p, true);
   std::vector<std::vector<double>> results[kRuns];  // per run: dq, dk, dv
   std::vector<std::vector<uint64_t>> bits[kRuns];    // the same, as stored
+  std::vector<double> dsinks[kRuns];                 // with sinks
   for (int attempt = 0; attempt < kRuns; ++attempt) {
     SCOPED_TRACE(kRunNames[attempt]);
     if (attempt == 0) ASSERT_CUDA(run.workspace.poison());
@@ -550,6 +573,7 @@ void check_backward(const Case& c, const Overrides& overrides = test_overrides()
       bits[attempt].emplace_back();
       for (int64_t e = 0; e < g.size(); ++e) bits[attempt].back().push_back(g.bits(e));
     }
+    dsinks[attempt].assign(run.dsinks.begin(), run.dsinks.end());
   }
 
   // D = rowsum(dO ∘ O) from the O the backward was handed. The two references are independent:
@@ -580,12 +604,26 @@ void check_backward(const Case& c, const Overrides& overrides = test_overrides()
   for (int attempt = 0; attempt < kRuns; ++attempt) {
     for (int g = 0; g < 3; ++g) {
       const std::string name = std::string(kGradNames[g]) + ", " + kRunNames[attempt];
+      double magnitude = 0.0;
+      for (double x : *refs[g])
+        if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
       const CheckResult f =
           check_flash_rule(name, tensor_shape(run.grads[size_t(g)].dims()),
                            results[attempt][size_t(g)], *refs[g], *lps[g], rule.multiplier,
-                           rule.atol);
+                           rule.atol + alibi_slack(p, magnitude));
       EXPECT_TRUE(f.ok) << f.message;
       EXPECT_EQ(f.compared, rows[g] * widths[g]) << name << ": reference rows missing";
+    }
+    // d(sinks): summed in a fixed order, so the same bits on every run, in any mode.
+    if (p.sinks != nullptr) {
+      const DenseShape shape{{"h"}, {p.heads_q}};
+      const CheckResult f =
+          check_flash_rule(std::string("dsinks, ") + kRunNames[attempt], shape, dsinks[attempt],
+                           exact.dsinks, lp.dsinks, rule.multiplier, rule.atol);
+      EXPECT_TRUE(f.ok) << f.message;
+      EXPECT_EQ(f.compared, p.heads_q);
+      EXPECT_TRUE(dsinks[attempt] == dsinks[0]) << "dsinks: " << kRunNames[attempt]
+                                               << " differs from run 1";
     }
   }
 }

@@ -365,6 +365,20 @@ std::vector<Case> gqa_ratio_cases(const Kernel& k) {
   return cases;
 }
 
+// The score variants (ALiBi, sinks) over a share of a kernel's fixed-length cases and its decode
+// cases (pack-GQA and split-KV, whose combine joins the sinks): sinks, ALiBi per head, both with
+// ALiBi per (batch, head), in turn.
+std::vector<Case> variant_cases(const Kernel& k) {
+  std::vector<Case> from = fixed_cases(k);
+  if (tested_in_full(k)) {
+    const std::vector<Case> decode = decode_cases(k);
+    from.insert(from.end(), decode.begin(), decode.end());
+  }
+  std::vector<Case> cases;
+  for (size_t n = 0; n < from.size(); n += 3) cases.push_back(with_variant(from[n], n / 3));
+  return cases;
+}
+
 // The full matrix for the full kernel (head dim 128, bf16, when built); a smaller one for the
 // others.
 std::vector<Case> forward_cases() {
@@ -375,6 +389,7 @@ std::vector<Case> forward_cases() {
   for (const Kernel& k : built_kernels()) {
     append(fixed_cases(k));
     append(gqa_ratio_cases(k));
+    append(variant_cases(k));
     if (tested_in_full(k)) {
       append(varlen_matrix(k));
       append(decode_cases(k));
@@ -423,8 +438,12 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   const int64_t rows_checked =
       sample.empty() ? std::count(rows.begin(), rows.end(), 1) * p.heads_q : int64_t(sample.size());
 
+  double max_out = 0.0;
+  for (double x : exact.out)
+    if (std::isfinite(x)) max_out = std::max(max_out, std::fabs(x));
   const CheckResult o = check_flash_rule("out", tensor_shape(run.out.dims()), run.out.dense(),
-                                         exact.out, lp.out, rule.multiplier, rule.atol);
+                                         exact.out, lp.out, rule.multiplier,
+                                         rule.atol + alibi_slack(p, max_out));
   EXPECT_TRUE(o.ok) << o.message;
   EXPECT_EQ(o.compared, rows_checked * p.head_dim_v) << "reference rows missing";
   // LSE ≈ the row's largest scaled score, which spiky inputs push to |LSE| ≈ 100, where the rule's
@@ -436,7 +455,8 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   double max_lse = 0.0;
   for (double x : exact.lse)
     if (std::isfinite(x)) max_lse = std::max(max_lse, std::fabs(x));
-  const double lse_atol = rule.atol + kLseUlps * std::numeric_limits<float>::epsilon() * max_lse;
+  const double lse_atol = rule.atol + kLseUlps * std::numeric_limits<float>::epsilon() * max_lse +
+                          alibi_slack(p, 1.0);
   const CheckResult l = check_flash_rule("lse", lse_shape(p), run.lse.dense(), exact.lse, lp.lse,
                                          rule.multiplier, lse_atol);
   EXPECT_TRUE(l.ok) << l.message;

@@ -164,6 +164,11 @@ struct DeviceCache {
     if (s.p.seqused_k != nullptr) problem.seqused_k = device_array("seqused_k", s.cache_len);
     if (s.p.varlen.cu_seqlens_q != nullptr)
       problem.varlen.cu_seqlens_q = device_array("cu_seqlens_q", s.cu_q);
+    auto device_floats = [&](const char* name, const std::vector<float>& a) {
+      return static_cast<const float*>(input(name, array_view(a), sizeof(float)).device(a.data()));
+    };
+    if (s.p.sinks != nullptr) problem.sinks = device_floats("sinks", s.sinks);
+    if (s.p.alibi.data != nullptr) problem.alibi.data = device_floats("alibi", s.alibi_slopes);
 
     const ForwardTensors host = tensors_of(s);
     tensors.q = input("q", mirror_view(s.q), elem).device_view(host.q);

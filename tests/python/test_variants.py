@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import fa4cpp
-from fa4cpp import Fa4Error, FallbackWarning, VerificationError, c_abi, ops
+from fa4cpp import FallbackWarning, VerificationError, c_abi, ops
 from test_fp8 import _visible
 from test_kvcache import _case, _position
 
@@ -301,14 +301,31 @@ def test_rows_without_keys_give_zero_and_the_sink(path):
 def test_bfloat16_meets_the_rule(path):
     """bfloat16 inputs: out against _lp_forward; the gradients against _explicit_backward, both
     given the library's out (as its backward is)."""
+    _bfloat16_rule("cpu")
+
+
+@pytest.mark.sm90
+def test_gpu_bfloat16_meets_the_rule():
+    """The same on the sm90 backend: its forward's ALiBi and sinks, its backward's ALiBi and its
+    d(sinks) kernel, against the same oracles."""
+    _bfloat16_rule("cuda")
+
+
+def _bfloat16_rule(device):
     case = dict(b=2, sq=29, sk=41, hq=8, hkv=1, d=64, causal=True, softcap=4.0,
                 slopes="per_batch_head", sinks=True)
     q, k, v, sinks, slopes = _fixed_inputs(case, torch.bfloat16)
+    if device != "cpu":
+        q, k, v, sinks = (t.detach().to(device).requires_grad_() for t in (q, k, v, sinks))
+        slopes = slopes.to(device)
     out, lse = _fixed_call(case, q, k, v, sinks, slopes)
     assert out.dtype == torch.bfloat16
     dout = torch.randn_like(out)
     grads = _grads(out, [q, k, v, sinks], dout)
     assert [g.dtype for g in grads] == [torch.bfloat16] * 3 + [torch.float32]
+    q, k, v, sinks, slopes, out, lse, dout = (t.detach().cpu() for t in (q, k, v, sinks, slopes,
+                                                                         out, lse, dout))
+    grads = [g.cpu() for g in grads]
     scale, visible = case["d"] ** -0.5, _fixed_mask(case)
     ref, lp = [], []
     for b in range(case["b"]):
@@ -684,37 +701,17 @@ def test_bwd_op_checks_dsinks(path):
 
 # -- the sm90 backend's refusal -------------------------------------------------------------------
 
-def test_support_names_the_sm90_refusal():
-    """Where a CUDA call goes, without a GPU: the sm90 backend's can_implement refuses the
-    variants with its reason (the error a CUDA call raises, or falls back on); the CPU backend
-    takes them both ways."""
+def test_support_takes_the_variants_on_sm90():
+    """Both backends compute the variants: the sm90 backend's can_implement names neither (a
+    build without CUDA says so instead), the CPU backend takes them both ways."""
     q, k, v = _qkv(torch.bfloat16)
     sinks, slopes = torch.zeros(4), torch.ones(4)
     for pass_ in ("fwd", "bwd"):
         assert ops.support(pass_, q, k, v, sinks=sinks, alibi_slopes=slopes) is None
-        assert "attention sinks" in ops.support(pass_, q, k, v, sinks=sinks, backend="sm90")
-        assert "ALiBi" in ops.support(pass_, q, k, v, alibi_slopes=slopes, backend="sm90")
+        for kwargs in (dict(sinks=sinks), dict(alibi_slopes=slopes)):
+            why = ops.support(pass_, q, k, v, backend="sm90", **kwargs) or ""
+            assert "sinks" not in why and "ALiBi" not in why, why
     assert "alibi_slopes" in ops.support("fwd", q, k, v, alibi_slopes=torch.ones(3))
-
-
-@pytest.mark.sm90
-def test_gpu_variants_are_not_supported_yet():
-    """CUDA calls with sinks or ALiBi get the sm90 backend's not-supported reason; fallback mode
-    runs them on the reference, the sinks' gradient included."""
-    q, k, v = (t.cuda().requires_grad_() for t in _qkv(torch.bfloat16))
-    sinks = torch.zeros(4, device="cuda", requires_grad=True)
-    slopes = torch.ones(4, device="cuda")
-    with pytest.raises(Fa4Error, match="attention sinks"):
-        fa4cpp.flash_attn_func(q, k, v, learnable_sink=sinks)
-    with pytest.raises(Fa4Error, match="ALiBi"):
-        fa4cpp.flash_attn_func(q, k, v, alibi_slopes=slopes)
-    with pytest.raises(Fa4Error, match="attention sinks"):
-        fa4cpp.flash_attn_varlen_func(*(t.detach().reshape(10, *t.shape[2:]) for t in (q, k, v)),
-                                      _cu([5, 5]).cuda(), _cu([5, 5]).cuda(), 5, 5, sinks=sinks)
-    with fa4cpp.mode(fallback=True), pytest.warns(FallbackWarning, match="attention sinks"):
-        out = fa4cpp.flash_attn_func(q, k, v, learnable_sink=sinks)
-        out.float().sum().backward()
-    assert sinks.grad is not None and torch.isfinite(sinks.grad).all()
 
 
 # -- torch.compile, the modes, the ops' registration ----------------------------------------------

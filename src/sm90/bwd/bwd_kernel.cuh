@@ -27,6 +27,7 @@
 #include "sm90/bwd/bwd_mma_wide.cuh"
 #include "sm90/bwd/bwd_pair.cuh"
 #include "sm90/bwd/bwd_scores.cuh"
+#include "sm90/common/score_variants.cuh"
 #include "sm90/bwd/bwd_store.cuh"
 #include "sm90/common/fragment.cuh"
 #include "sm90/common/named_barriers.cuh"
@@ -49,6 +50,7 @@ struct BwdParams {
   BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
   SoftcapScores softcap;
   float score_scale_log2;  // log2 units per unit of the kernel's scores (scale, or cap, ·log2e)
+  ScoreVariantParams variants;  // ALiBi's slopes (score_variants.cuh); sinks need nothing here
   GroupedOrder order;      // CTA → (key tile, head, batch entry); key tiles (on pairs: pairs of
                            // them, BwdKernel::unit) of the longest sequence
   int heads_q;
@@ -243,6 +245,13 @@ struct BwdKernel {
     else pipeline.consumer_release(state);
   }
 
+  // ALiBi's slope of this CTA's (batch entry, query head), in the kernel's score units (both tile
+  // loops: this one's and bwd_mma_wide.cuh's).
+  CUTE_DEVICE static float alibi_slope(Params const& p, Work const& w) {
+    const ScoreVariantParams& v = p.variants;
+    return v.alibi[w.batch * v.alibi_batch_stride + w.head * v.alibi_head_stride] * v.alibi_unit;
+  }
+
  private:
   CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, Work const& w,
                               Pipeline& pipeline_q, Pipeline& pipeline_do) {
@@ -288,10 +297,14 @@ struct BwdKernel {
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
     const auto order = w.order;
 
-    // The tile loop, compiled once with softcap and once without (run_by_softcap): with softcap,
+    // The tile loop, compiled once per (softcap, ALiBi) setting (run_by_variant): with softcap,
     // P must be rounded before Sᵀ becomes dS's factor.
-    auto tiles = [&](auto softcap_tag) {
+    // Inlined by force: left to itself the compiler outlines the four instances into calls, and
+    // wgmmas in flight across a call are serialized (ptxas C7510).
+    auto tiles = [&](auto softcap_tag, auto alibi_tag) CUTLASS_LAMBDA_FUNC_INLINE {
       constexpr bool kSoftcap = decltype(softcap_tag)::value;
+      constexpr bool kAlibi = decltype(alibi_tag)::value;
+      const BwdAlibi alibi{kAlibi ? alibi_slope(p, w) : 0.0f};
       // P rounded with the exponentials (Config::kDvBeforeDs), or from Sᵀ once dS is known.
       constexpr bool kEarlyP = Config::kDvBeforeDs || kSoftcap;
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
@@ -322,6 +335,12 @@ struct BwdKernel {
         if (!unmasked.contains(m))
           Mask::apply(s, score_coords, row_queries, m);
         static_assert(decltype(size<1>(s))::value % 2 == 0);
+        // Rows are keys, columns queries (Sᵀ).
+        const float alibi_first =
+            kAlibi ? BwdAlibi::first<true>(w.n_block * Config::kBlockN + get<0>(score_coords(0, 0)),
+                                           m * Config::kBlockM + get<1>(score_coords(0, 0)),
+                                           w.seq.len_k - w.seq.len_q)
+                   : 0.0f;
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           // Columns come in pairs (stat_pair); the compiler folds the second load into the first.
@@ -330,7 +349,13 @@ struct BwdKernel {
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
-            const float prob = bwd_probability(t, p.score_scale_log2, lse);
+            // ALiBi's bias enters P only: dS's softcap factor is of the capped score itself.
+            const float biased =
+                kAlibi ? alibi.add<true>(t, alibi_first,
+                                         get<0>(score_coords(i, 0)) - get<0>(score_coords(0, 0)),
+                                         get<1>(score_coords(0, j)) - get<1>(score_coords(0, 0)))
+                       : t;
+            const float prob = bwd_probability(biased, p.score_scale_log2, lse);
             if constexpr (kEarlyP) p_rc(i, j) = Element(prob);
             s(i, j) = ds_factor<kSoftcap>(prob, t);
           }
@@ -389,7 +414,8 @@ struct BwdKernel {
         ++read;
       }
     };
-    if (!w.order.tiles.empty()) run_by_softcap(p.softcap.enabled(), tiles);
+    if (!w.order.tiles.empty())
+      run_by_variant(p.softcap.enabled(), p.variants.alibi != nullptr, tiles);
     store_dkv(p, thr_kv, dK, dV, smem);
   }
 

@@ -94,8 +94,12 @@ struct BwdMmaWide {
                        : 0;
     const int first = w.order.tiles.begin;
 
-    auto tiles = [&](auto softcap_tag) {
+    // Inlined by force: left to itself the compiler outlines the four instances into calls, and
+    // wgmmas in flight across a call are serialized (ptxas C7510).
+    auto tiles = [&](auto softcap_tag, auto alibi_tag) CUTLASS_LAMBDA_FUNC_INLINE {
       constexpr bool kSoftcap = decltype(softcap_tag)::value;
+      constexpr bool kAlibi = decltype(alibi_tag)::value;
+      const BwdAlibi alibi{kAlibi ? Kernel::alibi_slope(p, w) : 0.0f};
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
       PipelineState read;  // the Q and dO rings advance together
       CUTE_NO_UNROLL
@@ -123,6 +127,12 @@ struct BwdMmaWide {
                      w.n_block);
         Tensor tP = make_tensor<Element>(ScoreFrag{}.layout());
         auto p_rc = rowcol_view(tP);
+        // Rows are queries, columns keys (S).
+        const float alibi_first =
+            kAlibi ? BwdAlibi::first<false>(m * Config::kBlockM + get<0>(score_coords(0, 0)),
+                                            w.n_block * Config::kBlockN + get<1>(score_coords(0, 0)),
+                                            w.seq.len_k - w.seq.len_q)
+                   : 0.0f;
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
           // No bounds check: rows past the sequence's end read the workspace's pad, LSE +inf.
@@ -130,7 +140,13 @@ struct BwdMmaWide {
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) {
             const float t = s(i, j);
-            const float prob = bwd_probability(t, p.score_scale_log2, lse);
+            // ALiBi's bias enters P only: dS's softcap factor is of the capped score itself.
+            const float biased =
+                kAlibi ? alibi.add<false>(t, alibi_first,
+                                          get<0>(score_coords(i, 0)) - get<0>(score_coords(0, 0)),
+                                          get<1>(score_coords(0, j)) - get<1>(score_coords(0, 0)))
+                       : t;
+            const float prob = bwd_probability(biased, p.score_scale_log2, lse);
             p_rc(i, j) = Element(prob);
             s(i, j) = ds_factor<kSoftcap>(prob, t);
           }
@@ -209,7 +225,8 @@ struct BwdMmaWide {
         ++read;
       }
     };
-    if (!w.order.tiles.empty()) run_by_softcap(p.softcap.enabled(), tiles);
+    if (!w.order.tiles.empty())
+      run_by_variant(p.softcap.enabled(), p.variants.alibi != nullptr, tiles);
     Kernel::store_dkv(p, thr_kv, dKt, dVt, smem);
     if constexpr (Pair::kEnabled) {
       if (!w.order.tiles.empty()) Pair::drain(smem.pair, first, w.order.tiles.end);

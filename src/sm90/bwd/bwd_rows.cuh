@@ -9,6 +9,7 @@
 //             the main kernel's CTAs of that pair are done with dQ (dq_done), while its other
 //             CTAs still run
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
+//   sink_grads (with attention sinks): d(sinks) from the prepare kernel's LSE and D
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
 // every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.
 #pragma once
@@ -152,6 +153,45 @@ __global__ void __launch_bounds__(32 * kRowWarps)
     // so that no probability becomes exp2(+inf).
     p.lse_log2[stat_row] = lse == -INFINITY ? INFINITY : lse * float(kLog2e);
   }
+}
+
+// d(sinks) from the prepare kernel's stats: dsinks[h] = −Σ exp(sinks[h] − LSE) · D over the rows
+// of every sequence (docs/semantics.md). One block per query head; each thread sums its rows in a
+// fixed order and the block adds the threads' sums in a fixed tree: the same bits on every run.
+constexpr int kSinkThreads = 256;
+struct SinkGradParams {
+  SequenceParams sequences;
+  const float* sinks;
+  float* dsinks;
+  const float* lse_log2;  // the prepare kernel's, [heads_q][stat rows]
+  const float* dpsum;
+  int64_t stat_rows;
+  int32_t q_rows_per_batch;
+  int batch;
+};
+
+template <int kThreads = kSinkThreads>  // a template: every backward instance includes this file
+__global__ void __launch_bounds__(kThreads) bwd_sink_grads_kernel(const SinkGradParams p) {
+  __shared__ float partial[kThreads];
+  const int h = int(blockIdx.x);
+  const float sink_log2 = p.sinks[h] * float(kLog2e);
+  float sum = 0.0f;
+  for (int b = 0; b < p.batch; ++b) {
+    const Sequence seq = load_sequence(p.sequences, b);
+    if (!seq.valid) continue;  // the prepare kernel skipped it too
+    const int64_t start = seq.start_q + int64_t(seq.batch) * p.q_rows_per_batch;
+    const int64_t first = int64_t(h) * p.stat_rows + bwd_stat_row(start, b);
+    // A row that saw no key has LSE = +inf (no sink: exp2 gives 0) and D = 0.
+    for (int64_t i = threadIdx.x; i < seq.len_q; i += kThreads)
+      sum += exp2f(sink_log2 - p.lse_log2[first + i]) * p.dpsum[first + i];
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int width = kThreads / 2; width > 0; width /= 2) {
+    if (int(threadIdx.x) < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.dsinks[h] = -partial[0];
 }
 
 struct FinishParams {

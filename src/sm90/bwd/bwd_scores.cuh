@@ -1,6 +1,6 @@
 // What the backward's two tile loops (bwd_kernel.cuh on Sᵀ, bwd_mma_wide.cuh on S) do alike with a
 // score tile: the query rows' statistics from shared memory, the probabilities from the forward's
-// LSE, dS's factors, and the loop compiled once per softcap setting.
+// LSE, ALiBi's bias, dS's factors, and the loop compiled once per (softcap, ALiBi) setting.
 #pragma once
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <cute/config.hpp>
 #include <cute/numeric/integral_constant.hpp>
 
+#include "sm90/common/score_variants.cuh"
 #include "sm90/common/softmax.cuh"
 
 namespace fa4::sm90 {
@@ -40,14 +41,21 @@ CUTE_DEVICE float ds_factor(float prob, float t) {
   return kSoftcap && prob != 0.0f ? prob * (1.0f - t * t) : prob;
 }
 
-// tiles(std::true_type) or tiles(std::false_type): the tile loop compiled once with softcap and
-// once without, so that each path holds only its own registers.
+// tiles(softcap_tag, alibi_tag): the tile loop compiled once per (softcap, ALiBi) setting, so that
+// each path holds only its own registers.
 template <class Tiles>
-CUTE_DEVICE void run_by_softcap(bool softcap, Tiles&& tiles) {
-  if (softcap)
-    tiles(cute::true_type{});
-  else
-    tiles(cute::false_type{});
+CUTE_DEVICE void run_by_variant(bool softcap, bool alibi, Tiles&& tiles) {
+  if (softcap) {
+    if (alibi)
+      tiles(cute::true_type{}, cute::true_type{});
+    else
+      tiles(cute::true_type{}, cute::false_type{});
+  } else {
+    if (alibi)
+      tiles(cute::false_type{}, cute::true_type{});
+    else
+      tiles(cute::false_type{}, cute::false_type{});
+  }
 }
 
 }  // namespace fa4::sm90

@@ -192,6 +192,25 @@ struct OnlineSoftmax {
 #endif
   }
 
+  // finish() with each row's attention sink (common/mask.hpp's Sink) joining its denominator: O
+  // takes e^(m − m') / l' and LSE is m' + log l', m and l the row's max (natural units) and sum
+  // before the sink; a row that saw no key gets O = 0 and LSE = the sink's logit.
+  template <class Sinks>
+  CUTE_DEVICE void finish(RowVector& o_scale, RowVector& lse, Sinks const& sinks) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float sum = quad_allreduce(row_sum[i], [](float a, float b) { return a + b; });
+      float m = sum == 0.0f ? -INFINITY : row_max[i] * scale;
+      const float alpha = sinks[i].fold(m, sum);
+      const bool empty = m == -INFINITY;  // no key and no sink
+      o_scale[i] = empty ? 0.0f : alpha / sum;
+      lse[i] = empty ? INFINITY : m + logf(sum);
+    }
+#if FA4_SM90_RESCALE_STATS
+    tally.flush();
+#endif
+  }
+
  private:
   // Pairwise, so that kChains partial results combine in log2(kChains) dependent steps.
   template <class Op>

@@ -37,6 +37,7 @@
 #include "sm90/fwd/query_rows.cuh"
 #include "sm90/common/sequence.cuh"
 #include "sm90/common/softcap.cuh"
+#include "sm90/common/score_variants.cuh"
 #include "sm90/common/softmax.cuh"
 #include "sm90/fwd/tile_queue.cuh"
 #include "sm90/fwd/tile_rows.hpp"
@@ -72,6 +73,7 @@ struct FwdKernel {
     BandMask band;  // window sides, causal folded in; each sequence's lengths replace its sizes
     SoftcapScores softcap;
     float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
+    ScoreVariantParams variants;  // ALiBi, sinks (score_variants.cuh)
   };
 
   using ChunkPipeline = typename Load::ChunkPipeline;
@@ -157,13 +159,21 @@ struct FwdKernel {
                                 Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
                                 Config::kRescaleVote>;
 
-  // Softcap, then the mask, in the kernel's score units (see SoftcapScores); `coords` and
-  // `row_keys` are this thread's (Mask::row_keys), `visible` the tile's (Mask::visible_tiles).
+  // The score step, in the kernel's score units (see SoftcapScores): softcap, ALiBi's bias, then
+  // the mask. `coords` and `row_keys` are this thread's (Mask::row_keys), `visible` the tile's
+  // (Mask::visible_tiles), `variants` its rows' (score_variants.cuh).
   template <class Scores, class Coords, class RowKeys>
   CUTE_DEVICE static void prepare_scores(Params const& p, Work const& w, Scores& scores,
                                          Coords const& coords, RowKeys const& row_keys,
                                          KeyTiles visible, int n_block) {
     if (p.softcap.enabled()) p.softcap.apply(scores);
+    // The rows' slopes and diagonals are made afresh per key tile: held through the tile loop,
+    // they would take registers the three-warpgroup kernel (d64) does not have.
+    if (p.variants.alibi != nullptr) {
+      auto rc = rowcol_view(scores);
+      apply_alibi<Config::kBlockN>(rc, coords, p.variants, p.rows, w.seq, w.tile.batch,
+                                   w.tile.head, w.rows.first, n_block);
+    }
     if (!visible.contains(n_block)) {
       auto rc = rowcol_view(scores);
       w.mask.apply(rc, coords, row_keys, n_block);
@@ -178,6 +188,19 @@ struct FwdKernel {
             visible = w.mask.visible_tiles(w.mask.span(w.rows))](auto& scores, int n_block) {
       prepare_scores(p, w, scores, coords, row_keys, visible, n_block);
     };
+  }
+
+  // O's normalisation and LSE: with sinks (not split: the combine folds them in), each row's
+  // sink joins its denominator.
+  template <class Softmax, class RowVector, class Coords>
+  CUTE_DEVICE static void finish_rows(Params const& p, Work const& w, Softmax& softmax,
+                                      RowVector& o_scale, RowVector& lse, Coords const& coords) {
+    if (p.variants.sinks != nullptr && !p.split.enabled())
+      softmax.finish(o_scale, lse,
+                     row_sinks<decltype(cute::size<0>(coords))::value>(
+                         p.variants, p.rows, w.seq, w.tile.head, w.rows.first, coords));
+    else
+      softmax.finish(o_scale, lse);
   }
 
   // Q is loaded even for a tile that sees no key, so that the Q barriers' phases advance once per
@@ -563,7 +586,7 @@ struct FwdKernel {
     }
 
     typename decltype(softmax)::RowVector o_scale, lse;
-    softmax.finish(o_scale, lse);
+    finish_rows(p, w, softmax, o_scale, lse, score_coords);
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
     if (p.split.enabled()) {
@@ -718,7 +741,7 @@ struct FwdKernel {
     }
 
     typename decltype(softmax)::RowVector o_scale, lse;
-    softmax.finish(o_scale, lse);
+    finish_rows(p, w, softmax, o_scale, lse, score_coords);
     {
       auto o0 = rowcol_view(tOrO0);
       auto o1 = rowcol_view(tOrO1);

@@ -1,6 +1,7 @@
 // The split-KV combine (split_kv.cuh): a warp per (query row, head), its lanes along the head dim.
 #include <cutlass/numeric_types.h>
 
+#include "common/mask.hpp"
 #include "common/math_constants.hpp"
 #include "sm90/host/launch.cuh"
 #include "sm90/fwd/split_kv.cuh"
@@ -50,11 +51,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(m), "f"(l));
   }
   m = warp_max(m);
-  const bool empty = m == -INFINITY;
   float sum = 0.0f;
-  if (!empty)
+  if (m != -INFINITY)
     for (int s = lane; s < p.splits; s += 32) sum += expf(split_lse(p, row, s) - m);
   sum = warp_sum(sum);
+  // The row's sink joins the denominator once, here (the splits leave it out): the weights
+  // below, e^(lse_s − lse), then take its share.
+  if (p.sinks != nullptr) Sink{p.sinks[head]}.fold(m, sum);
+  const bool empty = m == -INFINITY;
   const float lse = empty ? INFINITY : m + logf(sum);
 
   Element* out = static_cast<Element*>(p.out) + seq.batch * p.out_batch_stride +

@@ -62,6 +62,7 @@ struct CombineParams {
   int64_t out_batch_stride, out_row_stride, out_head_stride;
   float* lse;  // null: not wanted
   int64_t lse_batch_stride, lse_head_stride, lse_seq_stride;
+  const float* sinks;  // attention sinks (heads_q), joined here, once per row; null: none
 };
 
 // Combines the splits of every row of every valid sequence (the forward kernel's reading of

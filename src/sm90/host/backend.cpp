@@ -183,9 +183,11 @@ Status can_implement_backward(const Problem& p) {
 Status can_implement(const Problem& p, Pass pass) {
   if (p.dtype == DType::kFP32)
     return not_supported("the sm90 backend takes bf16 or fp16 inputs; fp32 runs on the CPU backend");
-  if (p.alibi.data != nullptr || p.sinks != nullptr)
-    return not_supported("the sm90 kernels do not compute %s yet; the cpu backend does",
-                         p.sinks != nullptr ? "attention sinks" : "ALiBi");
+  // The kernels index the slopes in 32 bits.
+  if (p.alibi.data != nullptr &&
+      (p.batch - 1) * p.alibi.batch_stride + (p.heads_q - 1) * p.alibi.head_stride >= kMaxExtent)
+    return not_supported("alibi's strides reach past 2^31 - 1 slopes, which the sm90 kernels "
+                         "index in 32 bits");
   if (p.dtype == DType::kE4M3)
     return not_supported("the sm90 backend has no e4m3 (FP8) kernels yet; e4m3 runs on the CPU "
                          "backend");
@@ -347,7 +349,9 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
                                 {"kv_cache.page_table", p.kv_cache.page_table},
                                 {"kv_cache.batch_idx", p.kv_cache.batch_idx},
                                 {"kv_cache.leftpad", p.kv_cache.leftpad},
-                                {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new}};
+                                {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new},
+                                {"alibi.data", p.alibi.data},
+                                {"sinks", p.sinks}};
   if (s.ok()) s = check_device_memory(views);
   if (s.ok() && reinterpret_cast<uintptr_t>(used) % 256 != 0)
     s = invalid("workspace.data is not 256-byte aligned");
@@ -372,7 +376,10 @@ Status run_backward(const Problem& p, const BackwardTensors& t, Workspace worksp
                                 {"dv.data", t.dv.data},
                                 {"workspace.data", workspace.data},
                                 {"varlen.cu_seqlens_q", p.varlen.cu_seqlens_q},
-                                {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k}};
+                                {"varlen.cu_seqlens_k", p.varlen.cu_seqlens_k},
+                                {"alibi.data", p.alibi.data},
+                                {"sinks", p.sinks},
+                                {"dsinks", t.dsinks}};
   if (s.ok()) s = check_device_memory(views);
   // The kernels add float pairs into it with 8-byte atomics.
   if (s.ok() && reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0)

@@ -36,7 +36,15 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
   static_assert(BwdDqReduce<PairedConfig>::kAccumAtom == BwdDqReduce<Config>::kAccumAtom,
                 "one column order of dQ's accumulator for both");
 
-  if (plan.empty()) return Status::success();
+  if (plan.empty()) {
+    // No row takes part: the sinks' gradient is 0.
+    const cudaError_t err =
+        p.sinks != nullptr && t.dsinks != nullptr
+            ? cudaMemsetAsync(t.dsinks, 0, size_t(p.heads_q) * sizeof(float),
+                              static_cast<cudaStream_t>(stream))
+            : cudaSuccess;
+    return err == cudaSuccess ? Status::success() : launch_error("clearing dsinks", kHeadDim, err);
+  }
   if (plan.block_m != Config::kBlockM || plan.block_n != Config::kBlockN)
     return detail::make_status(StatusCode::kInternalError,
                                "sm90 backward (head dim %d): the plan's %d x %d tiles are not the "
@@ -159,6 +167,8 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
         band,
         softcap,
         (softcap.enabled() ? p.softcap : p.scale()) * float(kLog2e),
+        ScoreVariantParams{p.alibi.data, int(p.alibi.batch_stride), int(p.alibi.head_stride),
+                           1.0f / (softcap.enabled() ? p.softcap : p.scale()), p.sinks},
         GroupedOrder{order_blocks, rows, plan.group},
         int(p.heads_q),
         plan.rotate};
@@ -218,6 +228,13 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
                           row_grid(kRowsPerBlock<kLanesV>, p.seqlen_k, p.heads_kv), row_block, 0,
                           stream, finish_v, row_tensor(t.dv), true);
     if (err != cudaSuccess) return launch_error("dK / dV kernel", kHeadDim, err);
+  }
+  if (p.sinks != nullptr && t.dsinks != nullptr) {
+    const SinkGradParams sink{sequences, p.sinks,       t.dsinks,    lse_log2,
+                              dpsum,     ws.stat_rows, q_per_batch, int(p.batch)};
+    err = launch_kernel(&bwd_sink_grads_kernel<>, dim3(unsigned(p.heads_q)), dim3(kSinkThreads), 0,
+                        stream, sink);
+    if (err != cudaSuccess) return launch_error("dsinks kernel", kHeadDim, err);
   }
   return Status::success();
 }

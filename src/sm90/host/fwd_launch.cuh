@@ -94,7 +94,9 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
       partials,
       band,
       softcap,
-      softcap.enabled() ? p.softcap : p.scale()};
+      softcap.enabled() ? p.softcap : p.scale(),
+      ScoreVariantParams{p.alibi.data, int(p.alibi.batch_stride), int(p.alibi.head_stride),
+                         1.0f / (softcap.enabled() ? p.softcap : p.scale()), p.sinks}};
 
   auto* kernel = &fwd_kernel<Kernel>;
   if (err == cudaSuccess)
@@ -118,7 +120,8 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
                                 p.return_lse ? t.lse.data : nullptr,
                                 p.is_varlen() ? 0 : t.lse.batch_stride,
                                 t.lse.head_stride,
-                                t.lse.seq_stride};
+                                t.lse.seq_stride,
+                                p.sinks};
     err = launch_combine_splits(combine, kDType, p.batch, p.seqlen_q, stream);
   }
   if (err != cudaSuccess)
