@@ -1,7 +1,7 @@
-"""Decode and chunked prefill over a KV cache: fa4cpp (fa4cpp.flash_attn_with_kvcache),
-FlashAttention-3 (flash_attn_interface.flash_attn_with_kvcache, same arguments, when it imports)
-and cuDNN (torch SDPA under CUDNN_ATTENTION, contiguous caches only) on the same caches, in one
-process. Writes <out>/<date>_<sha>_decode.json, .md and .png (bench/sweep.py's result files,
+"""Decode and chunked prefill over a KV cache: fa4cpp (fa4cpp.flash_attn_with_kvcache, one build
+or several), FlashAttention-3 (flash_attn_interface.flash_attn_with_kvcache, same arguments, when it
+imports) and cuDNN (torch SDPA under CUDNN_ATTENTION, contiguous caches only) on the same caches, in
+one process. Writes <out>/<date>_<sha>_decode.json, .md and .png (bench/sweep.py's result files,
 rewritten after every row).
 
   FA4CPP_LIBRARY=build/default/libfa4.so PYTHONPATH=python:$FA3_HOPPER \\
@@ -9,6 +9,21 @@ rewritten after every row).
   ... bench/decode.py --gqa 32/8,8/1 --batches 1,64 --cache-lens 4k,64k --pages 0,64 --rounds 3 ...
   ... bench/decode.py --dry-run ...      # the rows and a rough time estimate; no GPU needed
   ... bench/decode.py --smoke ...        # two tiny decode rows and one tiny prefill row
+
+A/B of fa4cpp builds in the same run (bench/sweep.py's --lib): one --lib NAME=PATH per build, each
+its own columns (GB/s, ratios to cuDNN and FA3, and to the first build), all on the same caches and
+in the same rotated rounds:
+
+  PYTHONPATH=python:$FA3_HOPPER python3 bench/decode.py --lib main=A/libfa4.so \\
+      --lib gather=B/libfa4.so --sha $(git rev-parse --short HEAD) --out DIR --rounds 3 ...
+
+One --lib PATH (or none: $FA4CPP_LIBRARY, else the installed package's library) is the single build
+fa4cpp, called through the package (its native torch ops when built). Several builds cannot all
+serve the package's ops, which bind one library per process: each is then called through its own C
+ABI (ctypes, bench/sweep.py's Build, --lib-env NAME:VAR=VALUE for its launch-plan overrides) with
+the checks and parameters of the package's Python implementation of the op, the same path for every
+build (c_abi_kvcache). The GPU's time is comparable across the two paths; the host's time per call
+is not.
 
 Rows (bf16, --hdim 128):
 - decode: one query row per sequence, GQA --gqa (32/8, 64/8, 8/1) × --batches (1 … 256) ×
@@ -29,24 +44,24 @@ Rows (bf16, --hdim 128):
   FlashAttention-2 / memory-efficient kernels, never to cuDNN.
 
 Metrics: decode GB/s of K + V read (sum of cache_seqlens · hkv · d · 2 tensors · 2 bytes / time);
-prefill TFLOP/s = 4 · b · hq · d · (visible (query, key) pairs) / time. Ratios fa4cpp / cuDNN and
-fa4cpp / FA3 per row. Each library runs once per row before timing: its output against fa4cpp's
-(whole batch) and against a float32 torch reference on the first sequence (max abs diff; rows over
---tol, 2e-2, are flagged). A library that raises for a row gets n/a and the first line of its
-error; the run goes on.
+prefill TFLOP/s = 4 · b · hq · d · (visible (query, key) pairs) / time. Ratios of each build to
+cuDNN and to FA3 per row, and of each later build to the first (B/A). Each library runs once per
+row before timing: its output against the first build's (whole batch) and against a float32 torch
+reference on the first sequence (max abs diff; rows over --tol, 2e-2, are flagged). A library that
+raises for a row gets n/a and the first line of its error; the run goes on.
 
-Timing: --rounds rounds; in each round every (library, call) is timed once, their order rotated by
-one place per round; the median over rounds is reported (every round's time is in the JSON). One
-timing: back-to-back plain calls (no CUDA graph) in windows of at least --window-us (CUDA events
-around each window), at least --reps calls and --min-windows windows, the median window's time per
-call. Before each window the stream is held by a spin kernel (torch.cuda._sleep) long enough for
-the host to queue the window's calls, so a window times the GPU's work, not the host's launch rate
-(each library's host time per call is recorded too). A window counts only if the GPU had not
-reached it when the host finished queuing it (its start event still pending); otherwise the hold
-doubles and the window is repeated, and a timing that never got ahead is marked host-bound (†).
-The caches are copied until the copies
-outweigh the L2 cache three times over, and consecutive calls read different copies: a small cache
-is read from memory, as in a model where the other layers' work evicts it.
+Timing: --rounds rounds; in each round every (library, call) is timed once (each build's plain and
+append calls among them), their order rotated by one place per round; the median over rounds is
+reported (every round's time is in the JSON). One timing: back-to-back plain calls (no CUDA graph)
+in windows of at least --window-us (CUDA events around each window), at least --reps calls and
+--min-windows windows, the median window's time per call. Before each window the stream is held by
+a spin kernel (torch.cuda._sleep) long enough for the host to queue the window's calls, so a window
+times the GPU's work, not the host's launch rate (each library's host time per call is recorded
+too). A window counts only if the GPU had not reached it when the host finished queuing it (its
+start event still pending); otherwise the hold doubles and the window is repeated, and a timing
+that never got ahead is marked host-bound (†). The caches are copied until the copies outweigh the
+L2 cache three times over, and consecutive calls read different copies: a small cache is read from
+memory, as in a model where the other layers' work evicts it.
 """
 import argparse
 import datetime
@@ -73,7 +88,8 @@ CACHE_LENS = (1024, 4096, 16384, 65536, 131072)
 PAGES = (0, 16, 64, 256)
 PREFILL_PAGES = (0, 64, 256)
 PARTS = ("decode", "append", "prefill")
-LIBS = ("fa4cpp", "FA3", "cuDNN")
+DEFAULT_BUILD = sweep.DEFAULT_LIB_NAME  # the one build's column: "fa4cpp"
+PEERS = ("FA3", "cuDNN")  # the columns that are not fa4cpp builds
 ELEMENT_BYTES = 2  # bf16
 CONTIGUOUS_ROOM = 256  # a contiguous cache's rows are the length + 1 rounded up to this
 L2_FACTOR = 3  # copies of a cache until they outweigh the L2 cache this many times
@@ -200,21 +216,22 @@ def row_alloc_bytes(row):
             * row["head_dim"] * 2 * ELEMENT_BYTES)
 
 
-def timed_calls(row, parts, fa3=True):
-    """The (library, call) pairs a row times."""
-    calls = [("fa4cpp", "plain")] + ([("FA3", "plain")] if fa3 else [])
+def timed_calls(row, parts, fa3=True, builds=(DEFAULT_BUILD,)):
+    """The (library, call) pairs a row times (builds: the fa4cpp builds' names)."""
+    calls = [(b, "plain") for b in builds] + ([("FA3", "plain")] if fa3 else [])
     if row["kind"] == "decode" and row["page_size"] == 0 and not row.get("ragged"):
         calls.append(("cuDNN", "plain"))
     if row["kind"] == "decode" and "append" in parts:
-        calls += [("fa4cpp", "append")] + ([("FA3", "append")] if fa3 else [])
+        calls += [(b, "append") for b in builds] + ([("FA3", "append")] if fa3 else [])
     return calls
 
 
 def estimate_seconds(rows, args, fa3=True, bandwidth=3.5e12, tflops=450e12, host_us=50.0,
-                     l2_bytes=50e6):
+                     l2_bytes=50e6, builds=(DEFAULT_BUILD,)):
     """A rough wall-time estimate of a run: memory-bound decode at `bandwidth`, prefill at
     `tflops`, host time per call `host_us` (Timer's spin kernel holds the stream 1.5 times the
-    host's time per window), set-up and first calls per row (cuDNN's plan 0.3 s)."""
+    host's time per window), set-up and first calls per row (cuDNN's plan 0.3 s), for the fa4cpp
+    builds named in `builds`."""
     total = 0.0
     host = host_us * 1e-6
     for row in rows:
@@ -228,7 +245,7 @@ def estimate_seconds(rows, args, fa3=True, bandwidth=3.5e12, tflops=450e12, host
                                      args.max_timing_ms)
         per_timing = (5e-3 + 5 * max(t, host)
                       + windows * (1.5 * calls * host + calls * t + 30e-6))
-        timed = timed_calls(row, args.parts, fa3)
+        timed = timed_calls(row, args.parts, fa3, builds)
         alloc = row_alloc_bytes(row) * kv_copies(row_alloc_bytes(row), l2_bytes)
         total += len(timed) * (args.rounds * per_timing + 2 * t)
         total += alloc / 0.5e12 + 0.1 + (0.3 if ("cuDNN", "plain") in timed else 0.0)
@@ -239,8 +256,11 @@ def estimate_seconds(rows, args, fa3=True, bandwidth=3.5e12, tflops=450e12, host
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lib", help="libfa4.so to load (sets FA4CPP_LIBRARY; default: "
-                                  "$FA4CPP_LIBRARY, else the installed package's)")
+    ap.add_argument("--lib", action="append", metavar="[NAME=]PATH",
+                    help="libfa4.so to load (sets FA4CPP_LIBRARY; default: $FA4CPP_LIBRARY, else "
+                         "the installed package's); repeat with NAME= to time several builds "
+                         "side by side, each its own columns (bench/sweep.py's --lib)")
+    sweep.add_lib_env_arg(ap)
     ap.add_argument("--sha", help="git sha of the fa4cpp tree (required unless --dry-run)")
     ap.add_argument("--out", help="folder for the .json, .md and .png (required unless --dry-run)")
     ap.add_argument("--name", help="file name without extension (default <date>_<sha>_decode)")
@@ -304,6 +324,12 @@ def parse_args(argv=None):
         raise SystemExit("--chunk: the chunk's keys are part of --prefill-cache")
     if not args.dry_run and (not args.sha or not args.out):
         raise SystemExit("--sha and --out are required (except with --dry-run)")
+    # [(name, path)] of the fa4cpp builds; without --lib one, path None (the package's library).
+    args.libs = sweep.parse_libs(args.lib) if args.lib else [(DEFAULT_BUILD, None)]
+    clash = [n for n, _ in args.libs if n in PEERS + ("row",)]
+    if clash:
+        raise SystemExit("--lib: %s names another column; choose another NAME=" % clash[0])
+    args.lib_env = sweep.parse_lib_env(args.lib_env, {n for n, _ in args.libs})
     return args
 
 
@@ -494,12 +520,15 @@ def rotating(fns):
 # -- one row on the GPU ---------------------------------------------------------------------------
 
 class Bench:
-    """What every row needs: the libraries ({column: flash_attn_with_kvcache}), the timer, the
-    options. device: where the tensors live (the tests run rows on the CPU backend)."""
+    """What every row needs: the libraries ({column: flash_attn_with_kvcache}, the fa4cpp builds
+    first), the timer, the options. builds: the columns of libs that are fa4cpp builds (default:
+    all but FA3), the first one the others' outputs are compared with. device: where the tensors
+    live (the tests run rows on the CPU backend)."""
 
-    def __init__(self, args, libs, timer, l2_bytes, device="cuda"):
+    def __init__(self, args, libs, timer, l2_bytes, device="cuda", builds=None):
         self.args, self.libs, self.timer, self.l2_bytes = args, libs, timer, l2_bytes
         self.device = device
+        self.builds = list(builds) if builds is not None else [n for n in libs if n not in PEERS]
 
     def measure(self, row, index):
         args = self.args
@@ -591,11 +620,12 @@ class Bench:
             outs[(name, variant)] = out
             entry[prefix + "max_abs_diff_vs_ref"] = max_abs_diff(out[0], refs[variant])
             runs[(name, variant)] = rotating(per_copy)
+        first = self.builds[0]
         for (name, variant), out in outs.items():
-            base = outs.get(("fa4cpp", variant))
-            if name != "fa4cpp" and base is not None:
+            base = outs.get((first, variant))
+            if name != first and base is not None:
                 prefix = "" if variant == "plain" else "append_"
-                row["libs"][name][prefix + "max_abs_diff_vs_fa4cpp"] = max_abs_diff(out, base)
+                row["libs"][name][prefix + "max_abs_diff_vs_" + first] = max_abs_diff(out, base)
         del outs, refs
 
         times, details, failed = time_rounds(runs, args.rounds, self.timer)
@@ -617,13 +647,14 @@ class Bench:
                 entry[prefix + "host_bound"] = True
         if not torch.equal(cache_seqlens, seqlens_before):
             row["cache_seqlens_changed"] = True
-        add_rates(row, args.tol)
+        add_rates(row, args.tol, self.builds)
         return row
 
 
-def add_rates(row, tol):
+def add_rates(row, tol, builds=(DEFAULT_BUILD,)):
     """GB/s (decode) or TFLOP/s (prefill) of every timed library, the append cost over plain,
-    the ratios of fa4cpp to cuDNN and FA3, and the flags of differences over tol."""
+    the ratios of each fa4cpp build to cuDNN and FA3 (<build>_vs_cudnn, <build>_vs_fa3) and of
+    each later build to the first (<build>_vs_<first>), and the flags of differences over tol."""
     libs = row["libs"]
     if row["kind"] == "decode":
         amount, unit, per = row["kv_bytes"], "gbps", 1e9
@@ -637,15 +668,21 @@ def add_rates(row, tol):
             entry[unit] = amount / (entry["ms"] * 1e-3) / per
         if "ms" in entry and "append_ms" in entry:
             entry["append_over_plain_us"] = (entry["append_ms"] - entry["ms"]) * 1e3
-    mine = libs.get("fa4cpp", {}).get(unit)
-    for name, key in (("cuDNN", "fa4cpp_vs_cudnn"), ("FA3", "fa4cpp_vs_fa3")):
-        other = libs.get(name, {}).get(unit)
-        if mine and other:
-            row[key] = mine / other
+    for build in builds:
+        mine = libs.get(build, {}).get(unit)
+        for name, key in (("cuDNN", "_vs_cudnn"), ("FA3", "_vs_fa3")):
+            other = libs.get(name, {}).get(unit)
+            if mine and other:
+                row[build + key] = mine / other
+    first = libs.get(builds[0], {}).get(unit)
+    for build in builds[1:]:
+        mine = libs.get(build, {}).get(unit)
+        if mine and first:
+            row["%s_vs_%s" % (build, builds[0])] = mine / first
     flagged = []
     for name, entry in libs.items():
         for k, value in entry.items():
-            if k.endswith("max_abs_diff_vs_ref") or k.endswith("max_abs_diff_vs_fa4cpp"):
+            if "max_abs_diff_vs_" in k:  # against the reference or the first build
                 if not value <= tol:  # NaN is flagged too
                     flagged.append("%s %s %.3g" % (name, k, value))
     row["flagged"] = flagged
@@ -731,27 +768,53 @@ def header(r):
         fa3_text = ("FA3 not importable here (%s): its columns are omitted"
                     % fa3.get("missing", "flash_attn_interface"))
     native = r.get("fa4cpp_ops", "")
-    return ("%s; fa4cpp through fa4cpp.flash_attn_with_kvcache%s; %s; cuDNN = SDPA under "
-            "CUDNN_ATTENTION (contiguous caches). bf16, d%s; %d rounds; %s"
-            % (sweep.run_facts(r), " (%s)" % native if native else "", fa3_text,
-               r.get("head_dim", "?"), r["rounds"], r["timing"]))
+    builds = build_names(r)
+    if len(builds) == 1:
+        call = "%s through fa4cpp.flash_attn_with_kvcache%s" % (
+            builds[0], " (%s)" % native if native else "")
+    else:
+        call = "%s each through its own C ABI (%s)" % (", ".join(builds), native or "ctypes")
+    return ("%s; %s; %s; cuDNN = SDPA under CUDNN_ATTENTION (contiguous caches). bf16, d%s; "
+            "%d rounds; %s" % (sweep.run_facts(r), call, fa3_text, r.get("head_dim", "?"),
+                               r["rounds"], r["timing"]))
+
+
+def build_names(r):
+    """The fa4cpp builds' column names of a result, in --lib order."""
+    return [x["name"] for x in r.get("libs", [])] or [DEFAULT_BUILD]
+
+
+def ratio_columns(builds, fa3, peers=("cuDNN",)):
+    """(header, row key) of a table's ratio columns: each later build / the first (the A/B), then
+    each build / each peer (cuDNN, FA3)."""
+    cols = [("%s/%s" % (b, builds[0]), "%s_vs_%s" % (b, builds[0])) for b in builds[1:]]
+    for peer in list(peers) + (["FA3"] if fa3 else []):
+        cols += [("%s/%s" % (b, peer), "%s_vs_%s" % (b, peer.lower())) for b in builds]
+    return cols
 
 
 def markdown(r):
     fa3 = r.get("fa3", {}).get("available", False)
-    names = ["fa4cpp"] + (["FA3"] if fa3 else []) + ["cuDNN"]
+    builds = build_names(r)
+    names = builds + (["FA3"] if fa3 else []) + ["cuDNN"]
     rows = r["rows"]
+    if len(builds) == 1:
+        ratios = "Ratios = %s's GB/s / the other's, same row." % builds[0]
+    else:
+        ratios = ("Ratios X/Y = X's GB/s / Y's, same row: %s against the first build, then each "
+                  "build against %s; the builds ran on the same caches in the same rotated "
+                  "rounds." % (", ".join("%s/%s" % (b, builds[0]) for b in builds[1:]),
+                               "cuDNN and FA3" if fa3 else "cuDNN"))
     lines = ["# Decode and chunked prefill over a KV cache (bench/decode.py)", "", header(r),
              "", "Decode: GB/s = bytes of K + V read (sum of cache_seqlens · hkv · d · 2 · 2 B) "
-             "/ time, µs per call in parentheses; %s. Ratios = fa4cpp's GB/s / the other's, same "
-             "row. Append+rotary: one new token per sequence written into the cache (k rotated, "
-             "NeoX) and q rotated, µs over the plain call. Max abs diff: each library's output "
-             "for the first sequence against a float32 torch reference (%s); the JSON also has "
-             "each library's against fa4cpp's over the whole batch. A difference over %g in "
-             "either flags the row." % (
+             "/ time, µs per call in parentheses; %s. %s Append+rotary: one new token per "
+             "sequence written into the cache (k rotated, NeoX) and q rotated, µs over the plain "
+             "call. Max abs diff: each library's output for the first sequence against a float32 "
+             "torch reference (%s); the JSON also has each library's against %s's over the whole "
+             "batch. A difference over %g in either flags the row." % (
                  "sequence lengths drawn in [length/2, length]" if r.get("ragged") else
-                 "every sequence holds the full cache length", " / ".join(names),
-                 r.get("tol", 2e-2))]
+                 "every sequence holds the full cache length", ratios, " / ".join(names),
+                 builds[0], r.get("tol", 2e-2))]
     lines += sweep.partial_note(r)
     skipped = r.get("skipped_rows", [])
     if skipped:
@@ -766,8 +829,9 @@ def markdown(r):
             gqas.append((x["heads_q"], x["heads_kv"]))
     for hq, hkv in gqas:
         group = [x for x in decode if (x["heads_q"], x["heads_kv"]) == (hq, hkv)]
+        ratio_cols = ratio_columns(builds, fa3)
         head = (["b", "cache", "layout"] + ["%s GB/s (µs)" % n for n in names]
-                + ["fa4cpp/cuDNN"] + (["fa4cpp/FA3"] if fa3 else [])
+                + [h for h, _ in ratio_cols]
                 + ["append+rotary µs over plain: %s" % n for n in names if n != "cuDNN"]
                 + ["max abs diff vs ref (%s)" % " / ".join(names), "check"])
         lines += ["", "## Decode, GQA %d/%d, d%d" % (hq, hkv, group[0]["head_dim"]), "",
@@ -777,8 +841,7 @@ def markdown(r):
             cells = [str(x["batch"]), length_label(x["cache_len"]),
                      layout_label(x["page_size"])]
             cells += [fmt_rate(libs.get(n, {}), "gbps", 0) for n in names]
-            cells += [fmt_ratio(x, "fa4cpp_vs_cudnn")]
-            cells += [fmt_ratio(x, "fa4cpp_vs_fa3")] if fa3 else []
+            cells += [fmt_ratio(x, key) for _, key in ratio_cols]
             for n in names:
                 if n == "cuDNN":
                     continue
@@ -794,8 +857,9 @@ def markdown(r):
         p = prefill[0]
         lnames = [n for n in names if n != "cuDNN"]
         pairs = visible_pairs(p["seqlen_q"], p["cache_len"], True)
+        ratio_cols = ratio_columns(builds, fa3, peers=())
         head = (["layout"] + ["%s TFLOP/s (µs)" % n for n in lnames]
-                + (["fa4cpp/FA3"] if fa3 else [])
+                + [h for h, _ in ratio_cols]
                 + ["%s paged/contiguous" % n for n in lnames]
                 + ["max abs diff vs ref (%s)" % " / ".join(lnames), "check"])
         lines += ["", "## Chunked prefill: %d queries against %s keys, causal (bottom-right), "
@@ -811,7 +875,7 @@ def markdown(r):
             libs = x.get("libs", {})
             cells = [layout_label(x["page_size"])]
             cells += [fmt_rate(libs.get(n, {}), "tflops", 1) for n in lnames]
-            cells += [fmt_ratio(x, "fa4cpp_vs_fa3")] if fa3 else []
+            cells += [fmt_ratio(x, key) for _, key in ratio_cols]
             cells += ["%.2f" % libs[n]["vs_contiguous"] if "vs_contiguous" in libs.get(n, {})
                       else "—" for n in lnames]
             cells += [diff_cell(x, lnames), check_cell(x)]
@@ -841,7 +905,10 @@ def plot(result, path):
         return None
     batches = [b for b in PLOT_BATCHES if any(x["batch"] == b for x in rows)]
     fig, axes = plt.subplots(1, len(batches), figsize=(6.0 * len(batches), 4.6), squeeze=False)
-    colors = {"fa4cpp": "C0", "FA3": "C1", "cuDNN": "C2"}
+    builds = build_names(result)
+    order = builds + ["FA3", "cuDNN"]
+    colors = {"FA3": "C1", "cuDNN": "C2"}
+    colors.update({b: "C%d" % (0 if i == 0 else i + 2) for i, b in enumerate(builds)})
     styles = {0: "-", 16: ":", 64: "--", 256: "-."}
     for ax, b in zip(axes[0], batches):
         lines = {}
@@ -853,7 +920,7 @@ def plot(result, path):
                     lines.setdefault((name, x["page_size"]), []).append(
                         (x["cache_len"], entry["gbps"]))
         for (name, page), points in sorted(lines.items(), key=lambda kv: (
-                LIBS.index(kv[0][0]) if kv[0][0] in LIBS else 9, kv[0][1])):
+                order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])):
             points.sort()
             ax.plot([s for s, _ in points], [g for _, g in points], marker="o",
                     color=colors.get(name), linestyle=styles.get(page, "-"),
@@ -899,6 +966,63 @@ def find_fa3():
     return func, version or "unknown"
 
 
+def c_abi_kvcache(fa4):
+    """flash_attn_with_kvcache, with the arguments this script passes, through one build's C ABI
+    (fa4: its c_abi.Library): the checks and parameters of the package's Python implementation
+    of the op (fa4cpp.ops), the output and LSE allocated per call, the build's forward. A refusal
+    raises the library's Fa4Error. Every build of a several-build run is called so: the package's
+    torch ops bind one library per process."""
+    from fa4cpp import ops
+
+    def call(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+             cache_seqlens=None, page_table=None, causal=False, rotary_interleaved=True):
+        ops._check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           None, None, page_table, None, None, 0)
+        params = ops._kvcache_params(q, k, rotary_cos, cache_seqlens, None, None, page_table,
+                                     None, None, 0, 0.0, bool(causal), -1, -1, 0.0,
+                                     bool(rotary_interleaved), 0)
+        ops._check_params(params)
+        out_shape, lse_shape = ops._kvcache_shapes(q, v_cache, None)
+        out = q.new_empty(out_shape, dtype=ops.output_dtype(q, k))
+        lse = q.new_empty(lse_shape, dtype=torch.float32)
+        fa4.forward(q, k_cache, v_cache, out, lse, params, k, v,
+                    (rotary_cos, rotary_sin) if rotary_cos is not None else None)
+        return out
+    return call
+
+
+def load_libraries(args):
+    """The fa4cpp builds of args.libs: ({column: flash_attn_with_kvcache}, [build as
+    sweep.ResultFile records it], how they are called). One build goes through the package
+    (FA4CPP_LIBRARY set to its --lib, its --lib-env in the environment the package reads its
+    overrides from); several through their own C ABI each (c_abi_kvcache; sweep.Build, which
+    passes each its --lib-env), the package imported with the first one's library for its
+    checks."""
+    first_path = args.libs[0][1]
+    if first_path:
+        os.environ["FA4CPP_LIBRARY"] = os.path.abspath(first_path)
+    if len(args.libs) == 1:
+        os.environ.update(args.lib_env.get(args.libs[0][0], {}))
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import fa4cpp
+    from fa4cpp import _library, ops
+
+    fa4cpp.set_mode(fallback=False, verify=0.0)  # a refusal must raise, never run the reference
+    if len(args.libs) == 1:
+        name = args.libs[0][0]
+        build = types.SimpleNamespace(name=name, path=_library.library_path(),
+                                      version=fa4cpp.__version__, deterministic=False,
+                                      env=dict(args.lib_env.get(name, {})),
+                                      has_rescale_counts=lambda: False)
+        how = ("native torch ops" if ops.native_ops()[0] else
+               "the package's Python implementation of the ops")
+        return {name: fa4cpp.flash_attn_with_kvcache}, [build], how
+    builds = [sweep.Build(name, path, env=args.lib_env.get(name)) for name, path in args.libs]
+    how = ("ctypes; the checks and parameters of the package's Python implementation of "
+           "flash_attn_with_kvcache, the same for every build")
+    return {b.name: c_abi_kvcache(b.fa4) for b in builds}, builds, how
+
+
 def main(argv=None):
     args = parse_args(argv)
     rows, skipped = plan(args)
@@ -913,24 +1037,16 @@ def main(argv=None):
             print("skipped %d/%d b%d %s %s: %s" % (s["heads_q"], s["heads_kv"], s["batch"],
                                                   length_label(s["cache_len"]),
                                                   layout_label(s["page_size"]), s["reason"]))
-        print("%d rows, %d skipped; roughly %.0f s with FA3 (%d rounds)"
-              % (len(rows), len(skipped), estimate_seconds(rows, args), args.rounds))
+        names = [n for n, _ in args.libs]
+        print("%d rows, %d skipped; roughly %.0f s with FA3 (%d rounds%s)"
+              % (len(rows), len(skipped), estimate_seconds(rows, args, builds=names),
+                 args.rounds, "" if len(names) == 1 else ", builds " + ", ".join(names)))
         return
-    if args.lib:
-        os.environ["FA4CPP_LIBRARY"] = os.path.abspath(args.lib)
-    sys.path.insert(0, os.path.join(REPO, "python"))
-    import fa4cpp
-    from fa4cpp import _library, ops
-
-    fa4cpp.set_mode(fallback=False, verify=0.0)  # a refusal must raise, never run the reference
-    lib_path = _library.library_path()
-    native = ops.native_ops()[0]
-    build = types.SimpleNamespace(name="fa4cpp", path=lib_path, version=fa4cpp.__version__,
-                                  deterministic=False, env={}, has_rescale_counts=lambda: False)
+    libs, builds, how = load_libraries(args)
+    names = list(libs)
     fa3, fa3_info = find_fa3()
     if fa3 is not None and args.fa3_version:
         fa3_info = args.fa3_version
-    libs = {"fa4cpp": fa4cpp.flash_attn_with_kvcache}
     if fa3 is not None:
         libs["FA3"] = fa3
     torch.manual_seed(args.seed)
@@ -945,24 +1061,25 @@ def main(argv=None):
               "in rotated order; caches copied %d× past the L2 (%d MB) and read in turn"
               % (args.window_us, args.reps, args.min_windows, args.rounds, L2_FACTOR,
                  l2 // 2 ** 20))
-    opts = {k: v for k, v in vars(args).items() if k not in ("sha", "out", "name", "lib")}
+    opts = {k: v for k, v in vars(args).items()
+            if k not in ("sha", "out", "name", "lib", "libs", "lib_env")}
     run = sweep.ResultFile(args.out, name, markdown, "decode and chunked prefill over a KV cache "
-                           "(bench/decode.py)", args.sha, [build], args.rounds, extra={
+                           "(bench/decode.py)", args.sha, builds, args.rounds, extra={
                                "timing": timing, "head_dim": args.hdim, "ragged": args.ragged,
                                "tol": args.tol, "max_gb": args.max_gb, "options": opts,
                                "skipped_rows": skipped,
                                "fa3": {"available": True, "version": fa3_info} if fa3 else
                                {"available": False, "missing": fa3_info},
-                               "fa4cpp_ops": "native torch ops" if native else
-                               "the package's Python implementation of the ops",
+                               "fa4cpp_ops": how,
                                "l2_bytes": l2,
                                "bytes": "sum(cache_seqlens) * hkv * d * 2 tensors * 2 bytes",
                                "flops": "4 * b * hq * d * visible pairs (bottom-right causal)",
                                "cudnn_prefill": CUDNN_PREFILL})
     print("%d rows, %d skipped; roughly %.0f s" % (len(rows), len(skipped),
                                                     estimate_seconds(rows, args, fa3 is not None,
-                                                                     l2_bytes=l2)), flush=True)
-    bench = Bench(args, libs, timer, l2)
+                                                                     l2_bytes=l2, builds=names)),
+          flush=True)
+    bench = Bench(args, libs, timer, l2, builds=names)
     done = []
     for index, row in enumerate(rows):
         try:

@@ -2,10 +2,15 @@
 the bytes and FLOPs it divides by (the bottom-right causal pair count against brute force), the
 timing plan and the rotation of the libraries over rounds, its float32 reference and rotary, one row
 of each kind measured end to end on the CPU backend with stand-ins (a refusing "FA3", cuDNN refusing
-CPU tensors), and the markdown of a fabricated result."""
+CPU tensors), and the markdown of a fabricated result. Several fa4cpp builds in one run (--lib
+NAME=PATH, two files of the library under test): their C ABI call against the package's, their own
+columns, ratios and place in the rotated rounds, main() on the CPU; and a single build's output
+against what decode.py wrote before it took several (tests/python/data/decode_single_build.json)."""
+import functools
 import importlib.util
 import json
 import math
+import shutil
 import os
 import sys
 import types
@@ -430,3 +435,349 @@ def test_timer_keeps_windows_queued_ahead_of_the_gpu(decode, monkeypatch):
     ms, detail = timer(fn)
     assert ms == pytest.approx(1.0) and detail["host_bound"] and detail["windows"] == 15
     assert timer.factor == 64.0
+
+
+# -- several fa4cpp builds in one run (--lib NAME=PATH, repeated) -------------------------------
+
+@pytest.fixture(scope="module")
+def two_libraries(tmp_path_factory):
+    """Two files of the library under test (the loader keys on the file: a copy loads apart)."""
+    from fa4cpp import _library
+    first = _library.library_path()
+    copy = tmp_path_factory.mktemp("builds") / "libfa4_copy.so"
+    shutil.copyfile(first, copy)
+    return first, str(copy)
+
+
+def logged(log, name, func):
+    """func, noting (name, plain / append) in log at every call."""
+    def call(*args, **kwargs):
+        log.append((name, "append" if kwargs.get("k") is not None else "plain"))
+        return func(*args, **kwargs)
+    return call
+
+
+def test_c_abi_call_matches_the_package(decode, two_libraries):
+    """c_abi_kvcache (how each build of a several-build run is called) computes what the package's
+    flash_attn_with_kvcache computes, appends and rotary included, contiguous and paged."""
+    import fa4cpp
+    bld = decode.sweep.Build("gather", two_libraries[1])
+    mine = decode.c_abi_kvcache(bld.fa4)
+    b, hq, hkv, d, n = 2, 4, 2, 32, 40
+    cos, sin = decode.rotary_tables(64, d, torch.bfloat16, "cpu")
+    for page in (0, 16):
+        cap = decode.capacity(n, page)
+        shape = (b * cap // page, page, hkv, d) if page else (b, cap, hkv, d)
+        table = (torch.randperm(b * cap // page).view(b, -1).to(torch.int32) if page else None)
+        kc, vc = torch.randn(shape, dtype=torch.bfloat16), torch.randn(shape, dtype=torch.bfloat16)
+        q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16)
+        lens = torch.tensor([n, n - 7], dtype=torch.int32)
+        k_new = torch.randn(b, 1, hkv, d, dtype=torch.bfloat16)
+        v_new = torch.randn(b, 1, hkv, d, dtype=torch.bfloat16)
+        for extra in ({}, dict(k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                               rotary_interleaved=False)):
+            caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+            got = mine(q, *caches[0], cache_seqlens=lens, page_table=table, causal=False, **extra)
+            want = fa4cpp.flash_attn_with_kvcache(q, *caches[1], cache_seqlens=lens,
+                                                  page_table=table, causal=False, **extra)
+            assert torch.equal(got, want)
+            assert torch.equal(caches[0][0], caches[1][0])  # the same rows appended
+            assert torch.equal(caches[0][1], caches[1][1])
+            if extra:
+                assert not torch.equal(caches[0][0], kc)
+    # The build's refusal raises its Fa4Error (never the package's fallback).
+    wide = torch.randn(1, 8, 2, 512, dtype=torch.bfloat16)
+    with pytest.raises(decode.sweep.fa4_ctypes.Fa4Error, match="head_dim"):
+        mine(wide[:, :1], wide, wide.clone(), cache_seqlens=torch.tensor([4], dtype=torch.int32))
+
+
+def test_two_builds_rotate_and_get_their_own_columns(decode, two_libraries):
+    import fa4cpp
+    log = []
+    mains = [decode.sweep.Build(name, path) for name, path in zip(("main", "gather"),
+                                                                  two_libraries)]
+    libs = {b.name: logged(log, b.name, decode.c_abi_kvcache(b.fa4)) for b in mains}
+    libs["FA3"] = logged(log, "FA3", fa4cpp.flash_attn_with_kvcache)
+    base_ms = {("main", "plain"): 0.010, ("main", "append"): 0.014,
+               ("gather", "plain"): 0.008, ("gather", "append"): 0.013,
+               ("FA3", "plain"): 0.020, ("FA3", "append"): 0.021}
+    timed = []
+
+    def timer(fn):
+        fn()
+        timed.append(log[-1])
+        return base_ms[log[-1]] * (1 + 0.01 * (len(timed) % 3)), {
+            "host_us": 3.0, "calls_per_window": 2, "windows": 5}
+
+    args = decode.parse_args(["--dry-run", "--rounds", "3", "--hdim", "32"])
+    bench = decode.Bench(args, libs, timer, l2_bytes=1 << 16, device="cpu",
+                         builds=["main", "gather"])
+    row = bench.measure({"kind": "decode", "heads_q": 4, "heads_kv": 2, "head_dim": 32,
+                         "batch": 2, "seqlen_q": 1, "cache_len": 40, "page_size": 0,
+                         "ragged": False}, 0)
+    # Every (library, call) pair takes its turn to go first: round r starts r places on.
+    keys = [("main", "plain"), ("main", "append"), ("gather", "plain"), ("gather", "append"),
+            ("FA3", "plain"), ("FA3", "append")]
+    assert timed == [k for r in range(3) for k in keys[r:] + keys[:r]]
+    e = row["libs"]
+    assert e["cuDNN"]["refused"]  # no cuDNN on CPU tensors
+    for name in ("main", "gather", "FA3"):
+        want = sorted(base_ms[(name, "plain")] * (1 + 0.01 * (i % 3))
+                      for i, k in enumerate(timed, 1) if k == (name, "plain"))
+        assert sorted(e[name]["ms_rounds"]) == pytest.approx(want) and len(want) == 3
+        assert e[name]["ms"] == pytest.approx(want[1])
+        assert len(e[name]["append_ms_rounds"]) == 3
+        assert e[name]["gbps"] == pytest.approx(row["kv_bytes"] / (e[name]["ms"] * 1e-3) / 1e9)
+        assert e[name]["max_abs_diff_vs_ref"] < 2e-2
+    # Ratios: each build to FA3 (cuDNN refused: none), the second build to the first.
+    assert row["gather_vs_main"] == pytest.approx(e["main"]["ms"] / e["gather"]["ms"])
+    assert row["gather_vs_main"] == pytest.approx(1.25, rel=0.03)
+    for name in ("main", "gather"):
+        assert row[name + "_vs_fa3"] == pytest.approx(e["FA3"]["ms"] / e[name]["ms"])
+        assert name + "_vs_cudnn" not in row
+    assert not any(k.startswith("fa4cpp") for k in row)
+    # Outputs are compared with the first build's: the copy computes the same bits.
+    assert e["gather"]["max_abs_diff_vs_main"] == 0.0
+    assert e["gather"]["append_max_abs_diff_vs_main"] == 0.0
+    assert "max_abs_diff_vs_main" in e["FA3"] and "max_abs_diff_vs_main" not in e["main"]
+    assert row["flagged"] == []
+    json.dumps(row)
+
+
+def test_build_ratios_and_flags(decode):
+    row = {"kind": "prefill", "batch": 1, "heads_q": 8, "seqlen_q": 4, "cache_len": 16,
+           "head_dim": 64, "libs": {
+               "a": {"ms": 2.0, "max_abs_diff_vs_ref": 0.001},
+               "b": {"ms": 1.0, "max_abs_diff_vs_ref": 0.001, "max_abs_diff_vs_a": 0.5},
+               "c": {"refused": "no"},
+               "FA3": {"ms": 4.0, "max_abs_diff_vs_a": 0.001},
+               "cuDNN": {"ms": 1.0}}}
+    decode.add_rates(row, 2e-2, ["a", "b", "c"])
+    assert row["b_vs_a"] == pytest.approx(2.0) and "c_vs_a" not in row
+    assert row["a_vs_fa3"] == pytest.approx(2.0) and row["b_vs_fa3"] == pytest.approx(4.0)
+    assert row["a_vs_cudnn"] == pytest.approx(0.5) and row["b_vs_cudnn"] == pytest.approx(1.0)
+    assert row["flagged"] == ["b max_abs_diff_vs_a 0.5"]
+
+
+def two_builds(r):
+    """fabricated() as a run of two builds, main and gather (gather 10 % faster where it ran)."""
+    r["libs"] = [{"name": "main", "version": "0.1.0", "path": "a/libfa4.so"},
+                 {"name": "gather", "version": "0.1.0", "path": "b/libfa4.so"}]
+    r["fa4cpp_ops"] = "ctypes"
+    for row in r["rows"]:
+        libs = row["libs"]
+        if "fa4cpp" not in libs:
+            continue
+        main = libs["main"] = libs.pop("fa4cpp")
+        gather = libs["gather"] = dict(main)
+        for unit in ("gbps", "tflops"):
+            if unit in main:
+                gather[unit] = main[unit] * 1.1
+        for key in ("fa4cpp_vs_cudnn", "fa4cpp_vs_fa3"):
+            if key in row:
+                row["main" + key[6:]] = row.pop(key)
+                row["gather" + key[6:]] = row["main" + key[6:]] * 1.1
+        if "ms" in main:
+            row["gather_vs_main"] = 1.1
+        libs.update((k, libs.pop(k)) for k in ("FA3", "cuDNN") if k in libs)  # --lib order
+    return r
+
+
+def test_markdown_of_two_builds(decode):
+    r = two_builds(fabricated())
+    r["rows"][1]["libs"]["gather"] = {"refused": "gather: no page size 16"}
+    del r["rows"][1]["gather_vs_main"]
+    md = decode.markdown(r)
+    head = md.splitlines()[2]
+    assert "main = fa4cpp 0.1.0 (a/libfa4.so); gather = fa4cpp 0.1.0 (b/libfa4.so)" in head
+    assert "main, gather each through its own C ABI (ctypes)" in head
+    assert "gather/main against the first build" in md and "against main's over the whole" in md
+    rows = table(md, "## Decode, GQA 32/8, d128")
+    assert rows[0] == ["b", "cache", "layout", "main GB/s (µs)", "gather GB/s (µs)",
+                       "FA3 GB/s (µs)", "cuDNN GB/s (µs)", "gather/main", "main/cuDNN",
+                       "gather/cuDNN", "main/FA3", "gather/FA3",
+                       "append+rotary µs over plain: main", "append+rotary µs over plain: gather",
+                       "append+rotary µs over plain: FA3",
+                       "max abs diff vs ref (main / gather / FA3 / cuDNN)", "check"]
+    assert rows[2] == ["64", "4k", "contiguous", "4100 (262.0)", "4510 (262.0)", "3700 (290.0)",
+                       "4000 (268.0)", "1.10", "1.02", "1.12", "1.10", "1.21", "+3.5", "+3.5",
+                       "-1.2", "0.001 / 0.001 / 0.001 / 0.001", "ok"]
+    assert rows[3][:12] == ["64", "4k", "paged 16", "3000 (358.0)", "n/a", "n/a", "—", "—", "—",
+                            "—", "—", "—"]
+    assert all(len(x) == len(rows[0]) for x in rows[2:])
+    assert "- n/a: gather (plain, 1 row): gather: no page size 16" in md
+    pre = table(md, "## Chunked prefill: 512 queries against 8k keys, causal (bottom-right), "
+                    "GQA 32/8, b 4, d128")
+    assert pre[0] == ["layout", "main TFLOP/s (µs)", "gather TFLOP/s (µs)", "FA3 TFLOP/s (µs)",
+                      "gather/main", "main/FA3", "gather/FA3", "main paged/contiguous",
+                      "gather paged/contiguous", "FA3 paged/contiguous",
+                      "max abs diff vs ref (main / gather / FA3)", "check"]
+    assert pre[2][:7] == ["contiguous", "520.0 (1000.0)", "572.0 (1000.0)", "495.0 (1050.0)",
+                          "1.10", "1.05", "1.16"]
+    assert "fa4cpp/" not in md and "fa4cpp GB/s" not in md
+    md = decode.markdown(two_builds(fabricated(fa3=False)))
+    rows = table(md, "## Decode, GQA 32/8, d128")
+    assert rows[0][5:9] == ["cuDNN GB/s (µs)", "gather/main", "main/cuDNN", "gather/cuDNN"]
+    assert "FA3" not in "\n".join(md.splitlines()[3:])
+
+
+def test_plot_of_two_builds(decode, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = decode.plot(two_builds(fabricated()), str(tmp_path / "ab.png"))
+    assert path and os.path.getsize(path) > 0
+
+
+def test_lib_options(decode, two_libraries, tmp_path, capsys):
+    a, b = two_libraries
+    args = decode.parse_args(["--dry-run", "--lib", a])
+    assert args.libs == [("fa4cpp", a)] and args.lib_env == {}
+    args = decode.parse_args(["--dry-run", "--lib", "main=" + a, "--lib", "gather=" + b,
+                              "--lib-env", "gather:FA4_CPU_THREADS=1"])
+    assert args.libs == [("main", a), ("gather", b)]
+    assert args.lib_env == {"gather": {"FA4_CPU_THREADS": "1"}}
+    assert decode.parse_args(["--dry-run"]).libs == [("fa4cpp", None)]
+    link = tmp_path / "link.so"
+    os.symlink(a, link)
+    for bad in (["--lib", a, "--lib", b],  # two bare paths: both named fa4cpp
+                ["--lib", "main=" + a, "--lib", "other=" + str(link)],  # one file twice
+                ["--lib", "FA3=" + a], ["--lib", "cuDNN=" + a],  # a peer's column
+                ["--lib", "main=" + str(tmp_path / "missing.so")],
+                ["--lib", "main=" + a, "--lib-env", "gather:FA4_CPU_THREADS=1"]):
+        with pytest.raises(SystemExit):
+            decode.parse_args(["--dry-run"] + bad)
+    row = {"kind": "decode", "page_size": 0, "ragged": False}
+    assert decode.timed_calls(row, ["decode", "append"], True, ["a", "b"]) == [
+        ("a", "plain"), ("b", "plain"), ("FA3", "plain"), ("cuDNN", "plain"),
+        ("a", "append"), ("b", "append"), ("FA3", "append")]
+    argv = ["--dry-run", "--smoke"]
+    one = decode.estimate_seconds(*reversed((decode.parse_args(argv),
+                                             decode.plan(decode.parse_args(argv))[0])))
+    args = decode.parse_args(argv + ["--lib", "main=" + a, "--lib", "gather=" + b])
+    two = decode.estimate_seconds(decode.plan(args)[0], args, builds=["main", "gather"])
+    assert two > one
+    decode.main(argv + ["--lib", "main=" + a, "--lib", "gather=" + b])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("(2 rounds, builds main, gather)")
+
+
+# -- main() on the CPU: one build as before, two builds side by side -----------------------------
+
+GOLDEN = os.path.join(REPO, "tests", "python", "data", "decode_single_build.json")
+CPU_ARGV = ["--sha", "abc1234", "--name", "run", "--no-plot", "--hdim", "32", "--gqa", "4/2",
+            "--batches", "2", "--cache-lens", "40", "--pages", "0,16", "--prefill-gqa", "4/2",
+            "--prefill-batch", "2", "--chunk", "8", "--prefill-cache", "40",
+            "--prefill-pages", "0,16", "--rounds", "3"]
+
+
+def run_main_on_cpu(decode, monkeypatch, out, argv):
+    """decode.main(CPU_ARGV + argv) with the GPU's pieces stood in for: rows on the CPU backend, a
+    timer that calls once and returns a made-up time, an "FA3" that refuses pages of 16 keys.
+    Returns the result (JSON) and the markdown."""
+    import fa4cpp
+    from fa4cpp import _library
+
+    def fa3_standin(q, k_cache, v_cache, page_table=None, **kw):
+        if page_table is not None and k_cache.shape[1] == 16:
+            raise ValueError("page size 16 not supported")
+        return fa4cpp.flash_attn_with_kvcache(q, k_cache, v_cache, page_table=page_table, **kw)
+
+    class Timer:
+        def __init__(self, *args):
+            self.n = 0
+
+        def __call__(self, fn):
+            self.n += 1
+            fn()
+            return 0.01 + 0.001 * (self.n % 7), {"host_us": 3.0, "calls_per_window": 2,
+                                                 "windows": 5, "host_bound": False}
+
+    monkeypatch.setenv("FA4CPP_LIBRARY", _library.library_path())  # main may set it
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(L2_cache_size=1 << 16))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(decode.sweep, "gpu_facts", lambda: {"name": "CPU stand-in"})
+    monkeypatch.setattr(decode, "find_fa3", lambda: (fa3_standin, "3.0.0b1"))
+    monkeypatch.setattr(decode, "Timer", Timer)
+    monkeypatch.setattr(decode, "Bench", functools.partial(decode.Bench, device="cpu"))
+    decode.main(CPU_ARGV + ["--out", str(out)] + list(argv))
+    with open(os.path.join(out, "run.json")) as f:
+        result = json.load(f)
+    with open(os.path.join(out, "run.md")) as f:
+        return result, f.read()
+
+
+def result_keys(result):
+    """The keys of a result, in order, at every level the tables and tools read."""
+    return {"top": list(result), "libs": [list(x) for x in result["libs"]],
+            "options": list(result["options"]),
+            "rows": [[list(row), {name: list(e) for name, e in row["libs"].items()}]
+                     for row in result["rows"]]}
+
+
+def single_build_outputs(decode, monkeypatch, out, argv):
+    """What tests/python/data/decode_single_build.json holds: the markdown of the fabricated
+    results and the keys of a single-build run on the CPU (made by bench/decode.py before it
+    took several builds)."""
+    r = fabricated()
+    r["rows"][0]["libs"]["FA3"]["host_bound"] = True
+    result, _ = run_main_on_cpu(decode, monkeypatch, out, argv)
+    return {"markdown_fa3": decode.markdown(fabricated()),
+            "markdown_no_fa3": decode.markdown(fabricated(fa3=False)),
+            "markdown_partial_host_bound": decode.markdown(dict(r, complete=False)),
+            "keys": result_keys(result)}
+
+
+@pytest.mark.parametrize("lib", [False, True])
+def test_single_build_output_unchanged(decode, monkeypatch, tmp_path, lib):
+    """One build (--lib PATH, or none) writes what decode.py wrote before it took several: the
+    same markdown for the same result, the same JSON keys at every level, column fa4cpp."""
+    from fa4cpp import _library
+    argv = ["--lib", _library.library_path()] if lib else []
+    with open(GOLDEN) as f:
+        golden = json.load(f)
+    got = single_build_outputs(decode, monkeypatch, tmp_path, argv)
+    for key in ("markdown_fa3", "markdown_no_fa3", "markdown_partial_host_bound"):
+        assert got[key] == golden[key], key
+    assert got["keys"] == golden["keys"]
+    result, md = run_main_on_cpu(decode, monkeypatch, tmp_path / "again", argv)
+    assert [x["name"] for x in result["libs"]] == ["fa4cpp"]
+    assert result["fa4cpp_ops"] in ("native torch ops",
+                                    "the package's Python implementation of the ops")
+    assert "; fa4cpp through fa4cpp.flash_attn_with_kvcache (%s);" % result["fa4cpp_ops"] in md
+    contiguous = result["rows"][0]
+    assert contiguous["fa4cpp_vs_fa3"] == pytest.approx(
+        contiguous["libs"]["fa4cpp"]["gbps"] / contiguous["libs"]["FA3"]["gbps"])
+    assert "max_abs_diff_vs_fa4cpp" in contiguous["libs"]["FA3"]
+
+
+def test_two_builds_through_main(decode, monkeypatch, tmp_path, two_libraries):
+    a, b = two_libraries
+    result, md = run_main_on_cpu(decode, monkeypatch, tmp_path, [
+        "--lib", "main=" + a, "--lib", "gather=" + b, "--lib-env", "gather:FA4_CPU_THREADS=1"])
+    assert [(x["name"], x["env"]) for x in result["libs"]] == [
+        ("main", {}), ("gather", {"FA4_CPU_THREADS": "1"})]
+    assert result["fa4cpp_ops"].startswith("ctypes")
+    assert "lib_env" not in result["options"] and "libs" not in result["options"]
+    kinds = [(x["kind"], x["page_size"]) for x in result["rows"]]
+    assert kinds == [("decode", 0), ("decode", 16), ("prefill", 0), ("prefill", 16)]
+    unit = {"decode": "gbps", "prefill": "tflops"}
+    for row in result["rows"]:
+        e = row["libs"]
+        assert [n for n in e if n != "cuDNN"] == ["main", "gather", "FA3"]
+        for name in ("main", "gather"):
+            assert len(e[name]["ms_rounds"]) == 3 and e[name]["max_abs_diff_vs_ref"] < 2e-2
+        assert e["gather"]["max_abs_diff_vs_main"] == 0.0
+        assert row["gather_vs_main"] == pytest.approx(
+            e["gather"][unit[row["kind"]]] / e["main"][unit[row["kind"]]])
+        if "ms" in e["FA3"]:
+            assert row["gather_vs_fa3"] == pytest.approx(e["FA3"]["ms"] / e["gather"]["ms"])
+        assert not any(k.startswith("fa4cpp") for k in list(row) + list(e["FA3"]))
+    assert len(result["rows"][0]["libs"]["gather"]["append_ms_rounds"]) == 3
+    for name in ("main", "gather"):  # each build's paged / contiguous prefill
+        assert result["rows"][3]["libs"][name]["vs_contiguous"] == pytest.approx(
+            result["rows"][3]["libs"][name]["tflops"] / result["rows"][2]["libs"][name]["tflops"])
+    rows = table(md, "## Decode, GQA 4/2, d32")
+    assert rows[0][3:8] == ["main GB/s (µs)", "gather GB/s (µs)", "FA3 GB/s (µs)",
+                            "cuDNN GB/s (µs)", "gather/main"]
+    assert rows[2][7] == "%.2f" % result["rows"][0]["gather_vs_main"]
+    assert "main, gather each through its own C ABI (ctypes;" in md
