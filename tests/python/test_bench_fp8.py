@@ -317,3 +317,28 @@ def test_without_fa3_its_columns_are_absent_and_the_reason_recorded(fp8, stand, 
     check = lines[-1].split(" | ")
     assert check[5].startswith("**") and float(check[5].strip("*")) > 0.5
     assert check[6:] == ["0", "reference |"]
+
+
+def test_plot_draws_every_column_of_an_fp8_result(tmp_path):
+    """bench/plot.py takes fp8.py's rows (their `columns`): one line per column that has a rate,
+    none for a refused one."""
+    pytest.importorskip("matplotlib")
+    plot = _load("plot")
+    rows = []
+    for d in (64, 128):
+        for s in (1024, 4096):
+            for causal in (False, True):
+                rows.append({"seqlen": s, "head_dim": d, "heads_q": 2048 // d,
+                             "heads_kv": 2048 // d, "causal": causal, "columns": {
+                                 "fa4cpp e4m3": {"tflops": 300.0 + d + s / 1024},
+                                 "FA3 e4m3": {"tflops": 700.0 + d},
+                                 "fa4cpp bf16": ({"refused": "no kernel"} if d == 64 else
+                                                 {"tflops": 600.0})}})
+    data = plot.series(rows)
+    assert sorted(data[(64, False)]) == ["FA3 e4m3", "fa4cpp e4m3"]
+    assert sorted(data[(128, True)]) == ["FA3 e4m3", "fa4cpp bf16", "fa4cpp e4m3"]
+    assert sorted(data[(128, False)]["fa4cpp e4m3"]) == [(1024, 429.0), (4096, 432.0)]
+    out = tmp_path / "fp8.png"
+    plot.plot({"benchmark": "FP8 (e4m3) forward beside bf16", "git_sha": "abc", "rows": rows},
+              str(out))
+    assert out.stat().st_size > 0
