@@ -400,11 +400,6 @@ def first_sequence(cache, page_table, length):
     return cache[pages].reshape(-1, *cache.shape[2:])[:length]
 
 
-def first_line(e):
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
 def max_abs_diff(a, b):
     return (a.float() - b.float()).abs().max().item()
 
@@ -490,24 +485,19 @@ class Timer:
 
 def time_rounds(fns, rounds, timer):
     """fns {key: callable}; every round times each once, the order rotated by one place per
-    round. Returns ({key: [ms per round]}, {key: [details]}, {key: error of a timing that
-    raised}); a key whose timing raised is not timed again."""
-    keys = list(fns)
-    times = {k: [] for k in keys}
-    details = {k: [] for k in keys}
+    round (sweep.rotated_rounds). Returns ({key: [ms per round]}, {key: [details]}, {key: error
+    of a timing that raised}); a key whose timing raised is not timed again."""
     failed = {}
-    for r in range(rounds):
-        shift = r % len(keys) if keys else 0
-        for key in keys[shift:] + keys[:shift]:
-            if key in failed:
-                continue
-            try:
-                ms, detail = timer(fns[key])
-            except Exception as e:  # a failure while timing: n/a, the others go on
-                failed[key] = first_line(e)
-                continue
-            times[key].append(ms)
-            details[key].append(detail)
+
+    def refused(key, e):  # a failure while timing: n/a, the others go on
+        failed[key] = sweep.first_line(e)
+        return True
+
+    def timed(fn, details):
+        ms, detail = timer(fn)
+        details.append(detail)
+        return ms
+    times, details = sweep.rotated_rounds(fns, rounds, refused, timed)
     return times, details, failed
 
 
@@ -615,7 +605,7 @@ class Bench:
                 out = per_copy[0]()
                 torch.cuda.synchronize()
             except Exception as e:  # the library refuses this row: n/a
-                entry[prefix + "refused"] = first_line(e)
+                entry[prefix + "refused"] = sweep.first_line(e)
                 continue
             outs[(name, variant)] = out
             entry[prefix + "max_abs_diff_vs_ref"] = max_abs_diff(out[0], refs[variant])
@@ -1085,7 +1075,7 @@ def main(argv=None):
         try:
             bench.measure(row, index)
         except Exception as e:  # out of memory, or anything else: the row says so, the run goes on
-            row["error"] = first_line(e)
+            row["error"] = sweep.first_line(e)
         done.append(row)
         prefill_ratios(done)
         torch.cuda.empty_cache()

@@ -153,10 +153,6 @@ def columns(builds, fa3, x, causal):
 
 # -- one row --------------------------------------------------------------------------------------
 
-def first_line(e):
-    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-
-
 def check(entry, o, ref, bad_diff):
     """A first run's output o (b, s, h, d) against cuDNN's (None: no anchor in this row): NaN count
     and max |o - ref| over the other elements into entry; bad on a NaN or a difference above
@@ -184,7 +180,7 @@ def checked_run(entry, make, ref, bad_diff):
             o = sweep._first(run())
         torch.cuda.synchronize()
     except Exception as e:  # a head dim not built, a layout refused: this column sits the row out
-        entry["refused"] = first_line(e)
+        entry["refused"] = sweep.first_line(e)
         return None
     check(entry, o, ref, bad_diff)
     return run
@@ -201,7 +197,7 @@ def measure_row(cols, cudnn, rounds, bad_diff=BAD_DIFF):
         ref = cudnn().transpose(1, 2)
         torch.cuda.synchronize()
     except Exception as e:  # no anchor: the other columns are checked for NaNs only
-        row["columns"][CUDNN]["refused"] = first_line(e)
+        row["columns"][CUDNN]["refused"] = sweep.first_line(e)
     for name, make in cols.items():
         run = checked_run(row["columns"][name], make, ref, bad_diff)
         if run is not None:
@@ -212,7 +208,7 @@ def measure_row(cols, cudnn, rounds, bad_diff=BAD_DIFF):
     del ref
 
     def refused(name, e):  # a failure while timing: that column's cell says so, the others go on
-        row["columns"][name]["refused"] = "while timing: " + first_line(e)
+        row["columns"][name]["refused"] = "while timing: " + sweep.first_line(e)
         return True
     times, _ = sweep.rotated_rounds(runs, rounds, refused)
     for name, t in times.items():
@@ -349,7 +345,7 @@ def main(argv=None):
                                        args.bad_diff))
                 add_rates(row, sweep.flops(b, s, hq, d, causal), ratios)
             except Exception as e:  # out of memory, say: the row says so, the run goes on
-                row["error"] = first_line(e)
+                row["error"] = sweep.first_line(e)
             run.add(row)
         del x
         if torch.cuda.is_available():

@@ -114,6 +114,13 @@ def find_others():
     return found, missing
 
 
+def first_line(e):
+    """An error's first line (200 characters at most), or its type's name when it has no text:
+    what a table cell says of a refusal."""
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
 def _first(result):
     """Some versions return out, others (out, lse, ...)."""
     return result[0] if isinstance(result, (tuple, list)) else result
@@ -398,14 +405,17 @@ def measure_row(builds, rounds, q, k, v, out, lse, causal, others=None):
     return row
 
 
-def rotated_rounds(timed, rounds, refused=None):
-    """`rounds` rounds of median_ms over timed ({key: callable}), in an order rotated by one place
-    each round, so that over len(timed) rounds every key goes first once. Returns ({key: [ms per
-    round]}, {key: [--power windows]}). A timing that raises goes to refused(key, error): true
-    drops the key (it is not timed again), false (or no refused) lets the error through."""
+def rotated_rounds(timed, rounds, refused=None, timer=None):
+    """`rounds` rounds of timer(fn, details) over timed ({key: callable}), in an order rotated by
+    one place each round, so that over len(timed) rounds every key goes first once. timer returns
+    the time in ms and may append what it saw to the key's `details` list; median_ms (--power
+    windows) by default. Returns ({key: [ms per round]}, {key: details}). A timing that raises
+    goes to refused(key, error): true drops the key (it is not timed again), false (or no
+    refused) lets the error through."""
+    timer = timer or median_ms
     order = list(timed)
     times = {key: [] for key in order}
-    windows = {key: [] for key in order}  # --power: each timing's clock and power
+    details = {key: [] for key in order}  # median_ms: --power's clock and power per timing
     dropped = set()
     for r in range(rounds):
         shift = r % len(order) if order else 0
@@ -413,12 +423,12 @@ def rotated_rounds(timed, rounds, refused=None):
             if key in dropped:
                 continue
             try:
-                times[key].append(median_ms(timed[key], windows[key]))
+                times[key].append(timer(timed[key], details[key]))
             except Exception as e:
                 if refused is None or not refused(key, e):
                     raise
                 dropped.add(key)
-    return times, windows
+    return times, details
 
 
 def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
