@@ -8,8 +8,11 @@
 - The fixture `python_path` sends the native ops' calls to the Python implementation, for tests
   that replace a piece of it (ops.support, the c_abi calls) outside a mode. FA4CPP_TEST_PYTHON_PATH=1
   sends every test's calls there (scripts/test.sh runs the ops' tests so too).
+- The fixture `bench_script` loads a bench/ script as a fresh module, bench/sweep.py (which the
+  others import) fresh in sys.modules and bench/ on the path, for the benchmarks' CPU tests.
 """
 import contextlib
+import importlib.util
 import os
 import sys
 
@@ -119,3 +122,19 @@ class Check:
 @pytest.fixture
 def check():
     return Check()
+
+
+@pytest.fixture
+def bench_script(monkeypatch):
+    """load(name): bench/<name>.py as a fresh module; the scripts it imports from bench/ resolve,
+    sweep to a fresh copy of its own (so a test's patches of one script's sweep stay there)."""
+    bench = os.path.join(REPO, "bench")
+
+    def fresh(name):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(bench, name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    monkeypatch.syspath_prepend(bench)
+    monkeypatch.setitem(sys.modules, "sweep", fresh("sweep"))
+    return fresh

@@ -7,12 +7,10 @@ NAME=PATH, two files of the library under test): their C ABI call against the pa
 columns, ratios and place in the rotated rounds, main() on the CPU; and a single build's output
 against what decode.py wrote before it took several (tests/python/data/decode_single_build.json)."""
 import functools
-import importlib.util
 import json
 import math
 import shutil
 import os
-import sys
 import types
 
 import pytest
@@ -23,19 +21,10 @@ pytest.importorskip("triton")
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "bench", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
-def decode(monkeypatch):
-    monkeypatch.syspath_prepend(os.path.join(REPO, "bench"))
-    monkeypatch.setitem(sys.modules, "sweep", _load("sweep"))
+def decode(monkeypatch, bench_script):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    return _load("decode")
+    return bench_script("decode")
 
 
 def rows_of(decode, *argv):

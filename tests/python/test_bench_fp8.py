@@ -4,9 +4,7 @@ descales, bf16 copies of the same values), the columns present with and without 
 first runs (a descale that never arrives and an output never written are bad), a column refusing
 one row's head dim and one failing while timed, the rotation over the rounds, the ratios, and the
 files and tables of a whole run through main()."""
-import importlib.util
 import json
-import os
 import sys
 import types
 
@@ -15,18 +13,10 @@ import torch
 
 pytest.importorskip("triton")
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # Each column's time (ms) as the stand-in timer reports it: distinct, so ratios tell them apart.
 MS = {"fa4cpp e4m3": 1.0, "FA3 e4m3": 1.25, "fa4cpp bf16": 2.0, "FA3 bf16": 2.5,
       "cuDNN bf16": 2.2}
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "bench", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Stand:
@@ -98,11 +88,9 @@ class Stand:
 
 
 @pytest.fixture
-def fp8(monkeypatch):
-    monkeypatch.syspath_prepend(os.path.join(REPO, "bench"))
-    monkeypatch.setitem(sys.modules, "sweep", _load("sweep"))
+def fp8(monkeypatch, bench_script):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    module = _load("fp8")
+    module = bench_script("fp8")
     monkeypatch.setattr(module, "DEVICE", "cpu")
     return module
 
@@ -319,11 +307,11 @@ def test_without_fa3_its_columns_are_absent_and_the_reason_recorded(fp8, stand, 
     assert check[6:] == ["0", "reference |"]
 
 
-def test_plot_draws_every_column_of_an_fp8_result(tmp_path):
+def test_plot_draws_every_column_of_an_fp8_result(tmp_path, bench_script):
     """bench/plot.py takes fp8.py's rows (their `columns`): one line per column that has a rate,
     none for a refused one."""
     pytest.importorskip("matplotlib")
-    plot = _load("plot")
+    plot = bench_script("plot")
     rows = []
     for d in (64, 128):
         for s in (1024, 4096):
