@@ -344,7 +344,7 @@ namespace {
 
 // Gradients of one (batch entry, kv head): the rows of dQ of its query heads, and dK / dV.
 struct HeadGradients {
-  std::vector<double> dk, dv, dk_abs, dv_abs, dk_ds_abs, dk_via_d;
+  std::vector<double> dk, dv, dk_abs, dv_abs, dk_ds_abs, dk_via_d, dk_tiny, dv_tiny;
 };
 
 void exact_backward_head(const Problem& p, const Sequence& s, int64_t hk, const TensorView& q,
@@ -376,7 +376,7 @@ void exact_backward_head(const Problem& p, const Sequence& s, int64_t hk, const 
         r.dsinks_abs[size_t(h)] += p_sink * D_abs;
       }
       std::vector<double> dqi(size_t(d), 0.0), dqi_abs(size_t(d), 0.0), dqi_ds_abs(size_t(d), 0.0),
-          dqi_via_d(size_t(d), 0.0);
+          dqi_via_d(size_t(d), 0.0), dqi_tiny(size_t(d), 0.0);
       for (size_t n = 0; n < row.keys.size(); ++n) {
         const int64_t j = row.keys[n];
         const double* vj = &values[size_t(j * dv)];
@@ -399,21 +399,26 @@ void exact_backward_head(const Problem& p, const Sequence& s, int64_t hk, const 
         const double dS_abs = pj * (dP_abs + D_abs) * chain_abs;
         const double dS_magnitude = pj * std::fabs(dP - D) * chain_abs;
         const double dS_via_d = given_out ? 0.0 : pj * D_abs * chain_abs;
+        // An absolute error of P reaches dS times |dP − D|, dS's own rounding adds one.
+        const double dS_tiny = std::fabs(dP - D) * chain_abs + 1.0;
         for (int64_t c = 0; c < d; ++c) {
           dqi[size_t(c)] += scale * dS * kj[c];
           dqi_abs[size_t(c)] += scale_abs * dS_abs * std::fabs(kj[c]);
           dqi_ds_abs[size_t(c)] += scale_abs * dS_magnitude * std::fabs(kj[c]);
           dqi_via_d[size_t(c)] += scale_abs * dS_via_d * std::fabs(kj[c]);
+          dqi_tiny[size_t(c)] += scale_abs * (dS_tiny * std::fabs(kj[c]) + 1.0) + 1.0;
           const size_t kc = size_t(j * d + c);
           g.dk[kc] += scale * dS * qi[size_t(c)];
           g.dk_abs[kc] += scale_abs * dS_abs * std::fabs(qi[size_t(c)]);
           g.dk_ds_abs[kc] += scale_abs * dS_magnitude * std::fabs(qi[size_t(c)]);
           g.dk_via_d[kc] += scale_abs * dS_via_d * std::fabs(qi[size_t(c)]);
+          g.dk_tiny[kc] += scale_abs * (dS_tiny * std::fabs(qi[size_t(c)]) + 1.0) + 1.0;
         }
         for (int64_t c = 0; c < dv; ++c) {
           const size_t vc = size_t(j * dv + c);
           g.dv[vc] += pj * doi[size_t(c)];
           g.dv_abs[vc] += pj * std::fabs(doi[size_t(c)]);
+          g.dv_tiny[vc] += std::fabs(doi[size_t(c)]) + 1.0;
         }
       }
       const size_t base = size_t((dense_q_row(p, s, i) * p.heads_q + h) * d);
@@ -421,6 +426,7 @@ void exact_backward_head(const Problem& p, const Sequence& s, int64_t hk, const 
       std::copy(dqi_abs.begin(), dqi_abs.end(), r.dq_abs.begin() + long(base));
       std::copy(dqi_ds_abs.begin(), dqi_ds_abs.end(), r.dq_ds_abs.begin() + long(base));
       std::copy(dqi_via_d.begin(), dqi_via_d.end(), r.dq_via_d.begin() + long(base));
+      std::copy(dqi_tiny.begin(), dqi_tiny.end(), r.dq_tiny.begin() + long(base));
     }
   }
 }
@@ -487,9 +493,9 @@ BackwardResult backward(const Problem& p, const TensorView& q, const TensorView&
   r.dk.assign(size_t(rows_k_total(p) * p.heads_kv * d), kNaN);
   r.dv.assign(size_t(rows_k_total(p) * p.heads_kv * dv), kNaN);
   if (exact) {
-    r.dq_abs = r.dq_ds_abs = r.dq_via_d = r.dq;
-    r.dk_abs = r.dk_ds_abs = r.dk_via_d = r.dk;
-    r.dv_abs = r.dv;
+    r.dq_abs = r.dq_ds_abs = r.dq_via_d = r.dq_tiny = r.dq;
+    r.dk_abs = r.dk_ds_abs = r.dk_via_d = r.dk_tiny = r.dk;
+    r.dv_abs = r.dv_tiny = r.dv;
   }
   if (p.sinks != nullptr) {
     r.dsinks.assign(size_t(p.heads_q), 0.0);
@@ -506,8 +512,8 @@ BackwardResult backward(const Problem& p, const TensorView& q, const TensorView&
       g.dk.assign(size_t(s.rows_k * d), 0.0);
       g.dv.assign(size_t(s.rows_k * dv), 0.0);
       if (exact) {
-        g.dk_abs = g.dk_ds_abs = g.dk_via_d = g.dk;
-        g.dv_abs = g.dv;
+        g.dk_abs = g.dk_ds_abs = g.dk_via_d = g.dk_tiny = g.dk;
+        g.dv_abs = g.dv_tiny = g.dv;
         exact_backward_head(p, s, hk, q, dout, out, keys, values, r, g);
       } else {
         std::vector<float> dk_acc(g.dk.size(), 0.0f), dv_acc(g.dv.size(), 0.0f);
@@ -524,11 +530,15 @@ BackwardResult backward(const Problem& p, const TensorView& q, const TensorView&
             r.dk_abs[kbase + size_t(c)] = g.dk_abs[size_t(j * d + c)];
             r.dk_ds_abs[kbase + size_t(c)] = g.dk_ds_abs[size_t(j * d + c)];
             r.dk_via_d[kbase + size_t(c)] = g.dk_via_d[size_t(j * d + c)];
+            r.dk_tiny[kbase + size_t(c)] = g.dk_tiny[size_t(j * d + c)];
           }
         }
         for (int64_t c = 0; c < dv; ++c) {
           r.dv[vbase + size_t(c)] = g.dv[size_t(j * dv + c)];
-          if (exact) r.dv_abs[vbase + size_t(c)] = g.dv_abs[size_t(j * dv + c)];
+          if (exact) {
+            r.dv_abs[vbase + size_t(c)] = g.dv_abs[size_t(j * dv + c)];
+            r.dv_tiny[vbase + size_t(c)] = g.dv_tiny[size_t(j * dv + c)];
+          }
         }
       }
     }

@@ -48,10 +48,15 @@ struct BackwardResult {
   //   d*_via_d:  the part of dq_abs / dk_abs that flows through D = rowsum(dO ∘ O): an error in
   //              the O a backward pass is given (e.g. O rounded to bf16) enters only through it;
   //              zero when `out` was given (D then uses the very O the backward pass is given);
-  //   score_abs_max: the largest |scale|·Σ_c |Q_ic·K_jc| over visible (query, key) pairs.
+  //   d*_tiny:   Σ over the gradient's terms of (the weight an absolute error of P or dS gets
+//              in it, + 1): P and dS underflow to fp32 subnormals for far keys (ALiBi, long
+//              rows), where each rounding is off by up to half the smallest subnormal whatever
+//              the value, an error the relative scales above cannot express;
+//   score_abs_max: the largest |scale|·Σ_c |Q_ic·K_jc| over visible (query, key) pairs.
   std::vector<double> dq_abs, dk_abs, dv_abs;
   std::vector<double> dq_ds_abs, dk_ds_abs;
   std::vector<double> dq_via_d, dk_via_d;
+  std::vector<double> dq_tiny, dk_tiny, dv_tiny;
   double score_abs_max = 0.0;
   // With Problem::sinks: d(sinks) (heads_q), and in exact mode Σ exp(sink − LSE)·|dO|·Σ_j P|V|,
   // the scale of its rounding errors.

@@ -845,13 +845,16 @@ GradientBounds cpu_gradient_bounds(const Problem& p, const ref::BackwardResult& 
   const double per_pair = dot + kExpArgument * (S + 1.0) + kExpUlps;
   const double dp_and_d = kAccumulation * std::sqrt(double(p.head_dim_v));
   const double o_rounding = p.dtype == DType::kFP32 ? 0.0 : half_ulp(p.dtype);
+  // Underflow: each term's P or dS, its product and its partial sum rounded to an fp32
+  // subnormal, each off by up to half the smallest one (2⁻¹⁵⁰); twice that per unit of d*_tiny.
+  const double tiny = 0x1p-149;
 
   GradientBounds g;
   g.dq.resize(exact.dq.size());
   for (size_t e = 0; e < g.dq.size(); ++e) {
     const double e32 = u * ((per_pair + kAccumulation * std::sqrt(n_keys)) * exact.dq_ds_abs[e] +
                             dp_and_d * exact.dq_abs[e] + lse_error * std::fabs(exact.dq[e])) +
-                       o_rounding * exact.dq_via_d[e];
+                       o_rounding * exact.dq_via_d[e] + tiny * exact.dq_tiny[e];
     g.dq[e] = rounded_bound(p.dtype, e32, exact.dq[e]);
   }
   g.dk.resize(exact.dk.size());
@@ -859,14 +862,15 @@ GradientBounds cpu_gradient_bounds(const Problem& p, const ref::BackwardResult& 
     const double e32 =
         u * ((lse_error + per_pair + kAccumulation * std::sqrt(n_queries)) * exact.dk_ds_abs[e] +
              dp_and_d * exact.dk_abs[e]) +
-        o_rounding * exact.dk_via_d[e];
+        o_rounding * exact.dk_via_d[e] + tiny * exact.dk_tiny[e];
     g.dk[e] = rounded_bound(p.dtype, e32, exact.dk[e]);
   }
   // dV = Pᵀ dO: only P's errors, and the sum over query rows.
   g.dv.resize(exact.dv.size());
   for (size_t e = 0; e < g.dv.size(); ++e) {
     const double e32 =
-        u * (lse_error + per_pair + kAccumulation * std::sqrt(n_queries)) * exact.dv_abs[e];
+        u * (lse_error + per_pair + kAccumulation * std::sqrt(n_queries)) * exact.dv_abs[e] +
+        tiny * exact.dv_tiny[e];
     g.dv[e] = rounded_bound(p.dtype, e32, exact.dv[e]);
   }
   return g;
