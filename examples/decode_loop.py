@@ -91,9 +91,11 @@ class PagedKvCache:
 
 
 class Fa4Llama:
-    """The model's layers with attention through fa4cpp over a PagedKvCache."""
+    """The model's layers with attention through fa4cpp over a PagedKvCache (`attention`: a
+    function with flash_attn_with_kvcache's arguments; fa4cpp's by default)."""
 
-    def __init__(self, model, dtype, device):
+    def __init__(self, model, dtype, device, attention=None):
+        self.attention = attention or fa4cpp.flash_attn_with_kvcache
         self.model = model.to(device=device, dtype=dtype)
         config = model.config
         self.heads = config.num_attention_heads
@@ -120,7 +122,7 @@ class Fa4Llama:
             cu_seqlens, max_len = varlen
             extra = dict(cu_seqlens_q=cu_seqlens, cu_seqlens_k_new=cu_seqlens,
                          max_seqlen_q=max_len)
-        out = fa4cpp.flash_attn_with_kvcache(
+        out = self.attention(
             q, cache.k[index], cache.v[index], k=k, v=v, rotary_cos=self.cos,
             rotary_sin=self.sin, cache_seqlens=cache.lengths, page_table=cache.page_table,
             causal=True, rotary_interleaved=False, **extra)
@@ -139,12 +141,12 @@ class Fa4Llama:
 
 @torch.no_grad()
 def generate(model, prompts, steps, page_size=16, dtype=torch.float32, device="cpu",
-             cuda_graph=False):
+             cuda_graph=False, attention=None):
     """Greedy decoding of `steps` tokens after each prompt (a list of token lists). Returns the
     generated tokens (batch, steps), each step's logits (batch, steps, vocab) in fp32, and the
-    decode steps' seconds."""
+    decode steps' seconds. `attention`: Fa4Llama's."""
     batch = len(prompts)
-    fa4 = Fa4Llama(model, dtype, device)
+    fa4 = Fa4Llama(model, dtype, device, attention)
     cache = PagedKvCache(model, batch, max(map(len, prompts)) + steps, page_size, dtype, device)
     lens = [len(p) for p in prompts]
     cache.reserve(lens)
