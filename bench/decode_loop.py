@@ -151,7 +151,8 @@ def markdown(r):
     libs = r["libraries"]
     keys = ["%s %s" % (lib, mode) for lib in libs for mode in r["modes"]]
     lines = ["# Decode loop: tokens/s, %s" % r["gpu_before"].get("name"), "",
-             "%s. Model: %s. %s." % (sweep.run_facts(r), r["model"], r["timing"])]
+             "%s. Model: %s. %s. fa4cpp called through %s (its host time per call is in the "
+             "eager rows)." % (sweep.run_facts(r), r["model"], r["timing"], r["fa4cpp_ops"])]
     lines += sweep.partial_note(r)
     if r.get("fa3_missing"):
         lines += ["", "FlashAttention-3 not run: %s." % r["fa3_missing"]]
@@ -184,7 +185,7 @@ def main(argv=None):
         os.environ["FA4CPP_LIBRARY"] = os.path.abspath(args.lib)
     sys.path.insert(0, os.path.join(REPO, "python"))
     import fa4cpp
-    from fa4cpp import _library
+    from fa4cpp import _library, ops
 
     fa4cpp.set_mode(fallback=False, verify=0.0)  # a refusal must raise, never run the reference
     example = load_example()
@@ -213,7 +214,9 @@ def main(argv=None):
                            "(bench/decode_loop.py)", args.sha, [build], args.rounds, extra={
                                "timing": timing, "model": described,
                                "libraries": list(libraries), "modes": args.modes,
-                               "fa3_missing": fa3_missing, "device": args.device})
+                               "fa3_missing": fa3_missing, "device": args.device,
+                               "fa4cpp_ops": ("native torch ops" if ops.native_ops()[0] else
+                                              "the package's Python implementation of the ops")})
     for batch in args.batches:
         try:
             row = measure_batch(example, model, args, batch, libraries, dtype)
