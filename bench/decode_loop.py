@@ -18,7 +18,6 @@ wrong attention). A (library, mode) that raises gets n/a and the first line of i
 """
 import argparse
 import datetime
-import importlib
 import importlib.util
 import os
 import statistics
@@ -28,6 +27,7 @@ import types
 import torch
 
 import sweep
+from decode import find_fa3  # (flash_attn_with_kvcache, version) of FA3, or (None, why not)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("eager", "graph")
@@ -73,19 +73,6 @@ def parse_args(argv=None):
         if m not in MODES:
             ap.error("--modes: %r is not one of %s" % (m, ", ".join(MODES)))
     return args
-
-
-def find_fa3():
-    """FlashAttention-3's flash_attn_with_kvcache through sweep's OTHERS import, or (None, why
-    not)."""
-    found, missing = sweep.find_others()
-    if "FA3" not in found:
-        return None, missing.get("FA3", "flash_attn_interface: not found")
-    module_name = next(m for n, m, _ in sweep.OTHERS if n == "FA3")
-    func = getattr(importlib.import_module(module_name), "flash_attn_with_kvcache", None)
-    if func is None:
-        return None, "%s has no flash_attn_with_kvcache" % module_name
-    return func, None
 
 
 def prompts_for(batch, length, vocab, seed):
@@ -154,8 +141,8 @@ def markdown(r):
              "%s. Model: %s. %s. fa4cpp called through %s (its host time per call is in the "
              "eager rows)." % (sweep.run_facts(r), r["model"], r["timing"], r["fa4cpp_ops"])]
     lines += sweep.partial_note(r)
-    if r.get("fa3_missing"):
-        lines += ["", "FlashAttention-3 not run: %s." % r["fa3_missing"]]
+    if not r["fa3"]["available"]:
+        lines += ["", "FlashAttention-3 not run: %s." % r["fa3"]["missing"]]
     head = ["batch"] + ["%s tok/s" % k for k in keys]
     if "FA3" in libs:
         head += ["fa4cpp / FA3 %s" % m for m in r["modes"]]
@@ -190,7 +177,7 @@ def main(argv=None):
     fa4cpp.set_mode(fallback=False, verify=0.0)  # a refusal must raise, never run the reference
     example = load_example()
     libraries = {"fa4cpp": fa4cpp.flash_attn_with_kvcache}
-    fa3, fa3_missing = find_fa3()
+    fa3, fa3_info = find_fa3()
     if fa3 is not None:
         libraries["FA3"] = fa3
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -214,7 +201,9 @@ def main(argv=None):
                            "(bench/decode_loop.py)", args.sha, [build], args.rounds, extra={
                                "timing": timing, "model": described,
                                "libraries": list(libraries), "modes": args.modes,
-                               "fa3_missing": fa3_missing, "device": args.device,
+                               "fa3": {"available": True, "version": fa3_info} if fa3 else
+                               {"available": False, "missing": fa3_info},
+                               "device": args.device,
                                "fa4cpp_ops": ("native torch ops" if ops.native_ops()[0] else
                                               "the package's Python implementation of the ops")})
     for batch in args.batches:

@@ -24,7 +24,7 @@ def loop(bench_script):
 
 
 def run_main(loop, tmp_path, monkeypatch, fa3, *extra):
-    monkeypatch.setattr(loop, "find_fa3", lambda: (fa3, None if fa3 else "not here"))
+    monkeypatch.setattr(loop, "find_fa3", lambda: (fa3, "3.0.test" if fa3 else "not here"))
     loop.main(["--sha", "abc1234", "--out", str(tmp_path), "--name", "loop"] + TINY +
               list(extra))
     with open(tmp_path / "loop.json") as f:
@@ -40,6 +40,7 @@ def test_fa4cpp_beside_a_stand_in_fa3(loop, tmp_path, monkeypatch):
         return fa4cpp.flash_attn_with_kvcache(*args, **kwargs)
     result, md = run_main(loop, tmp_path, monkeypatch, fa3)
     assert result["complete"] and result["libraries"] == ["fa4cpp", "FA3"]
+    assert result["fa3"] == {"available": True, "version": "3.0.test"}
     assert [row["batch"] for row in result["rows"]] == [1, 3]
     for row in result["rows"]:
         # Eager runs twice each (two rounds); graphs are refused on the CPU.
@@ -97,7 +98,8 @@ def test_a_wrong_or_failing_peer_shows(loop, tmp_path, monkeypatch):
 def test_without_fa3(loop, tmp_path, monkeypatch):
     result, md = run_main(loop, tmp_path, monkeypatch, None, "--modes", "eager",
                           "--batches", "2", "--rounds", "1")
-    assert result["libraries"] == ["fa4cpp"] and result["fa3_missing"] == "not here"
+    assert result["libraries"] == ["fa4cpp"]
+    assert result["fa3"] == {"available": False, "missing": "not here"}
     assert "FlashAttention-3 not run: not here." in md
     assert torch.isfinite(torch.tensor(list(result["rows"][0]["tokens_per_s"].values()))).all()
 
