@@ -10,8 +10,8 @@
 # also printed as soon as its step is done, so that a run cut short by the device's time limit
 # still says how far it got.
 # With FA3_SRC naming FlashAttention-3's source archive, `build` builds it too (scripts/build_fa3.sh).
-#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|host|sass|bench|bench_bwd|bench_fwdbwd|decode]...
-#          (default: all of them but decode); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
+#   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|host|sass|bench|bench_bwd|bench_fwdbwd|decode|decode_loop]...
+#          (default: all of them but decode and decode_loop); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
 #          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240)
 set -uo pipefail
 
@@ -382,6 +382,19 @@ run_decode() {
     --sha "${FA4_GIT_SHA:-unknown}" --out "$out" ${FA4_DECODE_ARGS:-} >"$out/decode.log" 2>&1
   note decode "rc $? (*_decode.md; log in decode.log)"
   if [ -n "${OUT:-}" ]; then cp "$out"/*_decode.* "$OUT/" 2>/dev/null; fi
+}
+# An engine's decode loop (bench/decode_loop.py: tokens/s beside FlashAttention-3, eager and CUDA
+# graph; needs transformers); FA4_DECODE_LOOP_ARGS adds options, FA4_DECODE_LOOP_TIMEOUT its time
+# limit (default 300 s).
+run_decode_loop() {
+  fa3_ready
+  # shellcheck disable=SC2086  # the arguments are meant to split
+  FA4CPP_LIBRARY="$bin/libfa4.so" PYTHONPATH="$(peer_path)" PYTHONUNBUFFERED=1 \
+    timeout "${FA4_DECODE_LOOP_TIMEOUT:-300}" python3 "$root/bench/decode_loop.py" \
+    --sha "${FA4_GIT_SHA:-unknown}" --out "$out" ${FA4_DECODE_LOOP_ARGS:-} \
+    >"$out/decode_loop.log" 2>&1
+  note decode_loop "rc $? (*_decode_loop.md; log in decode_loop.log)"
+  if [ -n "${OUT:-}" ]; then cp "$out"/*_decode_loop.* "$OUT/" 2>/dev/null; fi
 }
 run_bench_bwd() { run_bench_pass bwd; }
 run_bench_fwdbwd() { run_bench_pass fwdbwd; }
