@@ -21,13 +21,11 @@ import datetime
 import importlib.util
 import os
 import statistics
-import sys
-import types
 
 import torch
 
+import decode
 import sweep
-from decode import find_fa3  # (flash_attn_with_kvcache, version) of FA3, or (None, why not)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("eager", "graph")
@@ -168,25 +166,16 @@ def markdown(r):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.lib:
-        os.environ["FA4CPP_LIBRARY"] = os.path.abspath(args.lib)
-    sys.path.insert(0, os.path.join(REPO, "python"))
-    import fa4cpp
-    from fa4cpp import _library, ops
-
-    fa4cpp.set_mode(fallback=False, verify=0.0)  # a refusal must raise, never run the reference
+    # One build, called through the package as decode.py calls it (load_libraries).
+    args.libs, args.lib_env = [(decode.DEFAULT_BUILD, args.lib)], {}
+    libraries, builds, how = decode.load_libraries(args)
     example = load_example()
-    libraries = {"fa4cpp": fa4cpp.flash_attn_with_kvcache}
-    fa3, fa3_info = find_fa3()
+    fa3, fa3_info = decode.find_fa3()
     if fa3 is not None:
         libraries["FA3"] = fa3
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     model = example.small_llama(seed=args.seed, layers=args.layers, hidden=args.hidden,
                                 heads=args.heads, kv_heads=args.kv_heads, vocab=args.vocab)
-    model = model.to(device=args.device, dtype=dtype)
-    build = types.SimpleNamespace(name="fa4cpp", path=_library.library_path(),
-                                  version=fa4cpp.__version__, deterministic=False, env={},
-                                  has_rescale_counts=lambda: False)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     name = args.name or "%s_%s_decode_loop" % (date, args.sha)
     described = ("%d layers, hidden %d, %d / %d heads (head dim %d), vocab %d, %s; prompts of %d "
@@ -198,14 +187,13 @@ def main(argv=None):
               "(synchronised), host included; median of %d rounds, the (library, mode) pairs in "
               "rotated order" % args.rounds)
     run = sweep.ResultFile(args.out, name, markdown, "an engine's decode loop "
-                           "(bench/decode_loop.py)", args.sha, [build], args.rounds, extra={
+                           "(bench/decode_loop.py)", args.sha, builds, args.rounds, extra={
                                "timing": timing, "model": described,
                                "libraries": list(libraries), "modes": args.modes,
                                "fa3": {"available": True, "version": fa3_info} if fa3 else
                                {"available": False, "missing": fa3_info},
                                "device": args.device,
-                               "fa4cpp_ops": ("native torch ops" if ops.native_ops()[0] else
-                                              "the package's Python implementation of the ops")})
+                               "fa4cpp_ops": how})
     for batch in args.batches:
         try:
             row = measure_batch(example, model, args, batch, libraries, dtype)

@@ -1,8 +1,8 @@
-"""Plots of a bench/sweep.py (or bench/fp8.py) result: TFLOP/s against sequence length, one panel per head dim, full
-and causal attention in two rows, every implementation of the run (the fa4cpp builds, cuDNN,
-torch's FlashAttention-2, and FlashAttention-3 / -4 where the run could import them) as one line
-each. GQA rows (heads_q != heads_kv) are left out: they are
-single points. Only numbers of one run are drawn together, so every line has its anchors beside it.
+"""Plots of a bench/sweep.py (or bench/fp8.py) result: TFLOP/s against sequence length, one
+panel per head dim, full and causal attention in two rows, every implementation of the run (the
+fa4cpp builds, cuDNN, torch's FlashAttention-2, and FlashAttention-3 / -4 where the run could
+import them) as one line each. GQA rows (heads_q != heads_kv) are left out: they are single
+points. Only numbers of one run are drawn together, so every line has its anchors beside it.
 
     python3 bench/plot.py bench/results/<date>_<sha>_fwd_sweep.json [--out FILE.png]
 """

@@ -446,7 +446,7 @@ def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
     def refused(key, e):  # e.g. a head dim torch's FA2 lacks: only FA2 may refuse here
         if key != ("fa2",) or not isinstance(e, RuntimeError):
             return False
-        row["fa2_refused"] = str(e).splitlines()[0]
+        row["fa2_refused"] = first_line(e)
         return True
     times, windows = rotated_rounds(timed, rounds, refused)
     row["cudnn_ms"] = statistics.median(times[("cudnn",)])

@@ -24,7 +24,7 @@ def loop(bench_script):
 
 
 def run_main(loop, tmp_path, monkeypatch, fa3, *extra):
-    monkeypatch.setattr(loop, "find_fa3", lambda: (fa3, "3.0.test" if fa3 else "not here"))
+    monkeypatch.setattr(loop.decode, "find_fa3", lambda: (fa3, "3.0.test" if fa3 else "not here"))
     loop.main(["--sha", "abc1234", "--out", str(tmp_path), "--name", "loop"] + TINY +
               list(extra))
     with open(tmp_path / "loop.json") as f:
