@@ -379,7 +379,8 @@ std::vector<CheckResult> check_attention(const CacheSetup& s, double lse_ulps) {
     if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
   const CheckResult o = check_flash_rule("out", tensor_shape(out_dims), s.out.dense(), exact.out,
                                          lp.out, rule.multiplier,
-                                         rule.atol + alibi_slack(r, magnitude));
+                                         rule.atol + alibi_slack(r, magnitude,
+                                                                 max_finite_abs(exact.score_abs)));
   // LSE: the call's layout (batch, heads, rows) or (heads, total) to the reference's
   // (heads, total).
   std::vector<double> lse(exact.lse.size());

@@ -682,7 +682,14 @@ FlashRule flash_rule(const Problem& p, Pass pass) {
   return {p.softcap > 0.0f ? 3.0 : 2.0, pass == Pass::kForward ? kForwardAtol : kBackwardAtol};
 }
 
-double alibi_slack(const Problem& p, double magnitude) {
+double max_finite_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v)
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+double alibi_slack(const Problem& p, double magnitude, double score_abs_max) {
   const AlibiSlopes& a = p.alibi;
   if (a.data == nullptr) return 0.0;
   double slope = 0.0;
@@ -690,7 +697,7 @@ double alibi_slack(const Problem& p, double magnitude) {
     for (int64_t h = 0; h < p.heads_q; ++h)
       slope = std::max(slope, std::fabs(double(a.data[b * a.batch_stride + h * a.head_stride])));
   const double largest_bias = slope * double(p.seqlen_q + p.seqlen_k);
-  return 4.0 * 0x1p-24 * largest_bias * magnitude;
+  return 4.0 * 0x1p-24 * (score_abs_max + largest_bias) * magnitude;
 }
 
 CheckResult check_bounded(const std::string& what, const DenseShape& shape,

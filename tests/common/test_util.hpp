@@ -244,11 +244,16 @@ struct FlashRule {
 FlashRule flash_rule(const Problem& p, Pass pass);
 
 // What the rule's atol gains with ALiBi, for an output of this magnitude: 4 fp32 ulps of the
-// largest bias (slope · (seqlen_q + seqlen_k)). Scores then reach ~1000 at 2k tokens, and the
-// relative error u·|S| of each P (recomputed in the backward, summed into LSE in the forward)
-// is one lp need not share: its forward and backward score a pair bit for bit alike. 0 without
+// largest logit, |scale · S| (score_abs_max: the reference's largest |scale|·Σ_c |Q_ic·K_jc|)
+// plus the largest bias (slope · (seqlen_q + seqlen_k)). The bias adds a rounding to each logit
+// that the backend's forward and backward need not make alike, relative to the logit's size:
+// the relative error u·|logit| of each P (recomputed in the backward, summed into LSE in the
+// forward) is one lp need not share, its forward and backward scoring a pair bit for bit alike.
+// Logits reach ~1000 at 2k tokens through the bias, ~100 through spiky inputs' scores. 0 without
 // ALiBi.
-double alibi_slack(const Problem& p, double magnitude);
+double alibi_slack(const Problem& p, double magnitude, double score_abs_max);
+// The largest |x| over the finite elements of v (0 if none).
+double max_finite_abs(const std::vector<double>& v);
 
 // Element by element: |X − ref| ≤ bound, same NaN / infinity handling as check_flash_rule.
 CheckResult check_bounded(const std::string& what, const DenseShape& shape,

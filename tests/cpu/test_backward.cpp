@@ -126,9 +126,9 @@ void check_dsinks(const Problem& p, const std::vector<float>& got, const ref::Ba
   const FlashRule rule = flash_rule(p, Pass::kBackward);
   double magnitude = 0.0;
   for (double x : exact.dsinks_abs) magnitude = std::max(magnitude, x);
+  const double atol = rule.atol + alibi_slack(p, magnitude, exact.score_abs_max);
   const CheckResult f = check_flash_rule("dsinks vs §4 rule", shape, actual, exact.dsinks,
-                                         lp.dsinks, rule.multiplier,
-                                         rule.atol + alibi_slack(p, magnitude));
+                                         lp.dsinks, rule.multiplier, atol);
   EXPECT_TRUE(f.ok) << f.message;
 }
 
@@ -195,8 +195,9 @@ void check_backward(const Case& c) {
     double magnitude = 0.0;
     for (double x : *refs[g])
       if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
+    const double atol = rule.atol + alibi_slack(p, magnitude, exact.score_abs_max);
     const CheckResult f = check_flash_rule(name + " vs §4 rule", shape, actual, *refs[g], *lps[g],
-                                           rule.multiplier, rule.atol + alibi_slack(p, magnitude));
+                                           rule.multiplier, atol);
     EXPECT_TRUE(f.ok) << f.message;
   }
   if (p.sinks != nullptr) check_dsinks(p, run.dsinks, exact, lp);

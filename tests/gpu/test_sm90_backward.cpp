@@ -610,7 +610,7 @@ void check_backward(const Case& c, const Overrides& overrides = test_overrides()
       const CheckResult f =
           check_flash_rule(name, tensor_shape(run.grads[size_t(g)].dims()),
                            results[attempt][size_t(g)], *refs[g], *lps[g], rule.multiplier,
-                           rule.atol + alibi_slack(p, magnitude));
+                           rule.atol + alibi_slack(p, magnitude, exact.score_abs_max));
       EXPECT_TRUE(f.ok) << f.message;
       EXPECT_EQ(f.compared, rows[g] * widths[g]) << name << ": reference rows missing";
     }

@@ -441,9 +441,10 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   double max_out = 0.0;
   for (double x : exact.out)
     if (std::isfinite(x)) max_out = std::max(max_out, std::fabs(x));
+  const double score_abs_max = max_finite_abs(exact.score_abs);
   const CheckResult o = check_flash_rule("out", tensor_shape(run.out.dims()), run.out.dense(),
                                          exact.out, lp.out, rule.multiplier,
-                                         rule.atol + alibi_slack(p, max_out));
+                                         rule.atol + alibi_slack(p, max_out, score_abs_max));
   EXPECT_TRUE(o.ok) << o.message;
   EXPECT_EQ(o.compared, rows_checked * p.head_dim_v) << "reference rows missing";
   // LSE ≈ the row's largest scaled score, which spiky inputs push to |LSE| ≈ 100, where the rule's
@@ -456,7 +457,7 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   for (double x : exact.lse)
     if (std::isfinite(x)) max_lse = std::max(max_lse, std::fabs(x));
   const double lse_atol = rule.atol + kLseUlps * std::numeric_limits<float>::epsilon() * max_lse +
-                          alibi_slack(p, 1.0);
+                          alibi_slack(p, 1.0, score_abs_max);
   const CheckResult l = check_flash_rule("lse", lse_shape(p), run.lse.dense(), exact.lse, lp.lse,
                                          rule.multiplier, lse_atol);
   EXPECT_TRUE(l.ok) << l.message;
