@@ -746,6 +746,9 @@ CheckResult check_bounded(const std::string& what, const DenseShape& shape,
 // of the worst case n·u, which no real summation approaches and which would hide mistakes:
 //  · a score s = scale·q·k summed over d terms is off by ≤ c_dot·√d·u·|scale|·Σ|q_c k_c|
 //    (score_abs); P = exp(s − max) inherits that as a relative error (softcap's derivative is ≤ 1);
+//  · softcap's cap·tanh(s / cap) adds its own evaluation error, ≤ c_tanh·u·cap absolute (the
+//    vector tanh's 1–4 ulps of a value ≤ 1, the argument's and the product's roundings), which
+//    saturated scores (spiky inputs) reach whatever their size;
 //  · exp, the rescale factors and the final division add a few ulps relative to each P;
 //  · Σ_j P_j V_j over n keys adds ≤ c_acc·√n·u relative to Σ_j P_j |V_j| (out_abs), the same
 //    scale every other relative error of the P_j is measured against;
@@ -763,6 +766,10 @@ constexpr double kExpUlps = 16.0;          // c_exp: exp, rescales, division, in
 constexpr double kDotProduct = 1.0;        // c_dot, × √d × score_abs
 constexpr double kLseUlps = 4.0;           // rounding of max + log(sum) and of the final value
 constexpr double kExpArgument = 2.0;       // exp's argument s − m rounded, × (|s| + 1) ulps
+constexpr double kTanhUlps = 8.0;          // c_tanh: softcap's tanh and its two products, × cap
+
+// Softcap's evaluation error per score, in units of u (0 without softcap).
+double softcap_error(const Problem& p) { return kTanhUlps * std::fabs(double(p.softcap)); }
 
 // Half an ulp, relative: the largest relative error of rounding to the dtype.
 double half_ulp(DType dtype) {
@@ -802,6 +809,7 @@ std::vector<double> cpu_out_bound(const Problem& p, const ref::ForwardResult& ex
   const double u = kUnitRoundoff;
   const double per_key = kAccumulation * std::sqrt(double(p.seqlen_k)) + kExpUlps;
   const double per_score = kDotProduct * std::sqrt(double(p.head_dim_qk));
+  const double capped = softcap_error(p);
   std::vector<double> bound(exact.out.size());
   const int64_t dv = p.head_dim_v;
   for (int64_t row = 0; row < query_rows(p); ++row)
@@ -809,7 +817,7 @@ std::vector<double> cpu_out_bound(const Problem& p, const ref::ForwardResult& ex
       const double score = exact.score_abs[size_t(lse_index(p, row, h))];
       for (int64_t c = 0; c < dv; ++c) {
         const size_t e = size_t((row * p.heads_q + h) * dv + c);
-        const double e32 = u * (per_key + per_score * score) * exact.out_abs[e];
+        const double e32 = u * (per_key + per_score * score + capped) * exact.out_abs[e];
         bound[e] = rounded_bound(output_dtype(p), e32, exact.out[e]);
       }
     }
@@ -817,14 +825,15 @@ std::vector<double> cpu_out_bound(const Problem& p, const ref::ForwardResult& ex
 }
 
 // LSE = max + log Σ exp(s − max): the scores' errors enter once through max and once through the
-// sum (2·c_dot), the sum's relative error becomes an absolute one through the log.
+// sum (2·(c_dot + c_tanh)), the sum's relative error becomes an absolute one through the log.
 std::vector<double> cpu_lse_bound(const Problem& p, const ref::ForwardResult& exact) {
   const double u = kUnitRoundoff;
   const double n = double(p.seqlen_k);
   std::vector<double> bound(exact.lse.size());
   for (size_t e = 0; e < bound.size(); ++e) {
     const double score = exact.score_abs[e];
-    bound[e] = u * (2.0 * kDotProduct * std::sqrt(double(p.head_dim_qk)) * score +
+    bound[e] = u * (2.0 * (kDotProduct * std::sqrt(double(p.head_dim_qk)) * score +
+                           softcap_error(p)) +
                     kAccumulation * std::sqrt(n) + kExpUlps +
                     kLseUlps * (std::fabs(exact.lse[e]) + score + std::log1p(n)));
   }
@@ -847,9 +856,10 @@ GradientBounds cpu_gradient_bounds(const Problem& p, const ref::BackwardResult& 
   const double dot = kDotProduct * std::sqrt(double(p.head_dim_qk)) * S;
   const double n_keys = double(p.seqlen_k);
   const double n_queries = double(p.seqlen_q * (p.heads_q / p.heads_kv));
-  const double lse_error = 2.0 * dot + kAccumulation * std::sqrt(n_keys) + kExpUlps +
+  const double lse_error = 2.0 * (dot + softcap_error(p)) + kAccumulation * std::sqrt(n_keys) +
+                           kExpUlps +
                            kLseUlps * (2.0 * S + std::log1p(n_keys));
-  const double per_pair = dot + kExpArgument * (S + 1.0) + kExpUlps;
+  const double per_pair = dot + softcap_error(p) + kExpArgument * (S + 1.0) + kExpUlps;
   const double dp_and_d = kAccumulation * std::sqrt(double(p.head_dim_v));
   const double o_rounding = p.dtype == DType::kFP32 ? 0.0 : half_ulp(p.dtype);
   // Underflow: each term's P or dS, its product and its partial sum rounded to an fp32
