@@ -103,9 +103,7 @@ void run_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}) 
   EXPECT_EQ(bounded.compared, rows_checked * p.head_dim_v) << "reference rows missing";
   const FlashRule rule = flash_rule(p, Pass::kForward);
   const double score_abs_max = max_finite_abs(exact.score_abs);
-  double magnitude = 0.0;
-  for (double x : exact.out)
-    if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
+  const double magnitude = max_finite_abs(exact.out);
   const CheckResult flash = check_flash_rule("out vs §4 rule", out_shape, o, exact.out, lp.out,
                                              rule.multiplier,
                                              rule.atol + alibi_slack(p, magnitude, score_abs_max));

@@ -604,9 +604,7 @@ void check_backward(const Case& c, const Overrides& overrides = test_overrides()
   for (int attempt = 0; attempt < kRuns; ++attempt) {
     for (int g = 0; g < 3; ++g) {
       const std::string name = std::string(kGradNames[g]) + ", " + kRunNames[attempt];
-      double magnitude = 0.0;
-      for (double x : *refs[g])
-        if (std::isfinite(x)) magnitude = std::max(magnitude, std::fabs(x));
+      const double magnitude = max_finite_abs(*refs[g]);
       const CheckResult f =
           check_flash_rule(name, tensor_shape(run.grads[size_t(g)].dims()),
                            results[attempt][size_t(g)], *refs[g], *lps[g], rule.multiplier,

@@ -438,9 +438,7 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   const int64_t rows_checked =
       sample.empty() ? std::count(rows.begin(), rows.end(), 1) * p.heads_q : int64_t(sample.size());
 
-  double max_out = 0.0;
-  for (double x : exact.out)
-    if (std::isfinite(x)) max_out = std::max(max_out, std::fabs(x));
+  const double max_out = max_finite_abs(exact.out);
   const double score_abs_max = max_finite_abs(exact.score_abs);
   const CheckResult o = check_flash_rule("out", tensor_shape(run.out.dims()), run.out.dense(),
                                          exact.out, lp.out, rule.multiplier,
@@ -453,9 +451,7 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   // ln conversion, the final add), each up to half an ulp of |LSE|: allow kLseUlps ulps of the
   // largest |LSE| on top of the rule.
   constexpr double kLseUlps = 4.0;
-  double max_lse = 0.0;
-  for (double x : exact.lse)
-    if (std::isfinite(x)) max_lse = std::max(max_lse, std::fabs(x));
+  const double max_lse = max_finite_abs(exact.lse);
   const double lse_atol = rule.atol + kLseUlps * std::numeric_limits<float>::epsilon() * max_lse +
                           alibi_slack(p, 1.0, score_abs_max);
   const CheckResult l = check_flash_rule("lse", lse_shape(p), run.lse.dense(), exact.lse, lp.lse,
