@@ -279,6 +279,7 @@ run_sanitize() {
   local split='Matrix/Sm90Forward.MatchesReference/d128_bf16_q1_k5000_split_gqa8_spiky'
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q4_k3000_causal_split_gqa1'
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
+  split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q1_k20000_split_gqa8_spiky'
   sanitize fwd_split "forward split" "memcheck racecheck synccheck" "$split"
   # The chunked forward's one ring of K and V chunks, with and without a mask, varlen, on 2
   # persistent CTAs: the ring's hand-over from tile to tile.

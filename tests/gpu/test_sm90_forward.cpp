@@ -218,6 +218,14 @@ std::vector<Case> decode_cases(const Kernel& k) {
   rows4.causal = true;
   rows4.name = kernel_tag(k) + "_q4_k3000_causal_split" + gqa_tag(rows4);
   cases.push_back(rows4);
+  // One sequence of one kv head over 20k keys: one packed tile in 78 splits (d256: 128), so that
+  // the combine shares each row's splits out among 8 warps (the cases above take 2 and 4).
+  Case one = base_case(k, {"", 1, 1, 20000});
+  one.heads_q = 8;
+  one.heads_kv = 1;
+  one.spiky = true;
+  one.name = kernel_tag(k) + "_q1_k20000_split" + gqa_tag(one) + "_spiky";
+  cases.push_back(one);
   return cases;
 }
 

@@ -100,10 +100,12 @@ void PrintTo(const GpuCacheCase& g, std::ostream* os) { *os << g.name; }
 std::vector<GpuCacheCase> gpu_cases() {
   std::vector<CacheCase> cases = cache_cases();
   for (CacheCase& c : gpu_only_cases()) cases.push_back(std::move(c));
-  // Cases on pages smaller than a key tile run gathered (row by row through the page table); each
-  // runs again where the kernels read TMA boxes instead (pages of 256 keys hold whole key tiles at
-  // every head dim; cache rows where a left pad rules such pages out), so that the appends, rotary
-  // forms, masks and varlen batches see both paths.
+  // Cases on pages smaller than a key tile run gathered (row by row through the page table), or,
+  // built with FA4_SM90_KV_PIECES=1, in pieces where pages hold whole 16-key pieces (a TMA box per
+  // piece: pages of 16 and 64 keys without left pads; pages of 1 and 7 keys and left pads still
+  // gather); each runs again where the kernels read a key tile as one TMA box (pages of 256 keys
+  // hold whole key tiles at every head dim; cache rows where a left pad rules such pages out), so
+  // that the appends, rotary forms, masks and varlen batches see every path.
   const size_t listed = cases.size();
   for (size_t i = 0; i < listed; ++i) {
     if (cases[i].page_size == 0 || cases[i].page_size % 256 == 0) continue;

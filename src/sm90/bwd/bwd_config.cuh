@@ -25,6 +25,11 @@
 #ifndef FA4_SM90_BWD_DV_BEFORE_DS
 #define FA4_SM90_BWD_DV_BEFORE_DS -1
 #endif
+// A/B switch: 1 splits dQ by query rows where the query tile has a 64-row slice per MMA
+// warpgroup (BwdConfig::kDqSplitRows); 0 (default, until measured) splits it by head-dim halves.
+#ifndef FA4_SM90_BWD_DQ_ROWS
+#define FA4_SM90_BWD_DQ_ROWS 0
+#endif
 
 namespace fa4::sm90 {
 
@@ -52,6 +57,11 @@ struct BwdConfig {
   // (kBlockM/4 registers) alive beside Sᵀ and dPᵀ, which 128-row tiles cannot afford.
   static constexpr bool kDvBeforeDs =
       FA4_SM90_BWD_DV_BEFORE_DS < 0 ? kBlockM == 64 : FA4_SM90_BWD_DV_BEFORE_DS != 0;
+  // dQ split by query rows (each warpgroup an m64 × dim wgmma over the keys: it reads its half of
+  // dS and all of K) rather than by head-dim halves (all of dS and half of K, in twice as many
+  // m64 × dim/2 wgmmas): 64 against 80 KB of operand reads per step at d64, the only head dim
+  // whose query tile (128 rows) has a 64-row slice per warpgroup. BwdDqReduce stages row halves.
+  static constexpr bool kDqSplitRows = FA4_SM90_BWD_DQ_ROWS != 0 && kBlockM == 64 * kMmaWarpgroups;
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
 
@@ -67,7 +77,8 @@ struct BwdConfig {
   using HeadDimV = HeadDim;
   using Stages = Int<kStages>;
 
-  // Warpgroups stack along the keys for Sᵀ, dPᵀ, dV and dK, and split the head dim for dQ.
+  // Warpgroups stack along the keys for Sᵀ, dPᵀ, dV and dK, and split the head dim (or the
+  // query rows: kDqSplitRows) for dQ.
   using KeyTiling = Layout<Shape<Int<kMmaWarpgroups>, _1, _1>>;
   using DimTiling = Layout<Shape<_1, Int<kMmaWarpgroups>, _1>>;
   using TiledMmaSdP = decltype(make_tiled_mma(
@@ -76,10 +87,17 @@ struct BwdConfig {
       GMMA::rs_op_selector<Element, Element, Accum, Shape<_64, HeadDim, BlockM>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       KeyTiling{}));
-  using TiledMmaQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, Accum, Shape<BlockM, Int<kHeadDim / kMmaWarpgroups>, BlockN>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      DimTiling{}));
+  using TiledMmaQ = std::conditional_t<
+      kDqSplitRows,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, Accum,
+                                                   Shape<_64, HeadDim, BlockN>, GMMA::Major::K,
+                                                   GMMA::Major::MN>(),
+                              KeyTiling{})),
+      decltype(make_tiled_mma(
+          GMMA::ss_op_selector<Element, Element, Accum,
+                               Shape<BlockM, Int<kHeadDim / kMmaWarpgroups>, BlockN>,
+                               GMMA::Major::K, GMMA::Major::MN>(),
+          DimTiling{}))>;
 
   template <int kElements>
   using SmemAtom = sm90::SmemAtom<Element, kElements>;
@@ -168,6 +186,7 @@ struct BwdWideConfig {
   static constexpr int kClusterCtas = kClusterCtas_;
   static_assert(kClusterCtas == 1 || (kClusterCtas == 2 && kPairable));
   static constexpr int kDqDim = kHeadDim / kClusterCtas;
+  static constexpr bool kDqSplitRows = false;  // dQ by head-dim halves (BwdConfig's)
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kProducerRegisters = 24;

@@ -1,9 +1,10 @@
 // dQ of one (query tile, key tile) pair added to the fp32 accumulator in the workspace by the TMA
 // unit (cp.reduce.async.bulk.tensor .add), instead of per-thread atomics: each MMA warpgroup
-// stages its half of the head dim in shared memory and hands it to a writer warp of the producer
-// warpgroup, which issues the reduction (and, in deterministic mode, waits for its turn), so that
-// the MMA warpgroups wait neither on the TMA unit nor on other CTAs. The accumulator is viewed like the inputs (gmem_layout.cuh), so
-// rows past the sequence's end are clipped by the TMA unit.
+// stages its part of the tile (half of the head dim, or with Config::kDqSplitRows its 64 query
+// rows) in shared memory and hands it to a writer warp of the producer warpgroup, which issues
+// the reduction (and, in deterministic mode, waits for its turn), so that the MMA warpgroups wait
+// neither on the TMA unit nor on other CTAs. The accumulator is viewed like the inputs
+// (gmem_layout.cuh), so rows past the sequence's end are clipped by the TMA unit.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -27,14 +28,25 @@ struct BwdDqReduce {
   // A warpgroup's share of the CTA's dQ columns (Config::kDqDim: all of the head dim, or half on a
   // key-tile pair, bwd_pair.cuh), "half" for short.
   using HalfDim = Int<Config::kDqDim / Config::kMmaWarpgroups>;
-  // Both halves in one tile: atoms tile it column by column, so with atoms that divide a half
-  // (128 bytes = 32 floats wide, or 64 bytes for d96's 48-float halves) warpgroup w's columns are
-  // the w-th contiguous half of the buffer, laid out as SmemLayoutHalf.
+  // The part of the tile a warpgroup stages and the writer reduce-adds as one box: (BlockM rows,
+  // its half of the columns), or with kDqSplitRows (its 64 rows, every column).
+  static constexpr bool kSplitRows = Config::kDqSplitRows;
+  using PartRows = Int<kSplitRows ? 64 : BlockM::value>;
+  using PartCols = Int<kSplitRows ? Config::kDqDim : HalfDim::value>;
+  // The atoms are a half's width either way (128 bytes = 32 floats, or 64 bytes for d96's
+  // 48-float halves), so that dq_accum's column order is the same for both splits. Both parts in
+  // one tile: atoms tile a part column by column, and the parts follow each other (column halves:
+  // the atoms' own column-by-column order; row halves: one part after the other), so warpgroup w's
+  // part is the w-th contiguous part of the buffer, laid out as SmemLayoutPart.
   using Atom = SmemAtom<float, HalfDim::value>;
-  using SmemLayout = decltype(tile_to_shape(Atom{}, Shape<BlockM, Int<Config::kDqDim>>{}));
-  using SmemLayoutHalf = decltype(tile_to_shape(Atom{}, Shape<BlockM, HalfDim>{}));
+  using SmemLayoutPart = decltype(tile_to_shape(Atom{}, Shape<PartRows, PartCols>{}));
+  using SmemLayout = std::conditional_t<
+      kSplitRows, decltype(tile_to_shape(SmemLayoutPart{}, Shape<BlockM, Int<Config::kDqDim>>{})),
+      decltype(tile_to_shape(Atom{}, Shape<BlockM, Int<Config::kDqDim>>{}))>;
   static_assert(HalfDim::value * sizeof(float) % 64 == 0,
                 "each half is a whole number of 64- or 128-byte swizzle atoms");
+  static_assert(cosize_v<SmemLayout> == Config::kMmaWarpgroups * cosize_v<SmemLayoutPart>);
+  static_assert(!kSplitRows || BlockM::value == 64 * Config::kMmaWarpgroups);
   // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, every
   // row's 8-column blocks permuted within it so that the staging's stores are free of bank
   // conflicts. With one-stage rings (d256) that pays only together with write()'s ordered
@@ -43,7 +55,7 @@ struct BwdDqReduce {
 
   using Tma = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemLayout{}),
-      SmemLayoutHalf{}, Shape<BlockM, HalfDim>{}, _1{}));
+      SmemLayoutPart{}, Shape<PartRows, PartCols>{}, _1{}));
 
   struct Params {
     Tma tma;
@@ -62,7 +74,7 @@ struct BwdDqReduce {
     t.batch_stride = p.is_varlen() ? 0 : (p.seqlen_q > 0 ? p.seqlen_q : 1) * p.head_dim_qk;
     const auto view = gmem_view(dq_accum, t, query_rows(p), p.head_dim_qk, p.heads_q);
     return {make_tma_copy(SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(view.base), view.layout),
-                          SmemLayoutHalf{}, Shape<BlockM, HalfDim>{}, _1{}),
+                          SmemLayoutPart{}, Shape<PartRows, PartCols>{}, _1{}),
             view.layout.shape(), done};
   }
 
@@ -89,8 +101,8 @@ struct BwdDqReduce {
     return seq.q_rows(get<0>(p.shape));
   }
 
-  // The staging buffers' handshake: a warpgroup's half is full (its 128 threads arrive, the
-  // writer warp waits) or empty (the writer arrives once its reduction has read the half).
+  // The staging buffers' handshake: a warpgroup's part is full (its 128 threads arrive, the
+  // writer warp waits) or empty (the writer arrives once its reduction has read the part).
   static constexpr uint32_t kHandshakeThreads = 128 + 32;
   CUTE_DEVICE static uint32_t full_barrier(int wg) { return wg == 0 ? kBwdDqFull0 : kBwdDqFull1; }
   CUTE_DEVICE static uint32_t empty_barrier(int wg) { return wg == 0 ? kBwdDqEmpty0 : kBwdDqEmpty1; }
@@ -137,9 +149,10 @@ struct BwdDqReduce {
   }
 
   // The writer warp (one warp of the producer warpgroup): for each query tile m, in `order`,
-  // and each warpgroup's half, waits for the half, issues its reduce-add and frees the half once
+  // and each warpgroup's part, waits for the part, issues its reduce-add and frees the part once
   // the TMA unit has read it. `first_half`: the CTA's first column block of HalfDim in the
-  // accumulator (0, or on a key-tile pair its rank · kMmaWarpgroups). Deterministic mode
+  // accumulator (0, or on a key-tile pair its rank · kMmaWarpgroups); with row parts, part w of
+  // query tile m is the accumulator's 64-row tile 2m + w. Deterministic mode
   // (`counter(m, wg)` not null): before its reduction the writer waits for the counter to read
   // turn(m), and moves it on once the reduction has landed in global memory; the MMA warpgroups
   // never wait on a turn themselves.
@@ -155,7 +168,7 @@ struct BwdDqReduce {
     const bool issuer = cute::elect_one_sync();
     Tensor mDq = p.tma.get_tma_tensor(p.shape)(_, _, head, rows.shift, rows.batch);
     Tensor gDq = local_tile(domain_offset(make_coord(rows.offset, _0{}), mDq),
-                            Shape<BlockM, HalfDim>{}, make_coord(_, _));
+                            Shape<PartRows, PartCols>{}, make_coord(_, _));
     // Each half's first staging needs no wait; later ones wait for this warp's arrive below.
     for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg)
       cutlass::arch::NamedBarrier::arrive(kHandshakeThreads, empty_barrier(wg));
@@ -173,11 +186,13 @@ struct BwdDqReduce {
       for (int wg = 0; wg < Config::kMmaWarpgroups; ++wg) {
         cutlass::arch::NamedBarrier::sync(kHandshakeThreads, full_barrier(wg));
         if (issuer) {
-          Tensor sDqHalf = make_tensor(make_smem_ptr(smem + wg * cosize_v<SmemLayoutHalf>),
-                                       SmemLayoutHalf{});
+          Tensor sDqPart = make_tensor(make_smem_ptr(smem + wg * cosize_v<SmemLayoutPart>),
+                                       SmemLayoutPart{});
+          Tensor gDqPart = kSplitRows ? gDq(_, _, Config::kMmaWarpgroups * m + wg, 0)
+                                      : gDq(_, _, m, first_half + wg);
           auto [tDgDq, tDsDq] = tma_partition(p.tma, _0{}, Layout<_1>{},
-                                              group_modes<0, 2>(sDqHalf),
-                                              group_modes<0, 2>(gDq(_, _, m, first_half + wg)));
+                                              group_modes<0, 2>(sDqPart),
+                                              group_modes<0, 2>(gDqPart));
           int32_t* const turns = counter(m, wg);
           if (turns != nullptr) {
             Turns::wait_one(turns, turn(m));

@@ -31,6 +31,7 @@
 #include "sm90/bwd/bwd_store.cuh"
 #include "sm90/common/fragment.cuh"
 #include "sm90/common/named_barriers.cuh"
+#include "sm90/common/ring_release.cuh"
 #include "sm90/common/sequence.cuh"
 #include "sm90/common/softcap.cuh"
 #include "sm90/common/softmax.cuh"
@@ -170,7 +171,7 @@ struct BwdKernel {
     pipe.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
                                : Pipeline::ThreadCategory::Consumer;
     pipe.is_leader = leader;
-    pipe.num_consumers = Config::kMmaThreads;
+    pipe.num_consumers = ring_arrivals<Config::kMmaThreads>();  // ring_release.cuh
     pipe.transaction_bytes = Config::kBytesQ + Config::kBytesRowStat;  // Q and LSE
     Pipeline pipeline_q(smem.pipeline_q, pipe, Shape<_1, _1, _1>{});
     pipe.transaction_bytes = Config::kBytesDo + Config::kBytesRowStat;  // dO and D
@@ -236,13 +237,14 @@ struct BwdKernel {
                                               smem.q.data(), smem.dout.data());
   }
 
-  // An MMA thread done with `state`'s stage of a Q / dO ring. PipelineTmaAsync, built here for a
-  // cluster of one CTA, sends each release to the cluster's first CTA; on key-tile pairs, whose
-  // rings are still each CTA's own, every thread arrives on its own CTA's barrier instead.
+  // An MMA thread done with `state`'s stage of a Q / dO ring (ring_release.cuh). PipelineTmaAsync,
+  // built here for a cluster of one CTA, sends each release to the cluster's first CTA; on key-tile
+  // pairs, whose rings are still each CTA's own, every thread arrives on its own CTA's barrier
+  // instead (with warp arrivals each warp arrives on its own CTA's barrier either way).
   CUTE_DEVICE static void release(typename Pipeline::SharedStorage& ring, Pipeline& pipeline,
                                   PipelineState const& state) {
-    if constexpr (Pair::kEnabled) ring.empty_barrier_[state.index()].arrive();
-    else pipeline.consumer_release(state);
+    if constexpr (Pair::kEnabled && !kWarpArrivals) ring.empty_barrier_[state.index()].arrive();
+    else release_stage(ring, pipeline, state);
   }
 
   // ALiBi's slope of this CTA's (batch entry, query head), in the kernel's score units (both tile
@@ -407,10 +409,10 @@ struct BwdKernel {
                                _, _, _, stage),
                            dK);
         warpgroup_wait<1>();  // dV and dQ are done
-        pipeline_do.consumer_release(read);  // dPᵀ, dV and D were the stage's readers
+        release(smem.pipeline_do, pipeline_do, read);  // dPᵀ, dV and D were the stage's readers
         BwdDqReduce<Config>::stage(smem.dq.data(), mma_q, dQ, thread);
         warpgroup_wait<0>();  // dK is done: Q's stage is free
-        pipeline_q.consumer_release(read);
+        release(smem.pipeline_q, pipeline_q, read);
         ++read;
       }
     };

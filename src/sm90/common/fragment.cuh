@@ -10,23 +10,11 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "sm90/common/rowcol.hpp"
+
 namespace fa4::sm90 {
 
 using namespace cute;
-
-// ((2, 2, V), M, N) → ((2, M), (2, V, N)): mode 0 indexes the thread's rows, mode 1 its columns.
-template <class Layout>
-CUTE_HOST_DEVICE constexpr auto rowcol_layout(Layout acc) {
-  static_assert(rank(Layout{}) == 3 && rank<0>(Layout{}) == 3, "expects a wgmma accumulator");
-  auto v = get<0>(acc);
-  return make_layout(make_layout(get<1>(v), get<1>(acc)),
-                     make_layout(get<0>(v), get<2>(v), get<2>(acc)));
-}
-
-template <class Tensor>
-CUTE_HOST_DEVICE auto rowcol_view(Tensor&& t) {
-  return make_tensor(t.data(), rowcol_layout(t.layout()));
-}
 
 // ((2, 2, V), 1, 1) accumulator → ((2, 2, 2), 1, V/2) A-operand layout of a k16 wgmma.
 template <class Layout>

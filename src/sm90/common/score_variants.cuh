@@ -11,6 +11,7 @@
 
 #include "common/mask.hpp"
 #include "sm90/common/sequence.cuh"
+#include "sm90/fwd/alibi_linear.hpp"
 #include "sm90/fwd/query_rows.cuh"
 
 namespace fa4::sm90 {
@@ -64,6 +65,23 @@ CUTE_DEVICE void apply_alibi(Scores& scores, Coords const& coords, ScoreVariantP
       scores(i, j) = fmaf(-slope, fabsf(from_first - col), scores(i, j));
     }
   }
+}
+
+// The rows' slopes and diagonals of ALiBi's linear form (fwd/alibi_linear.hpp).
+template <int kRows, class Coords>
+CUTE_DEVICE AlibiRows<kRows> alibi_rows(ScoreVariantParams const& v, QueryRows const& rows,
+                                        Sequence const& seq, int batch, int tile_head,
+                                        int64_t first_row, Coords const& coords) {
+  AlibiRows<kRows> a;
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const VariantRow row =
+        variant_row(rows, seq, tile_head, int(first_row) + cute::get<0>(coords(i, 0)));
+    a.slope[i] =
+        v.alibi[batch * v.alibi_batch_stride + row.head * v.alibi_head_stride] * v.alibi_unit;
+    a.center[i] = row.center;
+  }
+  return a;
 }
 
 // The sinks of a thread's rows (their heads' logits).

@@ -28,6 +28,13 @@
 // NaN: a NaN score (only NaN inputs make one) makes its row's max NaN (the max propagates NaN), the
 // row then always moves, its factor and row sum become NaN, and finish() leaves O and LSE NaN —
 // also on software-exp2 columns, whose clamp alone would turn a NaN into 0.
+//
+// Shifted scores: update_max and exponentiate also take a tile's scores less a per-thread, per-row
+// shift (row_shift.hpp: the true score is the given one plus shift.c[i]; ALiBi's linear form, in
+// fwd/alibi_linear.hpp, leaves its per-row term out of the scores). The held max stays in true units:
+// each thread adds its shift to its own tile max before the quad's reduction (the four threads of
+// a row hold different shifts), and subtracts it from the held max in the exponent. NoRowShift is
+// the plain path, compiled as without a shift.
 #pragma once
 
 #include <cmath>
@@ -38,6 +45,7 @@
 #include "common/exp2_poly.hpp"
 #include "common/math_constants.hpp"
 #include "sm90/common/rescale_stats.cuh"
+#include "sm90/common/row_shift.hpp"
 
 namespace fa4::sm90 {
 
@@ -105,8 +113,8 @@ struct OnlineSoftmax {
   // over the warp, whether O must be rescaled: then O(i, ·) *= factor[i]; otherwise `factor` is
   // not to be used (always true at threshold 0, a compile-time constant once inlined). Call
   // before exponentiate(); the scores stay untouched. All 32 lanes must call.
-  template <class Scores>
-  CUTE_DEVICE bool update_max(Scores const& scores, RowVector& factor) {
+  template <class Scores, class Shift = NoRowShift>
+  CUTE_DEVICE bool update_max(Scores const& scores, RowVector& factor, Shift const& shift = {}) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);
     RowVector new_max;
     bool must_move = false;  // a row of this thread is past the threshold (or NaN, or first keys)
@@ -114,13 +122,14 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       cute::array<float, kChains> chain;
-      chain[0] = row_max[i];
+      chain[0] = kShifted<Shift> ? -INFINITY : row_max[i];
       CUTE_UNROLL
       for (int c = 1; c < kChains; ++c) chain[c] = -INFINITY;
       CUTE_UNROLL
       for (int j = 0; j < cute::size<1>(scores); ++j)
         chain[j % kChains] = max_keep_nan(chain[j % kChains], scores(i, j));
       float m = combine(chain, [](float a, float b) { return max_keep_nan(a, b); });
+      if constexpr (kShifted<Shift>) m = max_keep_nan(row_max[i], m + shift.c[i]);
       m = quad_allreduce(m, [](float a, float b) { return max_keep_nan(a, b); });
       new_max[i] = m;
       const float held = row_max[i];
@@ -150,12 +159,14 @@ struct OnlineSoftmax {
 
   // scores ← exp2(scores·scale_log2 − held·scale_log2), accumulated into the row sums. A masked
   // score (−inf) gives exactly +0 on both pipes (the software exp2 clamps at its −127 floor).
-  template <class Scores>
-  CUTE_DEVICE void exponentiate(Scores& scores) {
+  template <class Scores, class Shift = NoRowShift>
+  CUTE_DEVICE void exponentiate(Scores& scores, Shift const& shift = {}) {
     constexpr int kCols = decltype(cute::size<1>(scores))::value;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      const float max_scaled = max_or_zero(row_max[i]) * scale_log2;
+      float held = max_or_zero(row_max[i]);
+      if constexpr (kShifted<Shift>) held -= shift.c[i];
+      const float max_scaled = held * scale_log2;
       cute::array<float, kChains> sum;
       CUTE_UNROLL
       for (int c = 0; c < kChains; ++c) sum[c] = 0.0f;

@@ -35,6 +35,7 @@
 #include "sm90/fwd/fwd_load.cuh"
 #include "sm90/common/tile_mask.cuh"
 #include "sm90/fwd/query_rows.cuh"
+#include "sm90/common/ring_release.cuh"
 #include "sm90/common/sequence.cuh"
 #include "sm90/common/softcap.cuh"
 #include "sm90/common/score_variants.cuh"
@@ -92,10 +93,12 @@ struct FwdKernel {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutChunk>, 1024> c;
     typename ChunkPipeline::SharedStorage pipeline;
   };
-  // The gathering warps' row tables (K's, V's: gather_keys); the chunked kernel never gathers
-  // (its pages hold whole key tiles).
-  struct GatherRows {
+  // The gathering warps' row tables (K's, V's: gather_keys), or, where pages hold whole pieces,
+  // the load thread's page-table entries of a key tile's pieces (FwdLoad::load_pieces); the
+  // chunked kernel does neither (its pages hold whole key tiles).
+  union GatherRows {
     alignas(16) uintptr_t rows[2][Config::kBlockN];
+    alignas(16) int32_t pieces[Load::kPieces];
   };
   struct NoGatherRows {};
   // What a CTA does for one tile of the grid.
@@ -159,34 +162,66 @@ struct FwdKernel {
                                 Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
                                 Config::kRescaleVote>;
 
+  // ALiBi's linear form (score_variants.cuh), where the kernel has registers for its rows.
+  static constexpr bool kAlibiLinear = FA4_SM90_ALIBI_LINEAR != 0 &&
+                                       Config::kConsumerWarpgroups == 2 &&
+                                       Config::kHeadDimQK < 256 && !Config::kChunked;
+
   // The score step, in the kernel's score units (see SoftcapScores): softcap, ALiBi's bias, then
   // the mask. `coords` and `row_keys` are this thread's (Mask::row_keys), `visible` the tile's
-  // (Mask::visible_tiles), `variants` its rows' (score_variants.cuh).
-  template <class Scores, class Coords, class RowKeys>
-  CUTE_DEVICE static void prepare_scores(Params const& p, Work const& w, Scores& scores,
+  // (Mask::visible_tiles), `variants` its rows' (score_variants.cuh). Returns the shift the
+  // softmax adds back (ALiBi's linear form), else NoRowShift.
+  template <class Scores, class Coords, class RowKeys, class Alibi>
+  CUTE_DEVICE static auto prepare_scores(Params const& p, Work const& w, Scores& scores,
                                          Coords const& coords, RowKeys const& row_keys,
-                                         KeyTiles visible, int n_block) {
+                                         KeyTiles visible, Alibi const& alibi, int n_block) {
     if (p.softcap.enabled()) p.softcap.apply(scores);
-    // The rows' slopes and diagonals are made afresh per key tile: held through the tile loop,
-    // they would take registers the three-warpgroup kernel (d64) does not have.
-    if (p.variants.alibi != nullptr) {
-      auto rc = rowcol_view(scores);
-      apply_alibi<Config::kBlockN>(rc, coords, p.variants, p.rows, w.seq, w.tile.batch,
-                                   w.tile.head, w.rows.first, n_block);
-    }
+    auto shift = [&] {
+      if constexpr (kAlibiLinear) {
+        RowShift<decltype(cute::size<0>(coords))::value> linear{};
+        if (p.variants.alibi != nullptr) {
+          auto rc = rowcol_view(scores);
+          linear = apply_alibi_linear<Config::kBlockN>(rc, coords, alibi, n_block,
+                                                       w.seq.len_k - 1);
+        }
+        return linear;
+      } else {
+        // The rows' slopes and diagonals are made afresh per key tile: held through the tile
+        // loop, they would take registers the three-warpgroup kernel (d64) does not have.
+        if (p.variants.alibi != nullptr) {
+          auto rc = rowcol_view(scores);
+          apply_alibi<Config::kBlockN>(rc, coords, p.variants, p.rows, w.seq, w.tile.batch,
+                                       w.tile.head, w.rows.first, n_block);
+        }
+        return NoRowShift{};
+      }
+    }();
     if (!visible.contains(n_block)) {
       auto rc = rowcol_view(scores);
       w.mask.apply(rc, coords, row_keys, n_block);
     }
+    return shift;
   }
 
-  // prepare_scores for one consumer thread's tile, its row keys and the tile's unmasked key tiles
-  // made once.
+  // prepare_scores for one consumer thread's tile, its row keys, the tile's unmasked key tiles and
+  // (ALiBi's linear form) its rows' slopes and diagonals made once.
   template <class Coords>
   CUTE_DEVICE static auto score_preparation(Params const& p, Work const& w, Coords const& coords) {
+    constexpr int kRows = decltype(cute::size<0>(coords))::value;
+    auto alibi = [&] {
+      if constexpr (kAlibiLinear) {
+        AlibiRows<kRows> a{};
+        if (p.variants.alibi != nullptr)
+          a = alibi_rows<kRows>(p.variants, p.rows, w.seq, w.tile.batch, w.tile.head,
+                                w.rows.first, coords);
+        return a;
+      } else {
+        return NoRowShift{};  // unused
+      }
+    }();
     return [&p, &w, &coords, row_keys = w.mask.row_keys(coords, w.rows.first),
-            visible = w.mask.visible_tiles(w.mask.span(w.rows))](auto& scores, int n_block) {
-      prepare_scores(p, w, scores, coords, row_keys, visible, n_block);
+            visible = w.mask.visible_tiles(w.mask.span(w.rows)), alibi](auto& scores, int n_block) {
+      return prepare_scores(p, w, scores, coords, row_keys, visible, alibi, n_block);
     };
   }
 
@@ -244,18 +279,18 @@ struct FwdKernel {
   // `count` key tiles this warpgroup's rows do not see, from the ring's next: each consumer
   // warpgroup releases every stage, and all take the same turns, so their K and V are waited for
   // and released and their turns passed on. One turn per key tile, as the GEMMs take them.
-  CUTE_DEVICE static void pass_key_tiles(int count, Turns const& turns, Pipeline& pipeline_k,
-                                         Pipeline& pipeline_v, PipelineState& read_k,
-                                         PipelineState& read_v) {
+  CUTE_DEVICE static void pass_key_tiles(int count, Turns const& turns, SharedStorage& smem,
+                                         Pipeline& pipeline_k, Pipeline& pipeline_v,
+                                         PipelineState& read_k, PipelineState& read_v) {
     CUTE_NO_UNROLL
     for (int i = 0; i < count; ++i) {
       pipeline_k.consumer_wait(read_k);
       turns.wait();
       turns.pass();
-      pipeline_k.consumer_release(read_k);
+      release_stage(smem.kv.pipeline_k, pipeline_k, read_k);
       ++read_k;
       pipeline_v.consumer_wait(read_v);
-      pipeline_v.consumer_release(read_v);
+      release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
       ++read_v;
     }
   }
@@ -282,7 +317,7 @@ struct FwdKernel {
  private:
   // Gathered K and V (`gathered`): each lane of a ring's gathering warp arrives on a stage's full
   // barrier when its copies land (FwdLoad::gather_key_tile); else the load thread, with the
-  // stage's TMA bytes.
+  // stage's TMA bytes. The consumers release a stage through release_stage (ring_release.cuh).
   template <class PipelineT>
   CUTE_DEVICE static typename PipelineT::Params pipeline_params(int warpgroup, bool leader,
                                                                  int bytes, bool gathered = false) {
@@ -291,7 +326,7 @@ struct FwdKernel {
                                : PipelineT::ThreadCategory::Consumer;
     pipe.is_leader = leader && !gathered;
     pipe.num_producers = gathered ? 32 : 1;
-    pipe.num_consumers = 128 * Config::kConsumerWarpgroups;
+    pipe.num_consumers = ring_arrivals<128 * Config::kConsumerWarpgroups>();  // ring_release.cuh
     pipe.transaction_bytes = bytes;
     return pipe;
   }
@@ -448,7 +483,8 @@ struct FwdKernel {
         const int staged_before = o_staged;
         if (stages_o_in_v(p, w)) ++o_staged;
         Load::run(p.load, p.rows, w.tile, w.rows.first, w.seq, w.keys, q_tile, staged_before,
-                  smem.q.data(), smem.kv.k.data(), smem.kv.v.data(), smem.q_full, smem.q_empty,
+                  smem.q.data(), smem.kv.k.data(), smem.kv.v.data(), smem.gather.pieces,
+                  smem.q_full, smem.q_empty,
                   smem.o_free, pipeline_k, pipeline_v, write_k, write_v);
       });
     } else {
@@ -512,7 +548,7 @@ struct FwdKernel {
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     const KeyTiles own = own_key_tiles(w);
     auto pass_key_tiles = [&](int count) {
-      FwdKernel::pass_key_tiles(count, turns, pipeline_k, pipeline_v, read_k, read_v);
+      FwdKernel::pass_key_tiles(count, turns, smem, pipeline_k, pipeline_v, read_k, read_v);
     };
     if (own.empty()) {
       skip_keyless(smem, thread);
@@ -533,13 +569,13 @@ struct FwdKernel {
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         turns.pass();
         warpgroup_wait<0>();
-        pipeline_k.consumer_release(read_k);
+        release_stage(smem.kv.pipeline_k, pipeline_k, read_k);
         ++read_k;
         if (n_block == own.begin) release_q();
-        prepare_scores(tSrS, n_block);
+        const auto shift = prepare_scores(tSrS, n_block);
         auto scores = rowcol_view(tSrS);
-        softmax.update_max(scores, rescale);  // O is still empty: nothing to rescale
-        softmax.exponentiate(scores);
+        softmax.update_max(scores, rescale, shift);  // O is still empty: nothing to rescale
+        softmax.exponentiate(scores, shift);
         convert_fragment(tSrS, tOrP);
       }
 
@@ -556,16 +592,16 @@ struct FwdKernel {
         turns.pass();
 
         warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
-        pipeline_k.consumer_release(read_k);
+        release_stage(smem.kv.pipeline_k, pipeline_k, read_k);
         ++read_k;
         if (n_block - 1 == own.begin) release_q();
-        prepare_scores(tSrS, n_block - 1);
+        const auto shift = prepare_scores(tSrS, n_block - 1);
         auto scores = rowcol_view(tSrS);
-        const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
-        softmax.exponentiate(scores);
+        const bool rescale_o = softmax.update_max(scores, rescale, shift);  // warp-uniform
+        softmax.exponentiate(scores, shift);
 
         warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
-        pipeline_v.consumer_release(read_v);
+        release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
         ++read_v;
         if (rescale_o) {
           auto o = rowcol_view(tOrO);
@@ -580,7 +616,7 @@ struct FwdKernel {
       wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
       turns.pass();
       warpgroup_wait<0>();
-      pipeline_v.consumer_release(read_v);
+      release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
       ++read_v;  // the ring carries over to the next tile
       pass_key_tiles(own.begin - keys.begin);  // below this warpgroup's own (a window's left side)
     }
@@ -658,10 +694,11 @@ struct FwdKernel {
       ++at;
       pipeline.consumer_wait(at);
     };
+    auto release = [&](ChunkPipelineState at) { release_stage(smem.kv.pipeline, pipeline, at); };
     auto release_pair = [&](ChunkPipelineState at) {
-      pipeline.consumer_release(at);
+      release(at);
       ++at;
-      pipeline.consumer_release(at);
+      release(at);
     };
     auto advance = [](ChunkPipelineState at, int chunks) {
       for (int i = 0; i < chunks; ++i) ++at;
@@ -697,16 +734,16 @@ struct FwdKernel {
         release_pair(read);
         read = advance(read, 2);
         if (n == keys.begin) release_q();
-        prepare_scores(tSrS, n);
+        const auto shift = prepare_scores(tSrS, n);
         auto scores = rowcol_view(tSrS);
-        const bool rescale_o = softmax.update_max(scores, rescale);  // warp-uniform
+        const bool rescale_o = softmax.update_max(scores, rescale, shift);  // warp-uniform
         if (!first && rescale_o) {  // the first tile's O is still empty
           auto o0 = rowcol_view(tOrO0);
           auto o1 = rowcol_view(tOrO1);
           scale_rows(o0, rescale);
           scale_rows(o1, rescale);
         }
-        softmax.exponentiate(scores);
+        softmax.exponentiate(scores, shift);
         convert_fragment(tSrS, tOrP);
       };
       wait_pair(read);
@@ -723,11 +760,11 @@ struct FwdKernel {
         // Between P·V and QKᵀ the tensor pipe idles: only the wait for P·V's end stays there.
         wait_pair(k_at);
         warpgroup_wait<1>();
-        pipeline.consumer_release(read);  // V's low half has been read
+        release(read);  // V's low half has been read
         warpgroup_wait<0>();  // P may be overwritten: S is next
         issue_qk(tSrS, k_at);
         turns.pass();
-        pipeline.consumer_release(advance(read, 1));
+        release(advance(read, 1));
         read = k_at;
         softmax_step(n_block - 1, false);
       }

@@ -4,9 +4,12 @@
 // the consumers' release). Rows past the sequence's end arrive as zeros (gmem_layout.cuh). With
 // pack-GQA a tile's Q rows come from several heads, which one box cannot address: a warp gathers
 // them with 16-byte cp.async copies instead. With a KV cache the keys are rows of the sequence's
-// cache row, or of the pages its page-table row names. Where pages hold whole key tiles
-// (cache/page_tiles.hpp) a key tile lies inside one page, whose rows the tile's box addresses;
+// cache row, or of the pages its page-table row names (cache/page_tiles.hpp): where pages hold
+// whole key tiles a key tile lies inside one page, whose rows the tile's box addresses; where they
+// hold whole pieces of kKeyPieceRows keys each piece does, one box per piece (load_pieces);
 // otherwise two warps of the producer warpgroup gather K and V row by row (gather_key_tile).
+// Pieces are the compile-time variant FA4_SM90_KV_PIECES=1, off (such pages gathered) until their
+// tests and A/B have run on the device.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -22,6 +25,10 @@
 #include "sm90/fwd/query_rows.cuh"
 #include "sm90/common/sequence.cuh"
 #include "sm90/fwd/tile_scheduler.cuh"
+
+#ifndef FA4_SM90_KV_PIECES
+#define FA4_SM90_KV_PIECES 0
+#endif
 
 namespace fa4::sm90 {
 
@@ -60,11 +67,28 @@ struct FwdLoad {
   using TmaQ = Tma<SmemLayoutQ, Shape<BlockM, HeadDimQK>>;
   using TmaK = Tma<SmemLayoutKBox, KBox>;
   using TmaV = Tma<SmemLayoutVBox, VBox>;
+  // One piece of a key tile (pages of whole pieces): kKeyPieceRows rows of the tile's buffer, laid
+  // out as the same swizzle atoms as the whole tile's, so that a piece's box lands in its rows.
+  using PieceRows = Int<kKeyPieceRows>;
+  static constexpr int kPieces = BlockN::value / kKeyPieceRows;
+  static_assert(BlockN::value % kKeyPieceRows == 0, "a key tile is whole pieces");
+  using KPieceBox = Shape<PieceRows, HeadDimQK>;
+  using VPieceBox = Shape<PieceRows, HeadDimV>;
+  using SmemLayoutKPiece =
+      decltype(tile_to_shape(typename Config::template SmemAtom<HeadDimQK::value>{}, KPieceBox{}));
+  using SmemLayoutVPiece =
+      decltype(tile_to_shape(typename Config::template SmemAtom<HeadDimV::value>{}, VPieceBox{}));
+  using TmaKPiece = Tma<SmemLayoutKPiece, KPieceBox>;
+  using TmaVPiece = Tma<SmemLayoutVPiece, VPieceBox>;
+  // Whether the kernel has the pieces' loads at all (the compile-time variant).
+  static constexpr bool kKvPieces = FA4_SM90_KV_PIECES != 0;
 
   struct Params {
     TmaQ tma_q;
     TmaK tma_k;
     TmaV tma_v;
+    TmaKPiece tma_k_piece;
+    TmaVPiece tma_v_piece;
     GmemShape shape_q;
     GmemShape shape_k;
     GmemShape shape_v;
@@ -78,8 +102,10 @@ struct FwdLoad {
     const int32_t* table;
     int64_t table_stride;
     int32_t page_size;
-    // Pages that do not hold whole key tiles: K and V gathered (page, row, head strides), a
-    // position's page and row found by page_rows (page_size, divided by a multiply-high).
+    // How key tiles are loaded (cache/page_tiles.hpp): whole, in pieces, or gathered. Gathered,
+    // K and V are read through their page, row and head strides; a position's page and row are
+    // found by page_rows (page_size, divided by a multiply-high), also for pieces.
+    bool pieces;
     bool gather;
     cutlass::FastDivmod page_rows;
     // A key tile's page-table entries fit in a warp's lanes (load_tile_pages).
@@ -107,9 +133,16 @@ struct FwdLoad {
                              p.heads_kv);
     auto gmem = [](auto view) { return make_tensor(make_gmem_ptr(view.base), view.layout); };
     const KvCache& cache = p.kv_cache;
+    const KeyLoad key_load = key_load_of(p, BlockN::value, kKvPieces);
+    // The pieces' descriptors are encoded only where pieces load (host time per call).
+    const bool pieces = key_load == KeyLoad::kPieces;
     return {make_tma_copy(SM90_TMA_LOAD{}, gmem(q), SmemLayoutQ{}, Shape<BlockM, HeadDimQK>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutKBox{}, KBox{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutVBox{}, VBox{}, _1{}),
+            pieces ? make_tma_copy(SM90_TMA_LOAD{}, gmem(k), SmemLayoutKPiece{}, KPieceBox{}, _1{})
+                   : TmaKPiece{},
+            pieces ? make_tma_copy(SM90_TMA_LOAD{}, gmem(v), SmemLayoutVPiece{}, VPieceBox{}, _1{})
+                   : TmaVPiece{},
             q.layout.shape(),
             k.layout.shape(),
             v.layout.shape(),
@@ -121,7 +154,8 @@ struct FwdLoad {
             cache.page_table,
             cache.page_table_stride,
             int32_t(cache.page_size),
-            !pages_hold_key_tiles(p, BlockN::value),
+            pieces,
+            key_load == KeyLoad::kGather,
             cutlass::FastDivmod(cache.page_size > 0 ? int(cache.page_size) : 1),
             // A tile's rows span at most (BlockN - 1) / page_size + 2 entries.
             cache.page_size > 0 && (BlockN::value - 1) / cache.page_size + 2 <= 32,
@@ -137,8 +171,13 @@ struct FwdLoad {
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
     prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    if (kKvPieces && p.pieces) {
+      prefetch_tma_descriptor(p.tma_k_piece.get_tma_descriptor());
+      prefetch_tma_descriptor(p.tma_v_piece.get_tma_descriptor());
+    } else {
+      prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+      prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    }
   }
 
 
@@ -166,14 +205,69 @@ struct FwdLoad {
     const int32_t page = __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
     return {p.page_size - in_page + (pos - page_start), in_page, page};
   }
+  // The same for the piece of kKeyPieceRows keys from key `key` on (pages of whole pieces), whose
+  // page-table entry `page` the load thread has already read (load_key_page); page_rows divides.
+  CUTE_DEVICE static SeqRows piece_rows(Params const& p, Sequence const& seq, int32_t key,
+                                        int32_t page) {
+    int32_t index, in_page_pos;
+    p.page_rows.fast_divmod(index, in_page_pos, seq.start_k + key);
+    const int32_t in_page =
+        cute::min(p.page_size, seq.start_k + seq.len_k - index * p.page_size);
+    if (in_page <= 0) return {p.page_size, 0, 0};
+    return {p.page_size - in_page + in_page_pos, in_page, page};
+  }
+  // The page-table entry of the page holding key `key` into shared memory at `dst` by a 4-byte
+  // cp.async (0 where piece_rows reads no row of the page): the entries of a tile's pieces then
+  // fly together and hold no registers of the load thread (24 of them at d128).
+  CUTE_DEVICE static void load_key_page(Params const& p, Sequence const& seq, int32_t key,
+                                        uint32_t dst) {
+    const int32_t index = p.page_rows.div(seq.start_k + key);
+    const bool read = index * p.page_size < seq.start_k + seq.len_k;
+    const int32_t* src = p.table + int64_t(seq.k_batch) * p.table_stride + (read ? index : 0);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(read ? 4 : 0));
+  }
+  // The TMA source of the box at `at` for the buffer `s` ((box rows, cols), rest...).
+  template <class Tma, class SmemTensor, class Box>
+  CUTE_DEVICE static auto key_box(Tma const& tma, GmemShape const& shape, int head, SeqRows at,
+                                  SmemTensor const& s, Box box) {
+    Tensor g = sequence_tiles_2d(tma, shape, head, at, box);
+    return get<0>(tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
+                                group_modes<0, 2>(g)));  // (TMA, row tile, col tile)
+  }
   // The TMA source of key tile n (key_tile_rows) for the ring buffer `s` (box, cols, stage).
   template <class Tma, class SmemTensor, class Box>
   CUTE_DEVICE static auto key_tile(Params const& p, Tma const& tma, GmemShape const& shape,
                                    int head, Sequence const& seq, SeqRows rows, int n,
                                    SmemTensor const& s, Box box) {
-    Tensor g = sequence_tiles_2d(tma, shape, head, key_tile_rows(p, seq, rows, n), box);
-    return get<0>(tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
-                                group_modes<0, 2>(g)));  // (TMA, row tile, col tile)
+    return key_box(tma, shape, head, key_tile_rows(p, seq, rows, n), s, box);
+  }
+
+  // Key tile n in pieces into the ring slot `state` names, once the consumers have released it:
+  // `s` is the ring as (piece rows, cols, piece, 1, stage) and `dst` its TMA partition. The pieces'
+  // table entries go to `entries` (shared memory) first, together, so that their latencies overlap
+  // each other and the wait for the slot. The slot's full barrier expects the whole tile's bytes,
+  // which the boxes complete (rows past the sequence's end arrive as zeros and count).
+  template <class Tma, class SmemTensor, class Dst, class Box>
+  CUTE_DEVICE static void load_pieces(Params const& p, Tma const& tma, GmemShape const& shape,
+                                      int head, Sequence const& seq, int n,
+                                      int32_t* entries, Pipeline& pipeline, PipelineState& state,
+                                      SmemTensor const& s, Dst& dst, Box box) {
+    const int32_t first = n * BlockN::value;
+    const uint32_t at = cast_smem_ptr_to_uint(entries);
+    CUTE_UNROLL
+    for (int i = 0; i < kPieces; ++i)
+      load_key_page(p, seq, first + i * kKeyPieceRows, at + 4 * i);
+    pipeline.producer_acquire(state);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    CUTE_UNROLL
+    for (int i = 0; i < kPieces; ++i) {
+      const int32_t key = first + i * kKeyPieceRows;
+      auto src = key_box(tma, shape, head, piece_rows(p, seq, key, entries[i]), s, box);
+      copy(tma.with(*pipeline.producer_get_barrier(state)), src(_, 0, 0),
+           dst(_, i, 0, state.index()));
+    }
+    ++state;
   }
 
   // The tile's Q box and Q's buffer, TMA-partitioned: the box starts at the tile's row 0
@@ -214,7 +308,7 @@ struct FwdLoad {
   CUTE_DEVICE static void run(Params const& p, QueryRows const& rows, TileCoord tile,
                               int first_row, Sequence const& seq, KeyTiles keys,
                               int q_tile, int o_staged, Element* smem_q, Element* smem_k,
-                              Element* smem_v,
+                              Element* smem_v, int32_t* piece_entries,
                               uint64_t& q_full, uint64_t& q_empty, uint64_t& o_free,
                               Pipeline& pipeline_k,
                               Pipeline& pipeline_v, PipelineState& write_k,
@@ -234,13 +328,32 @@ struct FwdLoad {
                                        group_modes<0, 2>(gK)));
     Tensor tVsV = get<1>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                        group_modes<0, 2>(gV)));
+    // The rings as pieces, for pages of whole pieces: (piece rows, cols, piece, 1, stage).
+    Tensor sKp = flat_divide(sK, KPieceBox{});
+    Tensor sVp = flat_divide(sV, VPieceBox{});
+    Tensor gKp = sequence_tiles(p.tma_k_piece, p.shape_k, kv_head, k_rows, KPieceBox{});
+    Tensor gVp = sequence_tiles(p.tma_v_piece, p.shape_v, kv_head, k_rows, VPieceBox{});
+    Tensor tKsKp = get<1>(tma_partition(p.tma_k_piece, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sKp), group_modes<0, 2>(gKp)));
+    Tensor tVsVp = get<1>(tma_partition(p.tma_v_piece, _0{}, Layout<_1>{},
+                                        group_modes<0, 2>(sVp), group_modes<0, 2>(gVp)));
     auto load_k = [&](int n) {
+      if (kKvPieces && p.pieces) {
+        load_pieces(p, p.tma_k_piece, p.shape_k, kv_head, seq, n, piece_entries,
+                    pipeline_k, write_k, sKp, tKsKp, KPieceBox{});
+        return;
+      }
       load_stage(p.tma_k, pipeline_k, write_k,
                  key_tile(p, p.tma_k, p.shape_k, kv_head, seq, k_rows, n, sK,
                           Shape<BlockN, HeadDimQK>{})(_, 0, 0),
                  tKsK);
     };
     auto load_v = [&](int n) {
+      if (kKvPieces && p.pieces) {
+        load_pieces(p, p.tma_v_piece, p.shape_v, kv_head, seq, n, piece_entries,
+                    pipeline_v, write_v, sVp, tVsVp, VPieceBox{});
+        return;
+      }
       load_stage(p.tma_v, pipeline_v, write_v,
                  key_tile(p, p.tma_v, p.shape_v, kv_head, seq, k_rows, n, sV,
                           Shape<BlockN, HeadDimV>{})(_, 0, 0),

@@ -1,4 +1,6 @@
-// The split-KV combine (split_kv.cuh): a warp per (query row, head), its lanes along the head dim.
+// The split-KV combine (split_kv.cuh): one warp per (query row, head), its lanes along the head
+// dim, or (the compile-time variant FA4_SM90_COMBINE_WARPS) up to 8 where a row has many splits.
+#include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/numeric_types.h>
 
 #include "common/mask.hpp"
@@ -6,10 +8,24 @@
 #include "sm90/host/launch.cuh"
 #include "sm90/fwd/split_kv.cuh"
 
+// The most warps per (query row, head) (warps_per_row): a compile-time variant, 1 (a warp per row)
+// until the wider combine's tests and A/B have run on the device.
+#ifndef FA4_SM90_COMBINE_WARPS
+#define FA4_SM90_COMBINE_WARPS 1
+#endif
+
+#if defined(__CUDA_ARCH__) && !defined(CUTLASS_GDC_ENABLED)
+#error "griddepcontrol is compiled out: build with -DCUTLASS_ENABLE_GDC_FOR_SM90"
+#endif
+
 namespace fa4::sm90 {
 namespace {
 
 constexpr int kWarps = 8;
+constexpr int kMaxRowWarps = FA4_SM90_COMBINE_WARPS;
+static_assert(kMaxRowWarps == 1 || kMaxRowWarps == 2 || kMaxRowWarps == 4 || kMaxRowWarps == 8,
+              "a power of two up to kWarps");
+constexpr int kMaxHeadDim = 256;
 
 __device__ float warp_max(float x) {
   for (int o = 16; o > 0; o /= 2) {
@@ -31,7 +47,53 @@ __device__ float split_lse(CombineParams const& p, int64_t row, int split) {
   return l == INFINITY ? -INFINITY : l;
 }
 
-// blocks_per_sequence CTAs per batch entry, one after another (a 1-D grid: no 65535 limit).
+// acc += w · x, per component.
+__device__ void add_weighted(float4& acc, float w, float4 x) {
+  acc.x += w * x.x;
+  acc.y += w * x.y;
+  acc.z += w * x.z;
+  acc.w += w * x.w;
+}
+
+// Four consecutive elements of O.
+template <class Element>
+__device__ void store4(Element* out, float4 v) {
+  out[0] = Element(v.x);
+  out[1] = Element(v.y);
+  out[2] = Element(v.z);
+  out[3] = Element(v.w);
+}
+
+// The row's LSE over its splits (its sink joined once), computed by every lane of the calling
+// warp; INFINITY where no split saw a key of the row.
+__device__ float combined_lse(CombineParams const& p, int64_t row, int head, int lane) {
+  float m = -INFINITY;
+  for (int s = lane; s < p.splits; s += 32) {
+    const float l = split_lse(p, row, s);
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(m), "f"(l));
+  }
+  m = warp_max(m);
+  float sum = 0.0f;
+  if (m != -INFINITY)
+    for (int s = lane; s < p.splits; s += 32) sum += expf(split_lse(p, row, s) - m);
+  sum = warp_sum(sum);
+  // The row's sink joins the denominator once, here (the splits leave it out): the weights
+  // e^(lse_s − lse) then take its share.
+  if (p.sinks != nullptr) Sink{p.sinks[head]}.fold(m, sum);
+  return m == -INFINITY ? INFINITY : m + logf(sum);
+}
+
+// Warps per (query row, head): with many splits and few rows (decode of a few sequences) one warp
+// walking every split's partial O in turn waits on each load; the splits are shared out among up
+// to kMaxRowWarps warps instead, at least 4 splits each, whose sums meet in shared memory.
+int warps_per_row(int splits) {
+  int w = 1;
+  while (w < kMaxRowWarps && splits >= 8 * w) w *= 2;
+  return w;
+}
+
+// A warp per (query row, head); blocks_per_sequence CTAs per batch entry, one after another (a 1-D
+// grid: no 65535 limit).
 template <class Element>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits(CombineParams p, int blocks_per_sequence) {
@@ -45,21 +107,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int head = int(t % p.partials.heads);
   const int64_t row = p.partials.row(0, head, seq, position);
 
-  float m = -INFINITY;
-  for (int s = lane; s < p.splits; s += 32) {
-    const float l = split_lse(p, row, s);
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(m), "f"(l));
-  }
-  m = warp_max(m);
-  float sum = 0.0f;
-  if (m != -INFINITY)
-    for (int s = lane; s < p.splits; s += 32) sum += expf(split_lse(p, row, s) - m);
-  sum = warp_sum(sum);
-  // The row's sink joins the denominator once, here (the splits leave it out): the weights
-  // below, e^(lse_s − lse), then take its share.
-  if (p.sinks != nullptr) Sink{p.sinks[head]}.fold(m, sum);
-  const bool empty = m == -INFINITY;
-  const float lse = empty ? INFINITY : m + logf(sum);
+  const float lse = combined_lse(p, row, head, lane);
+  const bool empty = lse == INFINITY;
 
   Element* out = static_cast<Element*>(p.out) + seq.batch * p.out_batch_stride +
                  (seq.start_q + position) * p.out_row_stride + head * p.out_head_stride;
@@ -72,15 +121,58 @@ __global__ void __launch_bounds__(kWarps * 32)
         const float w = expf(split_lse(p, row, s) - lse);
         const float4 x = *reinterpret_cast<const float4*>(o + s * split_stride + c);
         // A split without keys wrote O = 0 (its row sum was 0): w = 0 then, and 0 · 0 adds 0.
-        acc.x += w * x.x;
-        acc.y += w * x.y;
-        acc.z += w * x.z;
-        acc.w += w * x.w;
+        add_weighted(acc, w, x);
       }
-    out[c] = Element(acc.x);
-    out[c + 1] = Element(acc.y);
-    out[c + 2] = Element(acc.z);
-    out[c + 3] = Element(acc.w);
+    store4(out + c, acc);
+  }
+  if (p.lse != nullptr && lane == 0)
+    p.lse[seq.batch * p.lse_batch_stride + head * p.lse_head_stride +
+          (seq.start_q + position) * p.lse_seq_stride] = lse;
+}
+
+// kWarps / row_warps (query row, head) pairs per CTA, row_warps warps each (warps_per_row > 1),
+// the splits shared out among them (s ≡ part mod row_warps), their sums meeting in shared memory;
+// blocks_per_sequence CTAs per batch entry. Launched dependent on the forward kernel, it waits for
+// it before reading anything.
+template <class Element>
+__global__ void __launch_bounds__(kWarps * 32)
+    combine_splits_wide(CombineParams p, int blocks_per_sequence, int row_warps) {
+  __shared__ float4 sums[kWarps][kMaxHeadDim / 4];  // each warp's weighted sum of its splits' O
+  cutlass::arch::wait_on_dependent_grids();
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int part = warp % row_warps;
+  const int b = int(blockIdx.x) / blocks_per_sequence;
+  const Sequence seq = load_sequence(p.sequences, b);
+  if (!seq.valid) return;  // the whole CTA
+  const int64_t t =
+      int64_t(blockIdx.x % blocks_per_sequence) * (kWarps / row_warps) + warp / row_warps;
+  const bool exists = t < int64_t(seq.len_q) * p.partials.heads;  // no return: __syncthreads
+  const int64_t position = t / p.partials.heads;
+  const int head = int(t % p.partials.heads);
+  const int64_t row = exists ? p.partials.row(0, head, seq, position) : 0;
+  const float lse = exists ? combined_lse(p, row, head, lane) : INFINITY;
+
+  const int64_t split_stride = int64_t(p.partials.heads) * p.partials.rows * p.head_dim_v;
+  const float* o = p.partials.o + row * p.head_dim_v;
+  for (int c = lane * 4; c < p.head_dim_v; c += 128) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (lse != INFINITY) {
+#pragma unroll 4
+      for (int s = part; s < p.splits; s += row_warps) {
+        const float w = expf(split_lse(p, row, s) - lse);
+        add_weighted(acc, w, *reinterpret_cast<const float4*>(o + s * split_stride + c));
+      }
+    }
+    sums[warp][c / 4] = acc;
+  }
+  __syncthreads();
+  if (!exists || part != 0) return;
+  Element* out = static_cast<Element*>(p.out) + seq.batch * p.out_batch_stride +
+                 (seq.start_q + position) * p.out_row_stride + head * p.out_head_stride;
+  for (int c = lane * 4; c < p.head_dim_v; c += 128) {
+    float4 acc = sums[warp][c / 4];
+    for (int w = 1; w < row_warps; ++w) add_weighted(acc, 1.0f, sums[warp + w][c / 4]);
+    store4(out + c, acc);
   }
   if (p.lse != nullptr && lane == 0)
     p.lse[seq.batch * p.lse_batch_stride + head * p.lse_head_stride +
@@ -92,14 +184,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 cudaError_t launch_combine_splits(CombineParams const& p, DType dtype, int64_t batch,
                                   int64_t max_q, void* stream) {
   // The split path runs only where the partials fit kSplitRowBudget rows: the grid is small.
-  const int per_sequence = int((max_q * p.partials.heads + kWarps - 1) / kWarps);
-  const dim3 grid{unsigned(per_sequence * batch)};
+  const int warps = warps_per_row(p.splits);
   const dim3 block{unsigned(kWarps * 32)};
+  if (warps == 1) {
+    const int per_sequence = int((max_q * p.partials.heads + kWarps - 1) / kWarps);
+    const dim3 grid{unsigned(per_sequence * batch)};
+    return dtype == DType::kFP16
+               ? launch_kernel(combine_splits<cutlass::half_t>, grid, block, 0, stream, p,
+                               per_sequence)
+               : launch_kernel(combine_splits<cutlass::bfloat16_t>, grid, block, 0, stream, p,
+                               per_sequence);
+  }
+  if (p.head_dim_v > kMaxHeadDim) return cudaErrorInvalidValue;
+  const int rows_per_cta = kWarps / warps;
+  const int per_sequence = int((max_q * p.partials.heads + rows_per_cta - 1) / rows_per_cta);
+  const dim3 grid{unsigned(per_sequence * batch)};
   return dtype == DType::kFP16
-             ? launch_kernel(combine_splits<cutlass::half_t>, grid, block, 0, stream, p,
-                             per_sequence)
-             : launch_kernel(combine_splits<cutlass::bfloat16_t>, grid, block, 0, stream, p,
-                             per_sequence);
+             ? launch_kernel_dependent(combine_splits_wide<cutlass::half_t>, grid, block, 0,
+                                       stream, p, per_sequence, warps)
+             : launch_kernel_dependent(combine_splits_wide<cutlass::bfloat16_t>, grid, block, 0,
+                                       stream, p, per_sequence, warps);
 }
 
 }  // namespace fa4::sm90
