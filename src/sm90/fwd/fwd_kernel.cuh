@@ -162,7 +162,7 @@ struct FwdKernel {
                                 Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
                                 Config::kRescaleVote>;
 
-  // ALiBi's linear form (score_variants.cuh), where the kernel has registers for its rows.
+  // ALiBi's linear form (fwd/alibi_linear.hpp), where the kernel has registers for its rows.
   static constexpr bool kAlibiLinear = FA4_SM90_ALIBI_LINEAR != 0 &&
                                        Config::kConsumerWarpgroups == 2 &&
                                        Config::kHeadDimQK < 256 && !Config::kChunked;
