@@ -12,7 +12,9 @@
 # With FA3_SRC naming FlashAttention-3's source archive, `build` builds it too (scripts/build_fa3.sh).
 #   usage: scripts/gpu_check.sh [build] [tests|sanitize|python|host|sass|bench|bench_bwd|bench_fwdbwd|decode|decode_loop]...
 #          (default: all of them but decode and decode_loop); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
-#          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240)
+#          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240);
+#          FA4_CUDA_FLAGS (with `build`): extra CUDA defines for the kernels, e.g. a compile-time
+#          variant's ("-DFA4_SM90_KV_PIECES=1"), so that every step after it runs on that build
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -80,6 +82,7 @@ run_build() {
     "-DFA4_OPENBLAS_STATIC=$blas/libopenblas.a" "-DFA4_HWY_INCLUDE=$deps/include")
   cmake -S "$root" -B "$dir" -G Ninja -DFA4_SM90_PTXAS_VERBOSE=ON -DFA4_TORCH_PYTHON="$(command -v python3)" \
     ${FA4_KERNELS:+"-DFA4_SM90_KERNELS=$FA4_KERNELS"} ${FA4_CUTLASS_DIR:+"-DFA4_CUTLASS_DIR=$FA4_CUTLASS_DIR"} \
+    ${FA4_CUDA_FLAGS:+"-DCMAKE_CUDA_FLAGS=$FA4_CUDA_FLAGS"} \
     "${gtest_args[@]}" "${prefix_args[@]}" >"$out/build.log" 2>&1 &&
     cmake --build "$dir" -j "$(nproc)" --target fa4_shared fa4_gpu_tests fa4-bench >>"$out/build.log" 2>&1
   local rc=$?
