@@ -5,7 +5,8 @@
 // that see them. Each of the two MMA warpgroups owns 64 of the keys and computes, per query tile,
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ               (SS: 64 keys × kBlockM queries, K = head dim)
 //   dV += Pᵀ dO, dK += dSᵀ Q              (RS: Pᵀ and dSᵀ straight from the Sᵀ / dPᵀ registers)
-// and, with dS of both warpgroups in shared memory, half of the head dim of
+// and, with dS of both warpgroups in shared memory, half of the head dim (or, kDqSplitRows, of the
+// query rows) of
 //   dQ = dS K                             (SS: kBlockM queries × dim/2, K = kBlockN keys).
 // Computing Sᵀ rather than S is what lets P and dS feed dV and dK from registers: the accumulator
 // of a 64-row wgmma is the A operand of the next one, without a shuffle (fragment.cuh).
@@ -103,8 +104,9 @@ struct BwdConfig {
   using SmemAtom = sm90::SmemAtom<Element, kElements>;
 
   // Q and dO are read K-major (Sᵀ, dPᵀ: K = dim) and, transposed, MN-major (dK, dV: N = dim). K is
-  // read K-major (Sᵀ) and transposed with N = dim / 2 per warpgroup (dQ): its swizzle must fit
-  // that half, since an MN-major operand cannot start inside a swizzle atom.
+  // read K-major (Sᵀ) and transposed with N = dim / 2 per warpgroup (dQ; all of dim with
+  // kDqSplitRows, two of these atoms along N): its swizzle must fit that half, since an MN-major
+  // operand cannot start inside a swizzle atom.
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom<kHeadDim>{}, Shape<BlockM, HeadDim, Stages>{}));
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<HeadDim, BlockM, Stages>{}, Step<_2, _1, _3>{})));

@@ -109,7 +109,7 @@ struct BwdDqReduce {
 
   // Called by every thread of both MMA warpgroups, once per query tile, with the tiled MMA of
   // dQ. `thread`: among the MMA threads. Waits until the writer has read the warpgroup's previous
-  // half, stages this one and hands it over without waiting for the reduction.
+  // part, stages this one and hands it over without waiting for the reduction.
   template <class TiledMma, class Acc>
   CUTE_DEVICE static void stage(float* smem, TiledMma const& mma, Acc const& dq, int thread) {
     // The four swizzled staging addresses come from an index the compiler cannot see through, so
@@ -208,7 +208,7 @@ struct BwdDqReduce {
             asm volatile("fence.proxy.async.global;" ::: "memory");
             Turns::pass_one(turns);
           } else {
-            tma_store_wait<0>();  // the half has been read
+            tma_store_wait<0>();  // the part has been read
           }
         }
         __syncwarp();

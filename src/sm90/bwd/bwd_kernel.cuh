@@ -6,8 +6,8 @@
 //     P = exp2(Sᵀ·scale·log2e − LSE·log2e)   from the forward's LSE: no max, no sum
 //     dPᵀ = V dOᵀ, dV += Pᵀ dO         wgmma, Pᵀ from registers
 //     dS = P ∘ (dP − D)                (∘ (1 − tanh²) with softcap)
-//     dS → shared memory; dQ = dS K     (half the head dim per warpgroup), staged in shared
-//                                       memory for the writer warp (bwd_dq_reduce.cuh)
+//     dS → shared memory; dQ = dS K     (half the head dim or rows per warpgroup), staged in
+//                                       shared memory for the writer warp (bwd_dq_reduce.cuh)
 //     dK += dSᵀ Q                      wgmma, dSᵀ from registers
 //   then dK ·= scale, and dK, dV written (or added to the GQA accumulators).
 #pragma once

@@ -11,8 +11,8 @@
 //             the whole kernel
 //   dk_accum, dv_accum [heads_kv][key rows][dim]   GQA only: summed over a group's query heads
 //   deterministic mode only, int32, cleared before the main kernel:
-//   dq_turns  [batch][heads_q][query tiles][2]  how many key tiles (per warpgroup half of the
-//             head dim) have added their dQ to that query tile so far
+//   dq_turns  [batch][heads_q][query tiles][2]  how many key tiles (per warpgroup's part: half
+//             of the head dim, or of the rows) have added their dQ to that query tile so far
 //   dkv_turns [batch][heads_kv][key tiles]      GQA: how many query heads have added dK / dV
 // Query rows are batch·seqlen_q (fixed length; sequence b starts at b·seqlen_q) or total_q
 // (varlen; sequence b starts at cu_seqlens_q[b]); key rows likewise.

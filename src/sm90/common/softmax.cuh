@@ -39,6 +39,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -79,8 +80,10 @@ struct Exp2Split {
   static constexpr bool on_fma_pipe(int j) { return j % kDen >= kDen - kNum; }
 };
 
+// SumOf: the type whose values the row sums add up (FwdConfig::kRoundedRowSum): float, or P's
+// element type, each probability then rounded to it before it is summed and handed to P·V.
 template <int kRows, int kPolyNum = 0, int kPolyDen = 1, int kRescaleThresholdLog2 = 0,
-          int kChains = 1, bool kVoteExact = false>
+          int kChains = 1, bool kVoteExact = false, class SumOf = float>
 struct OnlineSoftmax {
   using RowVector = cute::array<float, kRows>;
   using Split = Exp2Split<kPolyNum, kPolyDen>;
@@ -178,6 +181,7 @@ struct OnlineSoftmax {
         } else {
           p = exp2_approx(x);
         }
+        if constexpr (!std::is_same_v<SumOf, float>) p = float(SumOf(p));
         scores(i, j) = p;
         sum[decltype(j)::value % kChains] += p;
       });

@@ -28,6 +28,11 @@
 #ifndef FA4_SM90_RESCALE_VOTE
 #define FA4_SM90_RESCALE_VOTE -1
 #endif
+// A/B switch: 1 sums each row's probabilities as P·V receives them, rounded to the element type
+// (FwdConfig::kRoundedRowSum); 0 (default) sums them in fp32.
+#ifndef FA4_SM90_ROUNDED_ROW_SUM
+#define FA4_SM90_ROUNDED_ROW_SUM 0
+#endif
 
 namespace fa4::sm90 {
 
@@ -102,6 +107,11 @@ struct FwdConfig {
   static constexpr bool kRescaleVote = FA4_SM90_RESCALE_VOTE < 0
                                            ? TileSize::kRescaleVote
                                            : FA4_SM90_RESCALE_VOTE != 0;
+  // With a threshold above 0 a row's dominant probability is 2^k·p, not exactly 1, and its
+  // rounding for P·V lands on O's largest term; summed as rounded, the normalisation cancels
+  // most of it (O = Σ r(P)·V / Σ r(P)), at one more operation per score. bench/rescale_emulation.py
+  // emulates both against the test rule; off until measured on the device.
+  static constexpr bool kRoundedRowSum = FA4_SM90_ROUNDED_ROW_SUM != 0;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

@@ -160,7 +160,8 @@ struct FwdKernel {
   template <int kRows>
   using Softmax = OnlineSoftmax<kRows, Config::kExp2PolyNum, Config::kExp2PolyDen,
                                 Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
-                                Config::kRescaleVote>;
+                                Config::kRescaleVote,
+                                std::conditional_t<Config::kRoundedRowSum, Element, float>>;
 
   // ALiBi's linear form (fwd/alibi_linear.hpp), where the kernel has registers for its rows.
   static constexpr bool kAlibiLinear = FA4_SM90_ALIBI_LINEAR != 0 &&
