@@ -1,24 +1,16 @@
 """bench/rescale_emulation.py, the CPU emulation of the forward's online softmax: at threshold 0 it
 is lp itself and meets the rule; its reference is softmax(QKᵀ)·V; with a threshold the held max
 lags, O stays a weighted mean of V, and a spiky row's error grows past lp's."""
-import importlib.util
 import math
-import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
-
-@pytest.fixture(scope="module")
-def emu():
-    spec = importlib.util.spec_from_file_location(
-        "rescale_emulation", os.path.join(REPO, "bench", "rescale_emulation.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def emu(bench_script):
+    return bench_script("rescale_emulation")
 
 
 def test_reference_is_softmax(emu):
