@@ -250,8 +250,7 @@ struct BwdKernel {
   // ALiBi's slope of this CTA's (batch entry, query head), in the kernel's score units (both tile
   // loops: this one's and bwd_mma_wide.cuh's).
   CUTE_DEVICE static float alibi_slope(Params const& p, Work const& w) {
-    const ScoreVariantParams& v = p.variants;
-    return v.alibi[w.batch * v.alibi_batch_stride + w.head * v.alibi_head_stride] * v.alibi_unit;
+    return sm90::alibi_slope(p.variants, w.batch, w.head);  // score_variants.cuh
   }
 
  private:

@@ -45,6 +45,11 @@ CUTE_DEVICE VariantRow variant_row(QueryRows const& rows, Sequence const& seq, i
 // kernel does not have. `coords`: the same view of the tile's identity tensor; `first_row`: the
 // tile's row 0 (TileRows::first); `tile_head`: the tile's head (kv head when packed). Columns are
 // relative to the thread's first, as the mask takes them: compile-time offsets.
+// ALiBi's slope of batch entry `batch`, query head `head`, in the kernel's score units.
+CUTE_DEVICE float alibi_slope(ScoreVariantParams const& v, int batch, int head) {
+  return v.alibi[batch * v.alibi_batch_stride + head * v.alibi_head_stride] * v.alibi_unit;
+}
+
 template <int kBlockN, class Scores, class Coords>
 CUTE_DEVICE void apply_alibi(Scores& scores, Coords const& coords, ScoreVariantParams const& v,
                              QueryRows const& rows, Sequence const& seq, int batch,
@@ -54,16 +59,7 @@ CUTE_DEVICE void apply_alibi(Scores& scores, Coords const& coords, ScoreVariantP
   for (int i = 0; i < cute::size<0>(scores); ++i) {
     const VariantRow row =
         variant_row(rows, seq, tile_head, int(first_row) + cute::get<0>(coords(i, 0)));
-    const float slope =
-        v.alibi[batch * v.alibi_batch_stride + row.head * v.alibi_head_stride] * v.alibi_unit;
-    // The difference in int, then float: exact for any length (each term alone would round
-    // past 2^24 keys).
-    const float from_first = float(row.center - key0);
-    CUTE_UNROLL
-    for (int j = 0; j < cute::size<1>(scores); ++j) {
-      const float col = float(cute::get<1>(coords(0, j)) - cute::get<1>(coords(0, 0)));
-      scores(i, j) = fmaf(-slope, fabsf(from_first - col), scores(i, j));
-    }
+    add_alibi_row(scores, coords, i, alibi_slope(v, batch, row.head), float(row.center - key0));
   }
 }
 
@@ -77,8 +73,7 @@ CUTE_DEVICE AlibiRows<kRows> alibi_rows(ScoreVariantParams const& v, QueryRows c
   for (int i = 0; i < kRows; ++i) {
     const VariantRow row =
         variant_row(rows, seq, tile_head, int(first_row) + cute::get<0>(coords(i, 0)));
-    a.slope[i] =
-        v.alibi[batch * v.alibi_batch_stride + row.head * v.alibi_head_stride] * v.alibi_unit;
+    a.slope[i] = alibi_slope(v, batch, row.head);
     a.center[i] = row.center;
   }
   return a;

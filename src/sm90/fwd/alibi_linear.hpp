@@ -1,5 +1,6 @@
-// ALiBi's linear form in the forward's score step, a compile-time variant (FA4_SM90_ALIBI_LINEAR,
-// off until its GPU tests and A/B have run): host-device code, so that the CPU tests check it on
+// ALiBi's bias on a thread's tile of scores in the forward: the full form of one row (the score
+// step's, score_variants.cuh), and the linear form, a compile-time variant (FA4_SM90_ALIBI_LINEAR,
+// off until its GPU tests and A/B have run). Host-device code, so that the CPU tests check it on
 // the kernel's own accumulator partition (tests/cpu/test_alibi_linear.cpp).
 #pragma once
 
@@ -15,12 +16,26 @@
 
 namespace fa4::sm90 {
 
+// Row i of a thread's (rows, cols) view of its scores plus −slope·|center − key| in full:
+// `from_first` is center − the thread's first key of the tile, in float from an int difference
+// (exact for any length; each term alone would round past 2^24 keys), and the columns' offsets from
+// the thread's first are compile-time constants. One FADD and one FFMA per score.
+template <class Scores, class Coords>
+CUTE_HOST_DEVICE void add_alibi_row(Scores& scores, Coords const& coords, int i, float slope,
+                                    float from_first) {
+  CUTE_UNROLL
+  for (int j = 0; j < cute::size<1>(scores); ++j) {
+    const float col = float(cute::get<1>(coords(0, j)) - cute::get<1>(coords(0, 0)));
+    scores(i, j) = fmaf(-slope, fabsf(from_first - col), scores(i, j));
+  }
+}
+
 // ALiBi's linear form (FA4_SM90_ALIBI_LINEAR). On a key tile that lies on one side of a row's
 // diagonal, −slope·|center − j| is ±slope·(j − key0) ± slope·(key0 − center) for the thread's
 // first key key0 of the tile: a compile-time column offset times the slope, one FFMA with an
-// immediate per score (apply_alibi's form takes an FADD and an FFMA), and a per-row term that the
+// immediate per score (add_alibi_row takes an FADD and an FFMA), and a per-row term that the
 // softmax adds back to the row's max and subtracts in its exponent (row_shift.hpp), once
-// per row and tile. The tile that holds a row's diagonal takes apply_alibi's form, shift 0. The
+// per row and tile. The tile that holds a row's diagonal takes the full form, shift 0. The
 // rows' slopes and diagonals are held through the tile loop (AlibiRows: two registers per row),
 // which only the kernels with two consumer warpgroups below d256 have room for.
 template <int kRows>
@@ -63,12 +78,7 @@ CUTE_HOST_DEVICE RowShift<kRows> apply_alibi_linear(Scores& scores, Coords const
   } else {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      const float from_first = float(a.center[i] - key0);
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) {
-        const float col = float(cute::get<1>(coords(0, j)) - cute::get<1>(coords(0, 0)));
-        scores(i, j) = fmaf(-a.slope[i], fabsf(from_first - col), scores(i, j));
-      }
+      add_alibi_row(scores, coords, i, a.slope[i], float(a.center[i] - key0));
       shift.c[i] = 0.0f;
     }
   }

@@ -185,20 +185,17 @@ cudaError_t launch_combine_splits(CombineParams const& p, DType dtype, int64_t b
                                   int64_t max_q, void* stream) {
   // The split path runs only where the partials fit kSplitRowBudget rows: the grid is small.
   const int warps = warps_per_row(p.splits);
+  const int rows_per_cta = kWarps / warps;
+  const int per_sequence = int((max_q * p.partials.heads + rows_per_cta - 1) / rows_per_cta);
+  const dim3 grid{unsigned(per_sequence * batch)};
   const dim3 block{unsigned(kWarps * 32)};
-  if (warps == 1) {
-    const int per_sequence = int((max_q * p.partials.heads + kWarps - 1) / kWarps);
-    const dim3 grid{unsigned(per_sequence * batch)};
+  if (warps == 1)
     return dtype == DType::kFP16
                ? launch_kernel(combine_splits<cutlass::half_t>, grid, block, 0, stream, p,
                                per_sequence)
                : launch_kernel(combine_splits<cutlass::bfloat16_t>, grid, block, 0, stream, p,
                                per_sequence);
-  }
   if (p.head_dim_v > kMaxHeadDim) return cudaErrorInvalidValue;
-  const int rows_per_cta = kWarps / warps;
-  const int per_sequence = int((max_q * p.partials.heads + rows_per_cta - 1) / rows_per_cta);
-  const dim3 grid{unsigned(per_sequence * batch)};
   return dtype == DType::kFP16
              ? launch_kernel_dependent(combine_splits_wide<cutlass::half_t>, grid, block, 0,
                                        stream, p, per_sequence, warps)
