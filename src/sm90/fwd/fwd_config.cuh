@@ -60,9 +60,13 @@ struct FwdChunkedTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
   static constexpr int64_t kMinKeys = kVariant.min_keys;
 };
 
-template <int kHeadDimQK_, int kHeadDimV_, class Element_, bool kChunked_ = false>
+template <int kHeadDimQK_, int kHeadDimV_, class Element_, bool kChunked_ = false,
+          class ElementO_ = Element_>
 struct FwdConfig {
-  using Element = Element_;  // cutlass::bfloat16_t or cutlass::half_t
+  using Element = Element_;  // Q, K and V: cutlass::bfloat16_t or cutlass::half_t
+  // O as stored: the operands' type, except where the operands are 8-bit (an FP8 forward writes
+  // bf16 or fp16).
+  using ElementO = ElementO_;
   using Accum = float;
 
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -135,6 +139,8 @@ struct FwdConfig {
   // 128-byte swizzle for rows of multiples of 64 elements, 64 bytes for 96 (smem_atom.cuh).
   template <int kRowElements>
   using SmemAtom = sm90::SmemAtom<Element, kRowElements>;
+  template <int kRowElements>
+  using SmemAtomO = sm90::SmemAtom<ElementO, kRowElements>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom<kHeadDimQK>{}, Shape<BlockM, HeadDimQK>{}));
   using SmemLayoutK =
       decltype(tile_to_shape(SmemAtom<kHeadDimQK>{}, Shape<BlockN, HeadDimQK, Stages>{}));
@@ -145,7 +151,7 @@ struct FwdConfig {
       SmemLayoutV{}, make_ordered_layout(Shape<HeadDimV, BlockN, Stages>{}, Step<_2, _1, _3>{})));
   // O is staged in V's ring once the last P·V has read it (Q's buffer has been released for the
   // next tile's Q by then): the ring's stages hold 2·kBlockN ≥ kBlockM rows.
-  using SmemLayoutO = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtomO<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
 
   using ChunkCols = Int<kChunkCols>;
   using Chunks = Int<kChunked ? kKvChunks : 1>;
@@ -160,7 +166,7 @@ struct FwdConfig {
   static constexpr int kBytesQ = kBlockM * kHeadDimQK * int(sizeof(Element));
   static constexpr int kBytesK = kBlockN * kHeadDimQK * int(sizeof(Element));  // one stage
   static constexpr int kBytesV = kBlockN * kHeadDimV * int(sizeof(Element));
-  static constexpr int kBytesO = kBlockM * kHeadDimV * int(sizeof(Element));
+  static constexpr int kBytesO = kBlockM * kHeadDimV * int(sizeof(ElementO));
 
   // O staged in a buffer of its own where shared memory has room for one beside Q and the rings
   // (d64, d96, d128; 1 KB left for the barriers): each consumer warpgroup then stages and stores
@@ -170,13 +176,14 @@ struct FwdConfig {
   static constexpr bool kOBuffer = !kChunked &&
                                    kBytesQ + kStages * (kBytesK + kBytesV) + kBytesO + 1024 <=
                                        227 * 1024;
-  using SmemLayoutOSlice = decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<_64, HeadDimV>{}));
+  using SmemLayoutOSlice = decltype(tile_to_shape(SmemAtomO<kHeadDimV>{}, Shape<_64, HeadDimV>{}));
   // O's buffer: the warpgroups' slices one after the other.
   using SmemLayoutOBuffer = decltype(tile_to_shape(SmemLayoutOSlice{}, Shape<BlockM, HeadDimV>{}));
 
   static_assert(kHeadDimQK % 32 == 0 && kHeadDimV % 32 == 0,
                 "rows must fill whole 64-byte swizzle atoms");
-  static_assert(kChunked || cosize_v<SmemLayoutO> <= cosize_v<SmemLayoutV>,
+  static_assert(kChunked || cosize_v<SmemLayoutO> * sizeof(ElementO) <=
+                                 cosize_v<SmemLayoutV> * sizeof(Element),
                 "O is staged in V's ring");
   static_assert(!kChunked || (kHeadDimQK == kHeadDimV && kChunkCols % 64 == 0),
                 "chunks split both head dims in two halves of whole 128-byte swizzle atoms");

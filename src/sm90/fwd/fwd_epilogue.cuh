@@ -28,7 +28,7 @@ using namespace cute;
 
 template <class Config>
 struct FwdEpilogue {
-  using Element = typename Config::Element;
+  using Element = typename Config::ElementO;  // O's
   using BlockM = typename Config::BlockM;
   using HeadDimV = typename Config::HeadDimV;
   using SmemLayoutO = typename Config::SmemLayoutO;

@@ -87,7 +87,9 @@ struct FwdKernel {
   };
   // The rings with O's own buffer (Config::kOBuffer).
   struct RingsAndO : Rings {
-    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutOBuffer>, 1024> o;
+    cute::array_aligned<typename Config::ElementO, cosize_v<typename Config::SmemLayoutOBuffer>,
+                        1024>
+        o;
   };
   struct ChunkRing {  // Config::kChunked
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutChunk>, 1024> c;
@@ -638,7 +640,8 @@ struct FwdKernel {
       Epilogue::store_own_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO,
                             smem.kv.o.data(), thread);
     else
-      Epilogue::store_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO, smem.kv.v.data(),
+      Epilogue::store_o(p.epilogue, p.rows, tile, w.rows, w.seq, mma_pv, tOrO,
+                        reinterpret_cast<typename Config::ElementO*>(smem.kv.v.data()),
                         smem.o_free, thread);
   }
   // consume for Config::kChunked. S (64 registers at 128 keys), P (32) and O (128) do not fit in
