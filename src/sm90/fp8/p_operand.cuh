@@ -67,6 +67,11 @@ CUTE_HOST_DEVICE void pack_p_e4m3(Acc const& acc, AFrag& a_frag) {
   static_assert(decltype(size<0, 2>(acc))::value % 4 == 0, "N must be a multiple of 32");
   constexpr int kRegs = decltype(size(acc))::value / 4;
   static_assert(decltype(size(a_frag))::value == 4 * kRegs);
+  // A k32 fragment, not the k16 layout of a 16-bit P (acc_to_operand_a_layout): same size, other
+  // byte order.
+  static_assert(decltype(size<0>(a_frag))::value == 16 && decltype(size<1>(a_frag))::value == 1 &&
+                    decltype(size<2>(a_frag))::value == kRegs / 4,
+                "a_frag is the e4m3 k32 A fragment ((4, 2, 2), 1, N/32)");
   Tensor regs = recast<uint32_t>(a_frag);
   CUTE_UNROLL
   for (int r = 0; r < kRegs; ++r)

@@ -50,6 +50,7 @@
 // wgmma (fence.proxy.async.shared::cta) before it signals the consumers.
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 
 #include <cute/tensor.hpp>
@@ -84,9 +85,10 @@ struct E4m3SmemTile {
   }
 };
 
-// PTX prmt.b32 in its default mode (CUDA's __byte_perm): byte k of the result is byte
-// sel[4k + 2 : 4k] of {b, a} (a = bytes 0–3), replaced by its sign bit spread over the byte when
-// sel[4k + 3] is set. The host side emulates it exactly so that the test runs the device's steps.
+// PTX prmt.b32 in its default mode: byte k of the result is byte sel[4k + 2 : 4k] of {b, a}
+// (a = bytes 0–3), replaced by its sign bit spread over the byte when sel[4k + 3] is set. CUDA
+// documents __byte_perm with bits 2:0 of each nibble only; the selectors here never set bit 3.
+// The host side emulates it exactly so that the test runs the device's steps.
 CUTE_HOST_DEVICE uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
 #if defined(__CUDA_ARCH__)
   return __byte_perm(a, b, sel);
@@ -264,29 +266,33 @@ struct TransposeV {
 
 #if defined(__CUDACC__)
 // Shared-memory accesses by 32-bit shared-window address. Volatile, so that they keep the order
-// run() gives them and stay after the caller's barrier wait.
+// run() gives them and stay after the caller's barrier wait; the memory clobber keeps the
+// caller's own C++ accesses to shared memory on their side of the transpose too.
 struct SharedMemoryOps {
   CUTE_DEVICE uint32_t load32(uint32_t addr) const {
     uint32_t v;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
   }
   CUTE_DEVICE void store32(uint32_t addr, uint32_t v) const {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
   }
   CUTE_DEVICE void store64(uint32_t addr, uint32_t lo, uint32_t hi) const {
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(lo), "r"(hi));
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(lo), "r"(hi)
+                 : "memory");
   }
 };
 
 // Transpose one stage: threads 0 … kThreads − 1 of the group each call it with their index. Both
-// pointers 1024-byte aligned.
+// pointers 1024-byte aligned: the addresses are bases XOR the swizzle's bits, which a misaligned
+// stage would turn into other addresses, not merely another swizzle (checked in debug builds).
 template <int kD, int kN, int kThreads, int kSlotWords = 1>
 CUTE_DEVICE void transpose_v(const uint8_t* v_stage_smem, uint8_t* vt_stage_smem, int thread) {
   SharedMemoryOps mem;
-  TransposeV<kD, kN, kThreads, kSlotWords>::run(
-      mem, uint32_t(__cvta_generic_to_shared(v_stage_smem)),
-      uint32_t(__cvta_generic_to_shared(vt_stage_smem)), thread);
+  const auto v = uint32_t(__cvta_generic_to_shared(v_stage_smem));
+  const auto vt = uint32_t(__cvta_generic_to_shared(vt_stage_smem));
+  assert(v % 1024 == 0 && vt % 1024 == 0);
+  TransposeV<kD, kN, kThreads, kSlotWords>::run(mem, v, vt, thread);
 }
 #endif  // __CUDACC__: the host (tests) runs TransposeV::run on its own memory
 

@@ -150,7 +150,7 @@ struct FwdConfig {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<HeadDimV, BlockN, Stages>{}, Step<_2, _1, _3>{})));
   // O is staged in V's ring once the last P·V has read it (Q's buffer has been released for the
-  // next tile's Q by then): the ring's stages hold 2·kBlockN ≥ kBlockM rows.
+  // next tile's Q by then): the ring's bytes hold O's tile (the assertion below).
   using SmemLayoutO = decltype(tile_to_shape(SmemAtomO<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
 
   using ChunkCols = Int<kChunkCols>;
