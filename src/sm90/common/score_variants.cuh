@@ -39,17 +39,17 @@ CUTE_DEVICE VariantRow variant_row(QueryRows const& rows, Sequence const& seq, i
   return {row.head, row.position + seq.len_k - seq.len_q};
 }
 
+// ALiBi's slope of batch entry `batch`, query head `head`, in the kernel's score units.
+CUTE_DEVICE float alibi_slope(ScoreVariantParams const& v, int batch, int head) {
+  return v.alibi[batch * v.alibi_batch_stride + head * v.alibi_head_stride] * v.alibi_unit;
+}
+
 // The forward: scores(i, j) −= slope_i · |center_i − key_j| on a thread's (rows, cols) view of the
 // scores of key tile n_block, in the kernel's units (after softcap). Each row's slope and diagonal
 // are made as the row comes: at d256, four values held through the tile loop take registers the
 // kernel does not have. `coords`: the same view of the tile's identity tensor; `first_row`: the
 // tile's row 0 (TileRows::first); `tile_head`: the tile's head (kv head when packed). Columns are
 // relative to the thread's first, as the mask takes them: compile-time offsets.
-// ALiBi's slope of batch entry `batch`, query head `head`, in the kernel's score units.
-CUTE_DEVICE float alibi_slope(ScoreVariantParams const& v, int batch, int head) {
-  return v.alibi[batch * v.alibi_batch_stride + head * v.alibi_head_stride] * v.alibi_unit;
-}
-
 template <int kBlockN, class Scores, class Coords>
 CUTE_DEVICE void apply_alibi(Scores& scores, Coords const& coords, ScoreVariantParams const& v,
                              QueryRows const& rows, Sequence const& seq, int batch,
