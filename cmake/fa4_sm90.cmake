@@ -1,11 +1,12 @@
 # sm_90a (Hopper) kernels, generated from one table.
 #
 # FA4_SM90_TABLE lists every kernel instance that exists, as head_dim:dtype, or
-# head_dim_qk x head_dim_v:dtype where the two differ; each has a forward and a backward. Each
-# selected entry becomes two .cu files (src/sm90/host/fwd_instance.cu.in, bwd_instance.cu.in) and
-# one line of sm90_kernels.inc, the kernel table that src/sm90/host/backend.cpp dispatches on.
-# FA4_SM90_KERNELS selects a subset (CI on two cores builds just "128:bf16"); problems without a
-# built kernel get kNotSupported.
+# head_dim_qk x head_dim_v:dtype where the two differ; each has a forward and, except e4m3 (FP8,
+# forward only), a backward. Each selected entry becomes one .cu file per pass
+# (src/sm90/host/fwd_instance.cu.in, bwd_instance.cu.in) and one line of sm90_kernels.inc, the
+# kernel table that src/sm90/host/backend.cpp dispatches on. FA4_SM90_KERNELS selects a subset (CI
+# on two cores builds just "128:bf16"); problems without a built kernel get kNotSupported. The
+# e4m3 entries are not built by default until they have passed on the device.
 set(FA4_SM90_TABLE
   64:bf16 64:fp16
   96:bf16 96:fp16
@@ -13,9 +14,12 @@ set(FA4_SM90_TABLE
   192:bf16 192:fp16
   192x128:bf16 192x128:fp16
   256:bf16 256:fp16
+  64:e4m3 128:e4m3 256:e4m3
 )
 string(REPLACE ";" " " _fa4_sm90_all "${FA4_SM90_TABLE}")
-set(FA4_SM90_KERNELS "${FA4_SM90_TABLE}" CACHE STRING
+set(_fa4_sm90_default ${FA4_SM90_TABLE})
+list(FILTER _fa4_sm90_default EXCLUDE REGEX ":e4m3$")
+set(FA4_SM90_KERNELS "${_fa4_sm90_default}" CACHE STRING
     "sm90 kernels to build, head_dim:dtype or head_dim_qk x head_dim_v:dtype, separated by ';' (all: ${_fa4_sm90_all})")
 option(FA4_SM90_PTXAS_VERBOSE "Print ptxas register / spill reports for the sm90 kernels" OFF)
 
@@ -46,6 +50,7 @@ endif()
 set(_fa4_sm90_gen ${CMAKE_BINARY_DIR}/generated)
 set(_fa4_sm90_dtype_enum_bf16 kBF16)
 set(_fa4_sm90_dtype_enum_fp16 kFP16)
+set(_fa4_sm90_dtype_enum_e4m3 kE4M3)
 set(FA4_SM90_SOURCES)
 set(_fa4_sm90_table_lines "")
 foreach(entry IN LISTS FA4_SM90_KERNELS)
@@ -59,7 +64,14 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
   list(GET _dims 0 FA4_HDIM_QK)
   list(GET _dims -1 FA4_HDIM_V)
   set(FA4_DTYPE_ENUM ${_fa4_sm90_dtype_enum_${_dtype}})
-  foreach(_pass fwd bwd)
+  if(_dtype STREQUAL "e4m3")
+    set(_passes fwd)
+    set(_macro FA4_SM90_FORWARD_KERNEL)
+  else()
+    set(_passes fwd bwd)
+    set(_macro FA4_SM90_KERNEL)
+  endif()
+  foreach(_pass IN LISTS _passes)
     set(_cu ${_fa4_sm90_gen}/sm90/${_pass}_hdim${_hdim}_${_dtype}.cu)
     configure_file(${PROJECT_SOURCE_DIR}/src/sm90/host/${_pass}_instance.cu.in ${_cu} @ONLY)
     list(APPEND FA4_SM90_SOURCES ${_cu})
@@ -67,7 +79,7 @@ foreach(entry IN LISTS FA4_SM90_KERNELS)
   set_source_files_properties(${_fa4_sm90_gen}/sm90/fwd_hdim${_hdim}_${_dtype}.cu PROPERTIES
                               COMPILE_OPTIONS "${FA4_SM90_FWD_CUDA_FLAGS}")
   string(APPEND _fa4_sm90_table_lines
-         "FA4_SM90_KERNEL(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
+         "${_macro}(${FA4_HDIM_QK}, ${FA4_HDIM_V}, ${FA4_DTYPE_ENUM})\n")
 endforeach()
 # Written only when it changes, so a reconfigure does not rebuild the backend.
 file(CONFIGURE OUTPUT ${_fa4_sm90_gen}/sm90/sm90_kernels.inc

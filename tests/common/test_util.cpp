@@ -79,6 +79,9 @@ constexpr int64_t kHeadPad = 5;
 constexpr int64_t kRowPad = 3;
 constexpr int64_t kBatchPad = 11;
 constexpr int64_t kTailPad = 7;
+// Layout::kPadded16's unit: 16 elements, 16 bytes for e4m3. Rows start 16-byte aligned but at
+// varied offsets within a 128-byte line.
+constexpr int64_t kAlignedPad = 16;
 
 }  // namespace
 
@@ -87,6 +90,7 @@ const char* layout_name(Layout layout) {
     case Layout::kContiguous: return "contiguous";
     case Layout::kPadded: return "padded";
     case Layout::kHeadMajor: return "head-major";
+    case Layout::kPadded16: return "padded (16-element units)";
   }
   return "?";
 }
@@ -108,6 +112,13 @@ HostTensor::HostTensor(DType dtype, Dims d, Layout layout) {
     case Layout::kHeadMajor: {
       const int64_t strides[4] = {H * S * D, D, S * D, 1};
       *this = strided(dtype, d, strides, 0, B * S * H * D);
+      break;
+    }
+    case Layout::kPadded16: {
+      const int64_t head = D + kAlignedPad, row = H * head + 3 * kAlignedPad,
+                    batch = S * row + 5 * kAlignedPad;
+      const int64_t strides[4] = {batch, row, head, 1};
+      *this = strided(dtype, d, strides, kAlignedPad, kAlignedPad + B * batch + kAlignedPad);
       break;
     }
   }

@@ -32,6 +32,9 @@ enum class Layout {
   kContiguous,  // (batch, seq, heads, dim), densely packed
   kPadded,     // every stride padded (odd gaps after each head, row and batch, and before the data)
   kHeadMajor,  // memory order (batch, heads, seq, dim): a permuted view, seq_stride = dim
+  // Padded in odd numbers of 16-element units: every stride a multiple of 16 bytes, as the sm90
+  // backend's TMA needs, even for one-byte (e4m3) elements.
+  kPadded16,
 };
 const char* layout_name(Layout layout);
 

@@ -3,7 +3,8 @@
 // with descales per (batch, kv head), shared (zero strides) or absent, and both output dtypes;
 // the bound a plain fp32 computation must meet, and the accuracy rule against the low-precision
 // reference that rounds P to e4m3 as the tensor cores need. Then what is refused, with nothing
-// written: e4m3 backward, a bad output dtype, descales without e4m3 inputs, bad descale views.
+// written: e4m3 backward, a bad output dtype, descales without e4m3 inputs, bad descale views;
+// and the sm90 backend's answer, which depends on the build.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -239,11 +240,20 @@ TEST(CpuFp8Refusals, DescaleViews) {
   }
 }
 
-TEST(CpuFp8Refusals, Sm90HasNoFp8Kernels) {
+// The sm90 backend's answer depends on the build, and any of them is one of three: unavailable
+// (no CUDA, or no Hopper GPU), kNotSupported naming e4m3 (no e4m3 kernel for these head dims in
+// FA4_SM90_KERNELS, the default), or accepted (an e4m3 kernel and a Hopper GPU). Head dim 128,
+// which the e4m3 kernel table has.
+TEST(CpuFp8Refusals, Sm90AnswerDependsOnTheBuild) {
   Small s;
+  s.p.head_dim_qk = s.p.head_dim_v = 128;
   const Status st = can_implement(s.p, Backend::kSm90, Pass::kForward);
-  EXPECT_EQ(st.code, StatusCode::kNotSupported) << st.message;
-  EXPECT_NE(st.message.find("e4m3"), std::string::npos) << st.message;
+  if (st.code == StatusCode::kNotSupported) {
+    EXPECT_NE(st.message.find("e4m3"), std::string::npos) << st.message;
+  } else {
+    EXPECT_TRUE(st.ok() || st.code == StatusCode::kBackendUnavailable)
+        << to_string(st.code) << ": " << st.message;
+  }
 }
 
 }  // namespace

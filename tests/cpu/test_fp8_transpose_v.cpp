@@ -299,5 +299,15 @@ TEST(Fp8TransposeV, D128N128) { check_all_variants<128, 128>(2); }
 TEST(Fp8TransposeV, D128N224) { check_all_variants<128, 224>(3); }
 TEST(Fp8TransposeV, D128N192) { check_all_variants<128, 192>(4); }
 TEST(Fp8TransposeV, D256N128) { check_all_variants<256, 128>(5); }
+// The e4m3 kernels' own tiles (fwd_tile_shape.hpp: d64 × 128, d128 × 160, d256 × 96 keys), whose
+// two transposing warps must split every stage evenly.
+TEST(Fp8TransposeV, D64N128) { check_all_variants<64, 128>(6); }
+TEST(Fp8TransposeV, D128N160) { check_all_variants<128, 160>(7); }
+TEST(Fp8TransposeV, D256N96) { check_all_variants<256, 96>(8); }
+TEST(Fp8TransposeV, KernelTilesSplitOverTwoWarps) {
+  EXPECT_NE(transpose_v_warps_g(64, 128, 64, 1), 0);
+  EXPECT_NE(transpose_v_warps_g(128, 160, 64, 1), 0);
+  EXPECT_NE(transpose_v_warps_g(256, 96, 64, 1), 0);
+}
 
 }  // namespace

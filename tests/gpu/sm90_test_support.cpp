@@ -38,10 +38,10 @@ std::vector<Kernel> parse_kernel_list(const std::string& list, const std::string
     bool ok = parse_dim(dims.substr(0, x), &k.dim_qk);
     k.dim_v = k.dim_qk;
     if (x != std::string::npos) ok = ok && parse_dim(dims.substr(x + 1), &k.dim_v);
-    if (!ok || (dtype != "bf16" && dtype != "fp16"))
+    if (!ok || (dtype != "bf16" && dtype != "fp16" && dtype != "e4m3"))
       throw std::invalid_argument(what + ": cannot read '" + entry +
-                                  "' (expected head_dim[xhead_dim_v]:bf16|fp16)");
-    k.dtype = dtype == "fp16" ? DType::kFP16 : DType::kBF16;
+                                  "' (expected head_dim[xhead_dim_v]:bf16|fp16|e4m3)");
+    k.dtype = dtype == "fp16" ? DType::kFP16 : dtype == "e4m3" ? DType::kE4M3 : DType::kBF16;
     kernels.push_back(k);
   }
   return kernels;
@@ -60,6 +60,16 @@ bool kernel_listed(const std::vector<Kernel>& list, int64_t dim_qk, int64_t dim_
 const std::vector<Kernel>& built_kernels() {
   static const std::vector<Kernel> kernels =
       parse_kernel_list(FA4_SM90_BUILT_KERNELS, "FA4_SM90_BUILT_KERNELS");
+  return kernels;
+}
+
+const std::vector<Kernel>& built_16bit_kernels() {
+  static const std::vector<Kernel> kernels = [] {
+    std::vector<Kernel> picked;
+    for (const Kernel& k : built_kernels())
+      if (k.dtype != DType::kE4M3) picked.push_back(k);
+    return picked;
+  }();
   return kernels;
 }
 
@@ -87,7 +97,7 @@ Case base_case(const Kernel& k, const Shape& s) {
 std::string kernel_tag(const Kernel& k) {
   std::string dims = std::to_string(k.dim_qk);
   if (k.dim_v != k.dim_qk) dims += "x" + std::to_string(k.dim_v);
-  return "d" + dims + (k.dtype == DType::kBF16 ? "_bf16" : "_fp16");
+  return "d" + dims + "_" + dtype_name(k.dtype);
 }
 
 std::string window_tag(const Window& w) {
@@ -109,7 +119,8 @@ DeviceMirror::View array_view(const std::vector<float>& a) {
 DeviceRun::DeviceRun(const CaseData& s)
     : setup(s),
       problem(s.problem),
-      out(s.problem.dtype, query_dims(s.problem, s.problem.heads_q, s.problem.head_dim_v),
+      out(output_dtype(s.problem),
+          query_dims(s.problem, s.problem.heads_q, s.problem.head_dim_v),
           s.layout == Layout::kHeadMajor ? Layout::kHeadMajor : Layout::kContiguous),
       lse(make_lse(s.problem, /*padded=*/false)) {
   const size_t elem = dtype_size(s.problem.dtype);
@@ -148,7 +159,8 @@ DeviceRun::DeviceRun(const CaseData& s)
   };
   if (s.problem.sinks != nullptr) problem.sinks = device_floats(s.sinks);
   if (s.problem.alibi.data != nullptr) problem.alibi.data = device_floats(s.alibi_slopes);
-  d_out = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(out)}, elem);
+  d_out = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(out)},
+                                         dtype_size(out.dtype()));
   d_lse = std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{mirror_view(lse)}, 4);
   tensors.q = q_mirror->device_view(s.q.view());
   tensors.k = k_mirror->device_view(s.k.view());

@@ -36,14 +36,19 @@ struct Kernel {
 };
 
 // A list as cmake/fa4_sm90.cmake writes it, entries separated by ',': "128:bf16,64:fp16,
-// 192x128:bf16", head_dim[xhead_dim_v]:dtype. An entry this parser does not understand throws
-// (naming `what`, the list's macro) at start-up: a silently skipped kernel would go untested.
+// 192x128:bf16,128:e4m3", head_dim[xhead_dim_v]:dtype. An entry this parser does not understand
+// throws (naming `what`, the list's macro) at start-up: a silently skipped kernel would go
+// untested.
 std::vector<Kernel> parse_kernel_list(const std::string& list, const std::string& what);
 bool kernel_listed(const std::vector<Kernel>& list, int64_t dim_qk, int64_t dim_v, DType dtype);
 // The kernels this build has (cmake/fa4_sm90.cmake's FA4_SM90_KERNELS, which tests/gpu/CMakeLists.txt
 // passes as FA4_SM90_BUILT_KERNELS and FA4_SM90_BUILT_BWD_KERNELS): forward and backward.
+// The e4m3 entries have a forward only (CMake leaves them out of the backward list).
 const std::vector<Kernel>& built_kernels();
 const std::vector<Kernel>& built_backward_kernels();
+// The built forward kernels of bf16 / fp16 inputs: what the forward and KV-cache suites run. The
+// e4m3 ones take descales and give another output dtype; test_sm90_fp8.cpp runs them.
+const std::vector<Kernel>& built_16bit_kernels();
 
 // The kernel every feature is tested on in full; the others share every piece but the tile sizes.
 bool is_full_kernel(const Kernel& k);
@@ -54,7 +59,7 @@ struct Shape {
 };
 Case base_case(const Kernel& k, const Shape& s);
 
-std::string kernel_tag(const Kernel& k);  // "d128_bf16", "d192x128_fp16"
+std::string kernel_tag(const Kernel& k);  // "d128_bf16", "d192x128_fp16", "d64_e4m3"
 // "L100R20", "L64" (no right bound), "R7" (no left bound).
 std::string window_tag(const Window& w);
 std::string gqa_tag(const Case& c);  // "_gqa4"
@@ -69,7 +74,8 @@ const Overrides& test_overrides();
 
 // Device copies of a case's inputs (one allocation for a packed qkv, else one per tensor), of its
 // sequence arrays (the GPU backend reads cu_seqlens and seqused_k in device memory) and of its
-// outputs, and the forward call on them. `problem` is the case's problem with device arrays;
+// outputs (O in the problem's output dtype: fp8.out_dtype for e4m3 inputs), and the forward call
+// on them. `problem` is the case's problem with device arrays;
 // the reference reads the host ones.
 struct DeviceRun {
   const CaseData& setup;

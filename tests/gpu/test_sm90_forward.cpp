@@ -3,8 +3,9 @@
 // softcap, contiguous / head-major / packed-qkv inputs, normal and spiky values; varlen batches
 // (empty, single-token and tile-edge sequences, lens_q ≠ lens_k both ways, decode-like) and
 // seqused_k, fixed-length and varlen, with every input row no query may read set to NaN; outputs
-// poisoned (NaN) before every run, guard bytes around them. Every built kernel (head dims 64 … 256,
-// 192x128) gets a share; head dim 128 bf16 gets the full matrix. Plus: a repeated run (and a
+// poisoned (NaN) before every run, guard bytes around them. Every built bf16 / fp16 kernel (head
+// dims 64 … 256, 192x128) gets a share; head dim 128 bf16 gets the full matrix (e4m3 kernels:
+// test_sm90_fp8.cpp). Plus: a repeated run (and a
 // CUDA-graph replay) must give bitwise-identical results, and problems without a kernel must be
 // refused.
 #include <gtest/gtest.h>
@@ -394,7 +395,7 @@ std::vector<Case> forward_cases() {
   auto append = [&](std::vector<Case> more) {
     cases.insert(cases.end(), more.begin(), more.end());
   };
-  for (const Kernel& k : built_kernels()) {
+  for (const Kernel& k : built_16bit_kernels()) {
     append(fixed_cases(k));
     append(gqa_ratio_cases(k));
     append(variant_cases(k));
@@ -568,7 +569,7 @@ void sample_rows(std::vector<ref::RowSample>& sample, int64_t batch, int64_t hea
 // A long causal sequence (33 query tiles, 33 key tiles): every tile of the band, many rescales with
 // spiky inputs. The reference checks rows at the start, at tile boundaries, at the end, at random.
 TEST(Sm90ForwardLong, Seq4224CausalSampledRows) {
-  for (const Kernel& k : built_kernels()) {
+  for (const Kernel& k : built_16bit_kernels()) {
     for (bool causal : {true, false}) {
       Case c = base_case(k, {"", 1, 4224, 4224});
       c.name = kernel_tag(k) + "_long_q4224_k4224" + (causal ? "_causal" : "");
@@ -591,7 +592,7 @@ TEST(Sm90ForwardLong, Seq4224CausalSampledRows) {
 // each, in the zig-zag order of tile_scheduler.cuh), with and without the causal diagonal. Rows
 // checked: around query-tile boundaries and at random, in every fifth head of each batch entry.
 TEST(Sm90ForwardLong, PersistentManyTilesSampledRows) {
-  for (const Kernel& k : built_kernels()) {
+  for (const Kernel& k : built_16bit_kernels()) {
     for (bool causal : {true, false}) {
       Case c = base_case(k, {"", 3, 1000, 1200});
       c.name = kernel_tag(k) + "_persistent_b3_h48_q1000_k1200" + (causal ? "_causal" : "");
@@ -613,7 +614,7 @@ TEST(Sm90ForwardLong, PersistentManyTilesSampledRows) {
 // schedule walks many query tiles per sequence. Rows checked: each sequence's first and last, those
 // around query-tile boundaries, and random ones.
 TEST(Sm90ForwardLong, VarlenSequsedCausalSampledRows) {
-  for (const Kernel& k : built_kernels()) {
+  for (const Kernel& k : built_16bit_kernels()) {
     Case c = varlen_case(k, {"", {4224, 1, 2000, 129, 3001}, {4224, 3000, 4100, 0, 2900},
                              {4100, 2999, 4100, 0, 2900}});
     c.name = kernel_tag(k) + "_long_varlen_used_causal";
@@ -640,7 +641,7 @@ TEST(Sm90ForwardLong, VarlenSequsedCausalSampledRows) {
 TEST(Sm90Forward, RepeatedRunsAreBitwiseIdentical) {
   FA4_SKIP_WITHOUT_HOPPER();
   std::vector<Case> cases;
-  for (const Kernel& k : built_kernels()) {
+  for (const Kernel& k : built_16bit_kernels()) {
     Case c = base_case(k, {"", 2, 1000, 1500});
     c.name = kernel_tag(k) + "_repeat";
     c.causal = true;
@@ -694,7 +695,9 @@ TEST(Sm90Forward, RepeatedRunsAreBitwiseIdentical) {
 // hold with or without a GPU (without one, accepted problems get kBackendUnavailable).
 TEST(Sm90Forward, RefusesWhatItDoesNotImplement) {
   ASSERT_FALSE(built_kernels().empty()) << "FA4_SM90_KERNELS built no forward kernel";
-  const Kernel k = built_kernels().front();
+  // A bf16 / fp16 base where the build has one; every built kernel, e4m3 too, is accepted below.
+  const Kernel k =
+      built_16bit_kernels().empty() ? built_kernels().front() : built_16bit_kernels().front();
   Problem base;
   base.batch = 1;
   base.seqlen_q = base.seqlen_k = 64;
@@ -763,7 +766,8 @@ TEST(Sm90Forward, RefusesWhatItDoesNotImplement) {
 // Host pointers handed to the GPU backend are refused before any launch.
 TEST(Sm90Forward, RefusesHostMemory) {
   FA4_SKIP_WITHOUT_HOPPER();
-  const Kernel k = built_kernels().front();
+  if (built_16bit_kernels().empty()) GTEST_SKIP() << "this build has no bf16 / fp16 sm90 kernel";
+  const Kernel k = built_16bit_kernels().front();
   Case c = base_case(k, {"", 1, 64, 64});
   c.name = "host_memory";
   c.heads_q = c.heads_kv = 2;
@@ -785,7 +789,8 @@ TEST(Sm90Forward, RefusesHostMemory) {
 // context, so the call must be refused up front, naming the array, with nothing written.
 TEST(Sm90Forward, RefusesHostSequenceArrays) {
   FA4_SKIP_WITHOUT_HOPPER();
-  const Kernel k = built_kernels().front();
+  if (built_16bit_kernels().empty()) GTEST_SKIP() << "this build has no bf16 / fp16 sm90 kernel";
+  const Kernel k = built_16bit_kernels().front();
   Case c = varlen_case(k, {"", {70, 0, 130}, {90, 5, 140}, {80, 5, 100}});
   c.name = "host_sequence_arrays";
   c.heads_q = c.heads_kv = 2;

@@ -1,8 +1,8 @@
 // The KV cache (Problem::kv_cache) on the sm90 backend: the cases the CPU backend runs
 // (common/kv_cache_cases.hpp: pages, cache rows, left pads, appends, rotary, decode to chunked
 // prefill, under every mask), on device copies of the same inputs, checked by the same code
-// against the same double reference. The cases whose head dims and dtype this build has a kernel
-// for (FA4_SM90_BUILT_KERNELS) run, fp32 ones never (no sm90 kernel takes fp32). Paged cases run
+// against the same double reference. The cases whose head dims and dtype this build has a bf16 /
+// fp16 kernel for (FA4_SM90_BUILT_KERNELS) run; fp32 and e4m3 ones do not. Paged cases run
 // again with split-KV forced, and with the query heads of a kv head packed into one tile where
 // there is GQA, each on fresh inputs: the appends write the cache, so a second call on the same
 // cache would append on top of the first. Plus GPU-only shapes: decode and a chunked prefill at
@@ -31,8 +31,10 @@
 namespace fa4::test {
 namespace {
 
+// e4m3 caches stay on the CPU backend's suite: the sm90 e4m3 kernels are tested without a cache
+// (test_sm90_fp8.cpp, which checks that a paged one is refused).
 bool has_kernel(const CacheCase& c) {
-  return c.dtype != DType::kFP32 && kernel_listed(built_kernels(), c.dim, c.dim, c.dtype);
+  return kernel_listed(built_16bit_kernels(), c.dim, c.dim, c.dtype);
 }
 
 // LSE's allowance on top of the rule, in fp32 ulps of the largest |LSE|: the one the sm90 forward
@@ -308,7 +310,7 @@ TEST(Sm90KvCacheRefusal, OddRotaryDimWritesNothing) {
   c.causal = true;
   c.rotary_dim = 32;
   bool found = false;
-  for (const Kernel& k : built_kernels())
+  for (const Kernel& k : built_16bit_kernels())
     if (k.dim_qk == k.dim_v && k.dim_qk >= c.rotary_dim) {
       c.dim = k.dim_qk;
       c.dtype = k.dtype;

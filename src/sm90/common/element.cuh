@@ -17,5 +17,9 @@ template <>
 struct CutlassElement<DType::kFP16> {
   using type = cutlass::half_t;
 };
+template <>
+struct CutlassElement<DType::kE4M3> {
+  using type = cutlass::float_e4m3_t;
+};
 
 }  // namespace fa4::sm90

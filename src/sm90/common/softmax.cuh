@@ -25,6 +25,10 @@
 // consumer warps of a scheduler cannot hide at d128; at d64, where MUFU bounds the loop, the extra
 // registers and instructions of more chains cost more than they save (both measured).
 //
+// P offset (kPLog2Offset, e4m3 P): probabilities come out as 2^offset · p, an exponent moved by
+// the offset at no cost. The row sums and O carry the factor; finish() divides O by the row sum as
+// carried and takes the offset out of the sum exactly (a power of two) for LSE and the sinks.
+//
 // NaN: a NaN score (only NaN inputs make one) makes its row's max NaN (the max propagates NaN), the
 // row then always moves, its factor and row sum become NaN, and finish() leaves O and LSE NaN —
 // also on software-exp2 columns, whose clamp alone would turn a NaN into 0.
@@ -83,7 +87,7 @@ struct Exp2Split {
 // SumOf: the type whose values the row sums add up (FwdConfig::kRoundedRowSum): float, or P's
 // element type, each probability then rounded to it before it is summed and handed to P·V.
 template <int kRows, int kPolyNum = 0, int kPolyDen = 1, int kRescaleThresholdLog2 = 0,
-          int kChains = 1, bool kVoteExact = false, class SumOf = float>
+          int kChains = 1, bool kVoteExact = false, class SumOf = float, int kPLog2Offset = 0>
 struct OnlineSoftmax {
   using RowVector = cute::array<float, kRows>;
   using Split = Exp2Split<kPolyNum, kPolyDen>;
@@ -169,7 +173,8 @@ struct OnlineSoftmax {
     for (int i = 0; i < kRows; ++i) {
       float held = max_or_zero(row_max[i]);
       if constexpr (kShifted<Shift>) held -= shift.c[i];
-      const float max_scaled = held * scale_log2;
+      float max_scaled = held * scale_log2;
+      if constexpr (kPLog2Offset != 0) max_scaled -= float(kPLog2Offset);
       cute::array<float, kChains> sum;
       CUTE_UNROLL
       for (int c = 0; c < kChains; ++c) sum[c] = 0.0f;
@@ -200,7 +205,7 @@ struct OnlineSoftmax {
       o_scale[i] = empty ? 0.0f : 1.0f / sum;
       // In natural units directly: going through base 2 and back costs two more roundings of a
       // value that can reach ~100 (spiky logits), where fp32 ulps are ~1e-5.
-      lse[i] = empty ? INFINITY : fmaf(row_max[i], scale, logf(sum));
+      lse[i] = empty ? INFINITY : fmaf(row_max[i], scale, logf(without_offset(sum)));
     }
 #if FA4_SM90_RESCALE_STATS
     tally.flush();
@@ -214,11 +219,11 @@ struct OnlineSoftmax {
   CUTE_DEVICE void finish(RowVector& o_scale, RowVector& lse, Sinks const& sinks) {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      float sum = quad_allreduce(row_sum[i], [](float a, float b) { return a + b; });
+      float sum = without_offset(quad_allreduce(row_sum[i], [](float a, float b) { return a + b; }));
       float m = sum == 0.0f ? -INFINITY : row_max[i] * scale;
       const float alpha = sinks[i].fold(m, sum);
       const bool empty = m == -INFINITY;  // no key and no sink
-      o_scale[i] = empty ? 0.0f : alpha / sum;
+      o_scale[i] = empty ? 0.0f : without_offset(alpha / sum);
       lse[i] = empty ? INFINITY : m + logf(sum);
     }
 #if FA4_SM90_RESCALE_STATS
@@ -227,6 +232,14 @@ struct OnlineSoftmax {
   }
 
  private:
+  // x · 2^-offset, exact: O and the row sums carry 2^offset.
+  CUTE_DEVICE static float without_offset(float x) {
+    if constexpr (kPLog2Offset == 0)
+      return x;
+    else
+      return x * (1.0f / float(1 << kPLog2Offset));
+  }
+
   // Pairwise, so that kChains partial results combine in log2(kChains) dependent steps.
   template <class Op>
   CUTE_DEVICE static float combine(cute::array<float, kChains> const& chain, Op op) {

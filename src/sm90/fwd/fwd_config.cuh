@@ -38,10 +38,11 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-// A row of the tile table (fwd_tile_shape.hpp) as compile-time constants.
-template <int kHeadDimQK, int kHeadDimV>
+// A row of the tile table (fwd_tile_shape.hpp; its e4m3 table with kE4m3) as compile-time
+// constants.
+template <int kHeadDimQK, int kHeadDimV, bool kE4m3 = false>
 struct FwdTileSize {
-  static constexpr FwdTileShape kShape = fwd_tile_shape(kHeadDimQK, kHeadDimV);
+  static constexpr FwdTileShape kShape = fwd_tile_shape(kHeadDimQK, kHeadDimV, kE4m3);
   static_assert(kShape.block_n > 0, "no row of the forward's tile table has these head dims");
   static constexpr int kBlockN = kShape.block_n;
   static constexpr int kSoftmaxChains = kShape.softmax_chains;
@@ -63,19 +64,25 @@ struct FwdChunkedTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
 template <int kHeadDimQK_, int kHeadDimV_, class Element_, bool kChunked_ = false,
           class ElementO_ = Element_>
 struct FwdConfig {
-  using Element = Element_;  // Q, K and V: cutlass::bfloat16_t or cutlass::half_t
+  using Element = Element_;  // Q, K and V: cutlass::bfloat16_t, cutlass::half_t or float_e4m3_t
   // O as stored: the operands' type, except where the operands are 8-bit (an FP8 forward writes
   // bf16 or fp16).
   using ElementO = ElementO_;
   using Accum = float;
+  // e4m3 operands (fp8/): the P·V wgmma takes its B operand K-major only, so producer warps
+  // transpose each V stage into a Vᵀ ring of its own (fp8/transpose_v.cuh), and P is packed into
+  // the k32 A operand in key_slots.hpp's key order (fp8/p_operand.cuh).
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  static_assert(!kFp8 || std::is_same_v<Element, cutlass::float_e4m3_t>, "8-bit operands are e4m3");
 
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr bool kChunked = kChunked_;
   static_assert(!kChunked || FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists,
                 "no chunked variant of these head dims");
+  static_assert(!kChunked || !kFp8, "the e4m3 tile table has no chunked variant");
   using TileSize = std::conditional_t<kChunked, FwdChunkedTileSize<kHeadDimQK, kHeadDimV>,
-                                      FwdTileSize<kHeadDimQK, kHeadDimV>>;
+                                      FwdTileSize<kHeadDimQK, kHeadDimV, kFp8>>;
   static constexpr int kConsumerWarpgroups = TileSize::kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = TileSize::kBlockN;
@@ -88,9 +95,16 @@ struct FwdConfig {
   static constexpr int kChunkCols = kChunked ? kHeadDimQK / 2 : kHeadDimQK;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
 
-  // setmaxnreg budgets: the producer only issues TMA; the consumers hold S, P and O.
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  // setmaxnreg budgets: the producer only issues TMA (and, e4m3, transposes V: the routine takes
+  // 30-32 registers, its loop over the tiles some more, and spills at 32); the consumers hold S, P
+  // and O.
+  static constexpr int kProducerRegisters = kFp8 ? 40 : kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters =
+      kConsumerWarpgroups == 2 ? (kFp8 ? 232 : 240) : (kFp8 ? 152 : 160);
+  // The producer warps that transpose V (e4m3): warps 2 and 3, which gather K and V row by row in
+  // the 16-bit kernels (the e4m3 kernels take no gathered pages).
+  static constexpr int kTransposeWarps = kFp8 ? 2 : 0;
+  static constexpr int kFirstTransposeWarp = 2;
   static_assert(register_budget_fits(kProducerRegisters, kConsumerWarpgroups, kConsumerRegisters),
                 "register budget exceeds the CTA's launch allocation");
 
@@ -106,6 +120,11 @@ struct FwdConfig {
   static constexpr int kExp2PolyNum = FA4_SM90_EXP2_POLY_NUM;
   static constexpr int kExp2PolyDen = FA4_SM90_EXP2_POLY_DEN;
   static constexpr int kRescaleThresholdLog2 = FA4_SM90_RESCALE_THRESHOLD_LOG2;
+  // e4m3 P is offset by 2^8 before its conversion (the row sums carry it, softmax.cuh takes it out
+  // of O and LSE): the small probabilities of a long row stay above e4m3's subnormals (2^-6), and
+  // the largest, 256, below its 448. A threshold would let P grow past 448: none with e4m3.
+  static constexpr int kPLog2Offset = kFp8 ? 8 : 0;
+  static_assert(!kFp8 || kRescaleThresholdLog2 == 0, "e4m3 P saturates at 448 = 2^8 · 1.75");
   static constexpr int kSoftmaxChains = TileSize::kSoftmaxChains;
   // At threshold 0, O rescaled only when a row of the warp has a new max (softmax.cuh).
   static constexpr bool kRescaleVote = FA4_SM90_RESCALE_VOTE < 0
@@ -128,12 +147,13 @@ struct FwdConfig {
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, Accum, Shape<_64, BlockN, HeadDimQK>>(),
       WarpgroupTiling{}));
-  // PV: A = P (registers, K-major), B = Vᵀ read from V's row-major tile (MN-major).
-  // Chunked, one P·V computes one chunk's half of O's columns.
+  // PV: A = P (registers, K-major), B = Vᵀ read from V's row-major tile (MN-major), or with e4m3
+  // from the Vᵀ ring (K-major). Chunked, one P·V computes one chunk's half of O's columns.
   using PVCols = Int<kChunked ? kChunkCols : kHeadDimV>;
+  static constexpr GMMA::Major kMajorVt = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, Accum, Shape<_64, PVCols, BlockN>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
+                           kMajorVt>(),
       WarpgroupTiling{}));
 
   // 128-byte swizzle for rows of multiples of 64 elements, 64 bytes for 96 (smem_atom.cuh).
@@ -146,9 +166,12 @@ struct FwdConfig {
       decltype(tile_to_shape(SmemAtom<kHeadDimQK>{}, Shape<BlockN, HeadDimQK, Stages>{}));
   using SmemLayoutV =
       decltype(tile_to_shape(SmemAtom<kHeadDimV>{}, Shape<BlockN, HeadDimV, Stages>{}));
-  // The same bytes as V, indexed (dim, key, stage): the B operand of PV.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<HeadDimV, BlockN, Stages>{}, Step<_2, _1, _3>{})));
+  // The B operand of PV, (dim, key, stage): the same bytes as V; with e4m3 the Vᵀ ring, keys
+  // contiguous (in key_slots.hpp's order), as fp8::transpose_v writes it.
+  using SmemLayoutVt = std::conditional_t<
+      kFp8, decltype(tile_to_shape(SmemAtom<kBlockN>{}, Shape<HeadDimV, BlockN, Stages>{})),
+      decltype(composition(SmemLayoutV{}, make_ordered_layout(Shape<HeadDimV, BlockN, Stages>{},
+                                                              Step<_2, _1, _3>{})))>;
   // O is staged in V's ring once the last P·V has read it (Q's buffer has been released for the
   // next tile's Q by then): the ring's bytes hold O's tile (the assertion below).
   using SmemLayoutO = decltype(tile_to_shape(SmemAtomO<kHeadDimV>{}, Shape<BlockM, HeadDimV>{}));
@@ -167,23 +190,25 @@ struct FwdConfig {
   static constexpr int kBytesK = kBlockN * kHeadDimQK * int(sizeof(Element));  // one stage
   static constexpr int kBytesV = kBlockN * kHeadDimV * int(sizeof(Element));
   static constexpr int kBytesO = kBlockM * kHeadDimV * int(sizeof(ElementO));
+  static constexpr int kBytesVt = kFp8 ? kBytesV : 0;  // one stage of the Vᵀ ring
 
   // O staged in a buffer of its own where shared memory has room for one beside Q and the rings
   // (d64, d96, d128; 1 KB left for the barriers): each consumer warpgroup then stages and stores
   // its own 64 rows, waiting for nobody (FwdEpilogue::store_own_o), and the next tile's V loads
   // wait for nothing of the epilogue. Elsewhere (d192, 192x128, unchunked d256) O goes through V's
   // ring (store_o).
-  static constexpr bool kOBuffer = !kChunked &&
-                                   kBytesQ + kStages * (kBytesK + kBytesV) + kBytesO + 1024 <=
-                                       227 * 1024;
+  static constexpr bool kOBuffer =
+      !kChunked && kBytesQ + kStages * (kBytesK + kBytesV + kBytesVt) + kBytesO + 1024 <=
+                       227 * 1024;
   using SmemLayoutOSlice = decltype(tile_to_shape(SmemAtomO<kHeadDimV>{}, Shape<_64, HeadDimV>{}));
   // O's buffer: the warpgroups' slices one after the other.
   using SmemLayoutOBuffer = decltype(tile_to_shape(SmemLayoutOSlice{}, Shape<BlockM, HeadDimV>{}));
 
   static_assert(kHeadDimQK % 32 == 0 && kHeadDimV % 32 == 0,
                 "rows must fill whole 64-byte swizzle atoms");
+  // With e4m3, the Vᵀ ring follows V's (FwdKernel::Rings) and O's staging spans both.
   static_assert(kChunked || cosize_v<SmemLayoutO> * sizeof(ElementO) <=
-                                 cosize_v<SmemLayoutV> * sizeof(Element),
+                                 kStages * (kBytesV + kBytesVt),
                 "O is staged in V's ring");
   static_assert(!kChunked || (kHeadDimQK == kHeadDimV && kChunkCols % 64 == 0),
                 "chunks split both head dims in two halves of whole 128-byte swizzle atoms");

@@ -45,6 +45,9 @@
 #include "sm90/fwd/tile_scheduler.cuh"
 #include "sm90/fwd/warpgroup_turns.cuh"
 #include "sm90/common/wgmma.cuh"
+#include "sm90/fp8/descales.cuh"
+#include "sm90/fp8/p_operand.cuh"
+#include "sm90/fp8/transpose_v.cuh"
 
 namespace fa4::sm90 {
 
@@ -63,6 +66,12 @@ struct FwdKernel {
   using Mask = TileMask<Config::kBlockN>;
   static constexpr int kThreads = Config::kThreads;
   using Turns = WarpgroupTurns<Config::kConsumerWarpgroups>;
+  static constexpr bool kFp8 = Config::kFp8;
+  // e4m3 (Config::kFp8): the Vᵀ ring, which the transposing warps fill (every thread of theirs
+  // arrives on a stage's full barrier) and the consumers read P·V's B operand from.
+  using VtPipeline = cutlass::PipelineAsync<Config::kStages>;
+  using ValuePipeline = std::conditional_t<kFp8, VtPipeline, Pipeline>;
+  static_assert(std::is_same_v<typename VtPipeline::PipelineState, PipelineState>);
 
   struct Params {
     typename Load::Params load;
@@ -75,6 +84,7 @@ struct FwdKernel {
     SoftcapScores softcap;
     float score_scale;  // natural-log logit per unit of the kernel's scores (scale, or cap)
     ScoreVariantParams variants;  // ALiBi, sinks (score_variants.cuh)
+    fp8::Descales descales;  // e4m3 inputs' (fp8/descales.cuh); unused otherwise
   };
 
   using ChunkPipeline = typename Load::ChunkPipeline;
@@ -85,8 +95,19 @@ struct FwdKernel {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
   };
+  // e4m3: the Vᵀ ring right after V's (both whole multiples of 1 KB), so that O staged in V's ring
+  // may span both.
+  struct RingsVt {
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutVt>, 1024> vt;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    typename VtPipeline::SharedStorage pipeline_vt;
+  };
+  using KvRings = std::conditional_t<kFp8, RingsVt, Rings>;
   // The rings with O's own buffer (Config::kOBuffer).
-  struct RingsAndO : Rings {
+  struct RingsAndO : KvRings {
     cute::array_aligned<typename Config::ElementO, cosize_v<typename Config::SmemLayoutOBuffer>,
                         1024>
         o;
@@ -118,7 +139,8 @@ struct FwdKernel {
   static constexpr bool kOBuffer = Config::kOBuffer;
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<typename Config::SmemLayoutQ>, 1024> q;
-    std::conditional_t<Config::kChunked, ChunkRing, std::conditional_t<kOBuffer, RingsAndO, Rings>>
+    std::conditional_t<Config::kChunked, ChunkRing,
+                       std::conditional_t<kOBuffer, RingsAndO, KvRings>>
         kv;
     typename Tiles::SharedStorage tiles;
     alignas(8) uint64_t q_full;   // Q of the current tile has landed
@@ -163,22 +185,25 @@ struct FwdKernel {
   using Softmax = OnlineSoftmax<kRows, Config::kExp2PolyNum, Config::kExp2PolyDen,
                                 Config::kRescaleThresholdLog2, Config::kSoftmaxChains,
                                 Config::kRescaleVote,
-                                std::conditional_t<Config::kRoundedRowSum, Element, float>>;
+                                std::conditional_t<Config::kRoundedRowSum, Element, float>,
+                                Config::kPLog2Offset>;
 
   // ALiBi's linear form (fwd/alibi_linear.hpp), where the kernel has registers for its rows.
   static constexpr bool kAlibiLinear = FA4_SM90_ALIBI_LINEAR != 0 &&
                                        Config::kConsumerWarpgroups == 2 &&
                                        Config::kHeadDimQK < 256 && !Config::kChunked;
 
-  // The score step, in the kernel's score units (see SoftcapScores): softcap, ALiBi's bias, then
-  // the mask. `coords` and `row_keys` are this thread's (Mask::row_keys), `visible` the tile's
-  // (Mask::visible_tiles), `variants` its rows' (score_variants.cuh). Returns the shift the
-  // softmax adds back (ALiBi's linear form), else NoRowShift.
+  // The score step, in the kernel's score units (see SoftcapScores): softcap (the tile's:
+  // tile_softcap), ALiBi's bias, then the mask. `coords` and `row_keys` are this thread's
+  // (Mask::row_keys), `visible` the tile's (Mask::visible_tiles), `variants` its rows'
+  // (score_variants.cuh). Returns the shift the softmax adds back (ALiBi's linear form), else
+  // NoRowShift.
   template <class Scores, class Coords, class RowKeys, class Alibi>
-  CUTE_DEVICE static auto prepare_scores(Params const& p, Work const& w, Scores& scores,
+  CUTE_DEVICE static auto prepare_scores(Params const& p, Work const& w,
+                                         SoftcapScores const& softcap, Scores& scores,
                                          Coords const& coords, RowKeys const& row_keys,
                                          KeyTiles visible, Alibi const& alibi, int n_block) {
-    if (p.softcap.enabled()) p.softcap.apply(scores);
+    if (softcap.enabled()) softcap.apply(scores);
     auto shift = [&] {
       if constexpr (kAlibiLinear) {
         RowShift<decltype(cute::size<0>(coords))::value> linear{};
@@ -209,7 +234,8 @@ struct FwdKernel {
   // prepare_scores for one consumer thread's tile, its row keys, the tile's unmasked key tiles and
   // (ALiBi's linear form) its rows' slopes and diagonals made once.
   template <class Coords>
-  CUTE_DEVICE static auto score_preparation(Params const& p, Work const& w, Coords const& coords) {
+  CUTE_DEVICE static auto score_preparation(Params const& p, Work const& w, Coords const& coords,
+                                            SoftcapScores const& softcap) {
     constexpr int kRows = decltype(cute::size<0>(coords))::value;
     auto alibi = [&] {
       if constexpr (kAlibiLinear) {
@@ -222,11 +248,73 @@ struct FwdKernel {
         return NoRowShift{};  // unused
       }
     }();
-    return [&p, &w, &coords, row_keys = w.mask.row_keys(coords, w.rows.first),
+    return [&p, &w, &coords, &softcap, row_keys = w.mask.row_keys(coords, w.rows.first),
             visible = w.mask.visible_tiles(w.mask.span(w.rows)), alibi](auto& scores, int n_block) {
-      return prepare_scores(p, w, scores, coords, row_keys, visible, alibi, n_block);
+      return prepare_scores(p, w, softcap, scores, coords, row_keys, visible, alibi, n_block);
     };
   }
+
+  // A tile's score scale, softcap and O factor: the kernel's, with e4m3 times the descales of the
+  // tile's batch entry and kv head (fp8/descales.cuh). With softcap the descales scale the tanh's
+  // argument (its prescale) and the softmax's scale stays the cap.
+  struct TileScales {
+    SoftcapScores softcap;
+    float score_scale;
+    float o = 1.0f;
+  };
+  CUTE_DEVICE static TileScales tile_scales(Params const& p, Work const& w) {
+    if constexpr (kFp8) {
+      const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / p.load.head_group;
+      const auto d = fp8::TileDescales::of(p.descales, w.tile.batch, kv_head);
+      if (p.softcap.enabled())
+        return {SoftcapScores{p.softcap.prescale * d.qk}, p.score_scale, d.v};
+      return {p.softcap, p.score_scale * d.qk, d.v};
+    } else {
+      return {p.softcap, p.score_scale};
+    }
+  }
+  // The softcap prepare_scores applies: the tile's with e4m3, else the kernel's own parameter (read
+  // where it is used, as before the descales existed).
+  CUTE_DEVICE static SoftcapScores const& tile_softcap(Params const& p, TileScales const& s) {
+    if constexpr (kFp8)
+      return s.softcap;
+    else
+      return p.softcap;
+  }
+
+  // P as the A operand of P·V: in 16 bits the accumulator's own layout (convert_fragment); e4m3's
+  // k32 A fragment (partition_fragment_A reads only the tile's shape and K-major order), packed by
+  // fp8::pack_p_e4m3.
+  template <class ThrPV>
+  CUTE_DEVICE static auto p_fragment(ThrPV const& thr_pv) {
+    if constexpr (kFp8) {
+      return thr_pv.partition_fragment_A(
+          make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)),
+                      make_layout(Shape<BlockM, BlockN>{}, LayoutRight{})));
+    } else {
+      using ScoreFrag = decltype(partition_fragment_C(typename Config::TiledMmaQK{},
+                                                      Shape<BlockM, BlockN>{}));
+      return make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+    }
+  }
+  template <class Scores, class P>
+  CUTE_DEVICE static void to_p_operand(Scores const& scores, P& p_operand) {
+    if constexpr (kFp8)
+      fp8::pack_p_e4m3(scores, p_operand);
+    else
+      convert_fragment(scores, p_operand);
+  }
+
+  // A ring as its readers see it: wait for a stage, release it (ring_release.cuh).
+  template <class P>
+  struct RingReader {
+    P& pipeline;
+    typename P::SharedStorage& storage;
+    CUTE_DEVICE void wait(PipelineState const& s) { pipeline.consumer_wait(s); }
+    CUTE_DEVICE void release(PipelineState const& s) { release_stage(storage, pipeline, s); }
+  };
+  using KeyRing = RingReader<Pipeline>;
+  using ValueRing = RingReader<ValuePipeline>;
 
   // O's normalisation and LSE: with sinks (not split: the combine folds them in), each row's
   // sink joins its denominator.
@@ -282,18 +370,18 @@ struct FwdKernel {
   // `count` key tiles this warpgroup's rows do not see, from the ring's next: each consumer
   // warpgroup releases every stage, and all take the same turns, so their K and V are waited for
   // and released and their turns passed on. One turn per key tile, as the GEMMs take them.
-  CUTE_DEVICE static void pass_key_tiles(int count, Turns const& turns, SharedStorage& smem,
-                                         Pipeline& pipeline_k, Pipeline& pipeline_v,
-                                         PipelineState& read_k, PipelineState& read_v) {
+  CUTE_DEVICE static void pass_key_tiles(int count, Turns const& turns, KeyRing ring_k,
+                                         ValueRing ring_v, PipelineState& read_k,
+                                         PipelineState& read_v) {
     CUTE_NO_UNROLL
     for (int i = 0; i < count; ++i) {
-      pipeline_k.consumer_wait(read_k);
+      ring_k.wait(read_k);
       turns.wait();
       turns.pass();
-      release_stage(smem.kv.pipeline_k, pipeline_k, read_k);
+      ring_k.release(read_k);
       ++read_k;
-      pipeline_v.consumer_wait(read_v);
-      release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
+      ring_v.wait(read_v);
+      ring_v.release(read_v);
       ++read_v;
     }
   }
@@ -320,8 +408,9 @@ struct FwdKernel {
  private:
   // Gathered K and V (`gathered`): each lane of a ring's gathering warp arrives on a stage's full
   // barrier when its copies land (FwdLoad::gather_key_tile); else the load thread, with the
-  // stage's TMA bytes. The consumers release a stage through release_stage (ring_release.cuh).
-  template <class PipelineT>
+  // stage's TMA bytes. The readers (the consumers; of V's ring with e4m3, the transposing warps)
+  // release a stage through release_stage (ring_release.cuh).
+  template <class PipelineT, int kReaders = 128 * Config::kConsumerWarpgroups>
   CUTE_DEVICE static typename PipelineT::Params pipeline_params(int warpgroup, bool leader,
                                                                  int bytes, bool gathered = false) {
     typename PipelineT::Params pipe;
@@ -329,9 +418,77 @@ struct FwdKernel {
                                : PipelineT::ThreadCategory::Consumer;
     pipe.is_leader = leader && !gathered;
     pipe.num_producers = gathered ? 32 : 1;
-    pipe.num_consumers = ring_arrivals<128 * Config::kConsumerWarpgroups>();  // ring_release.cuh
+    pipe.num_consumers = ring_arrivals<kReaders>();  // ring_release.cuh
     pipe.transaction_bytes = bytes;
     return pipe;
+  }
+
+  static constexpr int kTransposeThreads = 32 * Config::kTransposeWarps;
+  // The readers of V's ring.
+  static constexpr int kValueReaders =
+      kFp8 ? kTransposeThreads : 128 * Config::kConsumerWarpgroups;
+
+  // P·V's B operand: V's ring, or with e4m3 the Vᵀ ring.
+  CUTE_DEVICE static Element* value_operand(SharedStorage& smem) {
+    if constexpr (kFp8)
+      return smem.kv.vt.data();
+    else
+      return smem.kv.v.data();
+  }
+
+  // e4m3: the Vᵀ ring's pipeline (its full barrier counts the transposing threads, its empty one
+  // the consumers' release_stage arrivals); nothing otherwise.
+  struct NoVtRing {};
+  CUTE_DEVICE static auto make_vt_pipeline(SharedStorage& smem, int warpgroup) {
+    if constexpr (kFp8) {
+      typename VtPipeline::Params params;
+      params.role = warpgroup == 0 ? VtPipeline::ThreadCategory::Producer
+                                   : VtPipeline::ThreadCategory::Consumer;
+      params.producer_arv_count = kTransposeThreads;
+      params.consumer_arv_count = ring_arrivals<128 * Config::kConsumerWarpgroups>();
+      return VtPipeline(smem.kv.pipeline_vt, params);
+    } else {
+      return NoVtRing{};
+    }
+  }
+  // The ring the consumers read P·V's B operand from.
+  template <class VtRing>
+  CUTE_DEVICE static ValueRing value_ring(SharedStorage& smem, Pipeline& pipeline_v,
+                                          VtRing& pipeline_vt) {
+    if constexpr (kFp8)
+      return {pipeline_vt, smem.kv.pipeline_vt};
+    else
+      return {pipeline_v, smem.kv.pipeline_v};
+  }
+
+  // The transposing warps (e4m3): each V stage, once its TMA has landed, into the Vᵀ ring
+  // (fp8/transpose_v.cuh), in the order the load thread fills V's ring (per tile, its key tiles);
+  // the Vᵀ stage's generic-proxy stores are made visible to the wgmmas' async proxy before its
+  // full barrier is arrived on, and V's stage is released once read. O staged across V's and
+  // Vᵀ's rings (d256) needs no wait here: the next tile's first V, which this waits for, is loaded
+  // only once that O has left (o_free).
+  CUTE_DEVICE static void transpose_values(Params const& p, SharedStorage& smem,
+                                           Pipeline& pipeline_v, VtPipeline& pipeline_vt) {
+    constexpr int kStageBytes = Config::kBytesV;
+    const int thread = int(threadIdx.x) - 32 * Config::kFirstTransposeWarp;
+    const auto* v = reinterpret_cast<const uint8_t*>(smem.kv.v.data());
+    auto* vt = reinterpret_cast<uint8_t*>(smem.kv.vt.data());
+    PipelineState read_v;
+    PipelineState write_vt = cutlass::make_producer_start_state<VtPipeline>();
+    for_each_tile(p, [&](Work const& w, int) {
+      CUTE_NO_UNROLL
+      for (int n = w.keys.begin; n < w.keys.end; ++n) {
+        pipeline_v.consumer_wait(read_v);
+        pipeline_vt.producer_acquire(write_vt);
+        fp8::transpose_v<Config::kHeadDimV, Config::kBlockN, kTransposeThreads>(
+            v + read_v.index() * kStageBytes, vt + write_vt.index() * kStageBytes, thread);
+        cutlass::arch::fence_view_async_shared();
+        pipeline_vt.producer_commit(write_vt);
+        release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
+        ++read_v;
+        ++write_vt;
+      }
+    });
   }
 
   // Launched after the tile order (launch_kernel_dependent), the prologue overlapped it; no
@@ -466,9 +623,11 @@ struct FwdKernel {
     Pipeline pipeline_k(smem.kv.pipeline_k,
                         pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesK, gathered),
                         Shape<_1, _1, _1>{});
-    Pipeline pipeline_v(smem.kv.pipeline_v,
-                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesV, gathered),
-                        Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(
+        smem.kv.pipeline_v,
+        pipeline_params<Pipeline, kValueReaders>(warpgroup, leader, Config::kBytesV, gathered),
+        Shape<_1, _1, _1>{});
+    auto pipeline_vt = make_vt_pipeline(smem, warpgroup);
     Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
     end_prologue();
 
@@ -476,8 +635,14 @@ struct FwdKernel {
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
-      if (warp == 2 && p.load.gather) gather_keys<false>(p, smem, pipeline_k);
-      if (warp == 3 && p.load.gather) gather_keys<true>(p, smem, pipeline_v);
+      if constexpr (kFp8) {
+        if (warp >= Config::kFirstTransposeWarp &&
+            warp < Config::kFirstTransposeWarp + Config::kTransposeWarps)
+          transpose_values(p, smem, pipeline_v, pipeline_vt);
+      } else {
+        if (warp == 2 && p.load.gather) gather_keys<false>(p, smem, pipeline_k);
+        if (warp == 3 && p.load.gather) gather_keys<true>(p, smem, pipeline_v);
+      }
       if (!leader) return;
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
@@ -497,7 +662,8 @@ struct FwdKernel {
       turns.start();
       PipelineState read_k, read_v;
       for_each_published_tile(tiles, [&](Work const& w, int q_tile) {
-        consume(p, smem, w, q_tile & 1, turns, pipeline_k, pipeline_v, read_k, read_v);
+        consume(p, smem, w, q_tile & 1, turns, KeyRing{pipeline_k, smem.kv.pipeline_k},
+                value_ring(smem, pipeline_v, pipeline_vt), read_k, read_v);
       });
       turns.finish();
       // The last store must have read O's buffer before the CTA's shared memory goes.
@@ -506,8 +672,8 @@ struct FwdKernel {
   }
 
   CUTE_DEVICE static void consume(Params const& p, SharedStorage& smem, Work const& w,
-                                  int q_phase, Turns const& turns, Pipeline& pipeline_k,
-                                  Pipeline& pipeline_v, PipelineState& read_k,
+                                  int q_phase, Turns const& turns, KeyRing ring_k,
+                                  ValueRing ring_v, PipelineState& read_k,
                                   PipelineState& read_v) {
     const TileCoord tile = w.tile;
     const KeyTiles keys = w.keys;
@@ -521,7 +687,7 @@ struct FwdKernel {
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.kv.k.data()), typename Config::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(smem.kv.v.data()), typename Config::SmemLayoutVt{});
+    Tensor sVt = make_tensor(make_smem_ptr(value_operand(smem)), typename Config::SmemLayoutVt{});
     Tensor tSrQ = wg_qk.partition_fragment_A(sQ);
     Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
     Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
@@ -534,13 +700,13 @@ struct FwdKernel {
     const auto out_coords =
         rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
 
-    Softmax<decltype(size<0>(score_coords))::value> softmax(p.score_scale,
-                                                            p.score_scale * kLog2e);
+    const TileScales scales = tile_scales(p, w);
+    Softmax<decltype(size<0>(score_coords))::value> softmax(scales.score_scale,
+                                                            scales.score_scale * kLog2e);
     typename decltype(softmax)::RowVector rescale;
-    using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
-    Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
+    Tensor tOrP = p_fragment(thr_pv);
 
-    const auto prepare_scores = score_preparation(p, w, score_coords);
+    const auto prepare_scores = score_preparation(p, w, score_coords, tile_softcap(p, scales));
     auto release_q = [&] { FwdKernel::release_q(smem, thread); };
     // Gathered K / V stages were written through the generic proxy (cp.async); the wgmmas read
     // them through the async proxy.
@@ -551,7 +717,7 @@ struct FwdKernel {
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_phase);
     const KeyTiles own = own_key_tiles(w);
     auto pass_key_tiles = [&](int count) {
-      FwdKernel::pass_key_tiles(count, turns, smem, pipeline_k, pipeline_v, read_k, read_v);
+      FwdKernel::pass_key_tiles(count, turns, ring_k, ring_v, read_k, read_v);
     };
     if (own.empty()) {
       skip_keyless(smem, thread);
@@ -566,36 +732,36 @@ struct FwdKernel {
       int n_block = own.end - 1;
       {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
-        pipeline_k.consumer_wait(read_k);
+        ring_k.wait(read_k);
         gathered_fence();
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         turns.pass();
         warpgroup_wait<0>();
-        release_stage(smem.kv.pipeline_k, pipeline_k, read_k);
+        ring_k.release(read_k);
         ++read_k;
         if (n_block == own.begin) release_q();
         const auto shift = prepare_scores(tSrS, n_block);
         auto scores = rowcol_view(tSrS);
         softmax.update_max(scores, rescale, shift);  // O is still empty: nothing to rescale
         softmax.exponentiate(scores, shift);
-        convert_fragment(tSrS, tOrP);
+        to_p_operand(tSrS, tOrP);
       }
 
       CUTE_NO_UNROLL
       for (; n_block > own.begin; --n_block) {
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
-        pipeline_k.consumer_wait(read_k);
+        ring_k.wait(read_k);
         gathered_fence();
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-        pipeline_v.consumer_wait(read_v);
+        ring_v.wait(read_v);
         gathered_fence();
         wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         turns.pass();
 
         warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
-        release_stage(smem.kv.pipeline_k, pipeline_k, read_k);
+        ring_k.release(read_k);
         ++read_k;
         if (n_block - 1 == own.begin) release_q();
         const auto shift = prepare_scores(tSrS, n_block - 1);
@@ -604,28 +770,32 @@ struct FwdKernel {
         softmax.exponentiate(scores, shift);
 
         warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
-        release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
+        ring_v.release(read_v);
         ++read_v;
         if (rescale_o) {
           auto o = rowcol_view(tOrO);
           scale_rows(o, rescale);
         }
-        convert_fragment(tSrS, tOrP);
+        to_p_operand(tSrS, tOrP);
       }
 
-      pipeline_v.consumer_wait(read_v);
+      ring_v.wait(read_v);
       gathered_fence();
       turns.wait();
       wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
       turns.pass();
       warpgroup_wait<0>();
-      release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
+      ring_v.release(read_v);
       ++read_v;  // the ring carries over to the next tile
       pass_key_tiles(own.begin - keys.begin);  // below this warpgroup's own (a window's left side)
     }
 
     typename decltype(softmax)::RowVector o_scale, lse;
     finish_rows(p, w, softmax, o_scale, lse, score_coords);
+    if constexpr (kFp8) {
+      CUTE_UNROLL
+      for (int i = 0; i < int(o_scale.size()); ++i) o_scale[i] *= scales.o;
+    }
     auto o = rowcol_view(tOrO);
     scale_rows(o, o_scale);
     if (p.split.enabled()) {
@@ -690,7 +860,7 @@ struct FwdKernel {
     using ScoreFrag = decltype(partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{}));
     Tensor tOrP = make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
 
-    const auto prepare_scores = score_preparation(p, w, score_coords);
+    const auto prepare_scores = score_preparation(p, w, score_coords, p.softcap);
     auto release_q = [&] { FwdKernel::release_q(smem, thread); };
     // Two chunks of the ring from `at` on (K's or V's halves): waited for, released.
     auto wait_pair = [&](ChunkPipelineState at) {

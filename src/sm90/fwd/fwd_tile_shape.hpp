@@ -59,11 +59,29 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     {256, 256, 2, 64, 1, true, false, {128, 5, 4096}},
 };
 
-// The row of these head dims; a row of zeros (block_n 0) where the table has none.
-constexpr FwdTileShape fwd_tile_shape(int head_dim_qk, int head_dim_v) {
-  for (const FwdTileShape& s : kFwdTileShapes)
+// e4m3 operands (fp8/): K and V take half the bytes, but Vᵀ needs a ring of its own (the FP8 P·V
+// reads its B operand K-major only) and the producer warpgroup transposes V into it, at 40
+// registers, which leaves the consumers 232 (152 with three); S, P (N/8 registers) and O still
+// bound the key tile (N a multiple of 32, the e4m3 P·V's k). d128: 192 keys spill 16 bytes at 232.
+inline constexpr FwdTileShape kFwdFp8TileShapes[] = {
+    {64, 64, 3, 128, 1, false, true, {}},
+    {128, 128, 2, 160, 2, false, false, {}},
+    // O alone is 128 registers: 96 keys leave S and P room within 232.
+    {256, 256, 2, 96, 1, true, false, {}},
+};
+
+// The row of these head dims (of the e4m3 table with `e4m3`); a row of zeros (block_n 0) where the
+// table has none.
+template <int kRows>
+constexpr FwdTileShape fwd_tile_row(const FwdTileShape (&table)[kRows], int head_dim_qk,
+                                    int head_dim_v) {
+  for (const FwdTileShape& s : table)
     if (s.head_dim_qk == head_dim_qk && s.head_dim_v == head_dim_v) return s;
   return FwdTileShape{};
+}
+constexpr FwdTileShape fwd_tile_shape(int head_dim_qk, int head_dim_v, bool e4m3 = false) {
+  return e4m3 ? fwd_tile_row(kFwdFp8TileShapes, head_dim_qk, head_dim_v)
+              : fwd_tile_row(kFwdTileShapes, head_dim_qk, head_dim_v);
 }
 
 }  // namespace fa4::sm90

@@ -108,8 +108,8 @@ Status check_tensors(const Problem& p, const ForwardTensors* f, const BackwardTe
   return Status::success();
 }
 
-// One kernel of this build's table (cmake/fa4_sm90.cmake): its forward and its backward launcher;
-// an end marker with null launchers closes the table.
+// One kernel of this build's table (cmake/fa4_sm90.cmake): its forward and its backward launcher
+// (null for a forward-only entry: e4m3); an end marker with null launchers closes the table.
 struct Kernel {
   int64_t head_dim_qk;
   int64_t head_dim_v;
@@ -124,8 +124,11 @@ constexpr Kernel kKernels[] = {
 #define FA4_SM90_KERNEL(qk, v, dtype)                                                 \
   {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>,                    \
    &sm90::run_backward<qk, v, DType::dtype>},
+#define FA4_SM90_FORWARD_KERNEL(qk, v, dtype) \
+  {qk, v, DType::dtype, &sm90::run_forward<qk, v, DType::dtype>, nullptr},
 #include "sm90/sm90_kernels.inc"
 #undef FA4_SM90_KERNEL
+#undef FA4_SM90_FORWARD_KERNEL
 #endif
     {0, 0, DType::kBF16, nullptr, nullptr}};
 
@@ -165,7 +168,8 @@ constexpr int64_t kMaxGridYZ = 65535;
 
 // The backward's own limits, after the checks both passes share.
 Status can_implement_backward(const Problem& p) {
-  if (find_kernel(p) == nullptr) return no_kernel("backward", p);
+  const Kernel* kernel = find_kernel(p);
+  if (kernel == nullptr || kernel->backward == nullptr) return no_kernel("backward", p);
   // Row kernels: heads and batch entries are grid dimensions; the main grid is one CTA per key
   // tile (bwd_block_n keys: 64 above head dim 128) x query head x batch entry.
   const int64_t key_tile = sm90::bwd_block_n(int(p.head_dim_qk));
@@ -188,9 +192,17 @@ Status can_implement(const Problem& p, Pass pass) {
       (p.batch - 1) * p.alibi.batch_stride + (p.heads_q - 1) * p.alibi.head_stride >= kMaxExtent)
     return not_supported("alibi's strides reach past 2^31 - 1 slopes, which the sm90 kernels "
                          "index in 32 bits");
-  if (p.dtype == DType::kE4M3)
-    return not_supported("the sm90 backend has no e4m3 (FP8) kernels yet; e4m3 runs on the CPU "
-                         "backend");
+  if (p.dtype == DType::kE4M3) {
+    // Each of these needs its own piece in the e4m3 kernels (ALiBi's slopes and the sinks in the
+    // descaled score units; the KV cache's prepare kernel quantising appends), which they do not
+    // have yet: the CPU backend computes all of them.
+    if (p.kv_cache.enabled())
+      return not_supported("the sm90 e4m3 (FP8) forward takes no KV cache yet; the CPU backend "
+                           "does");
+    if (p.alibi.data != nullptr || p.sinks != nullptr)
+      return not_supported("the sm90 e4m3 (FP8) forward takes no ALiBi slopes or sinks yet; the "
+                           "CPU backend does");
+  }
   // The kernel keeps the running max of raw scores and scales afterwards: right only when the
   // scale is positive (with softcap the factor applied after the max is the cap itself).
   if (p.softcap == 0.0f && p.scale() < 0.0f)
@@ -351,7 +363,10 @@ Status run_forward(const Problem& p, const ForwardTensors& t, Workspace workspac
                                 {"kv_cache.leftpad", p.kv_cache.leftpad},
                                 {"kv_cache.cu_seqlens_new", p.kv_cache.cu_seqlens_new},
                                 {"alibi.data", p.alibi.data},
-                                {"sinks", p.sinks}};
+                                {"sinks", p.sinks},
+                                {"q_descale.data", t.q_descale.data},
+                                {"k_descale.data", t.k_descale.data},
+                                {"v_descale.data", t.v_descale.data}};
   if (s.ok()) s = check_device_memory(views);
   if (s.ok() && reinterpret_cast<uintptr_t>(used) % 256 != 0)
     s = invalid("workspace.data is not 256-byte aligned");

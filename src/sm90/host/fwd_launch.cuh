@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/numeric.hpp"
 #include "common/status.hpp"
 #include "sm90/cache/kv_prepare.cuh"
 #include "sm90/common/element.cuh"
@@ -96,7 +97,10 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
       softcap,
       softcap.enabled() ? p.softcap : p.scale(),
       ScoreVariantParams{p.alibi.data, int(p.alibi.batch_stride), int(p.alibi.head_stride),
-                         1.0f / (softcap.enabled() ? p.softcap : p.scale()), p.sinks}};
+                         1.0f / (softcap.enabled() ? p.softcap : p.scale()), p.sinks},
+      fp8::Descales{{t.q_descale.data, t.q_descale.batch_stride, t.q_descale.head_stride},
+                    {t.k_descale.data, t.k_descale.batch_stride, t.k_descale.head_stride},
+                    {t.v_descale.data, t.v_descale.batch_stride, t.v_descale.head_stride}}};
 
   auto* kernel = &fwd_kernel<Kernel>;
   if (err == cudaSuccess)
@@ -122,7 +126,7 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
                                 t.lse.head_stride,
                                 t.lse.seq_stride,
                                 p.sinks};
-    err = launch_combine_splits(combine, kDType, p.batch, p.seqlen_q, stream);
+    err = launch_combine_splits(combine, output_dtype(p), p.batch, p.seqlen_q, stream);
   }
   if (err != cudaSuccess)
     return detail::make_status(StatusCode::kDeviceError,
@@ -131,7 +135,8 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
   return Status::success();
 }
 
-// The plan's kernel: the chunked variant (fwd_config.cuh) where it chose one.
+// The plan's kernel: the chunked variant (fwd_config.cuh) where it chose one; with e4m3 operands,
+// the one that writes O in the problem's output dtype.
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
                    Workspace workspace, void* stream) {
@@ -149,13 +154,21 @@ Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& 
                                  cudaGetErrorString(err));
     return Status::success();
   }
-  if constexpr (FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
-    if (plan.chunked)
-      return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>, kDType>(
-          plan, p, t, workspace, stream);
+  if constexpr (kDType == DType::kE4M3) {
+    if (p.fp8.out_dtype == DType::kFP16)
+      return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, false, cutlass::half_t>,
+                            kDType>(plan, p, t, workspace, stream);
+    return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, false, cutlass::bfloat16_t>,
+                          kDType>(plan, p, t, workspace, stream);
+  } else {
+    if constexpr (FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
+      if (plan.chunked)
+        return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>, kDType>(
+            plan, p, t, workspace, stream);
+    }
+    return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element>, kDType>(plan, p, t,
+                                                                             workspace, stream);
   }
-  return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element>, kDType>(plan, p, t, workspace,
-                                                                           stream);
 }
 
 }  // namespace fa4::sm90

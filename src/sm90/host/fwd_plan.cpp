@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/mask.hpp"
+#include "common/numeric.hpp"
 #include "sm90/cache/page_tiles.hpp"
 #include "sm90/common/grouped_order.hpp"
 #include "sm90/fwd/fwd_tile_shape.hpp"
@@ -14,8 +15,6 @@
 namespace fa4::sm90 {
 namespace {
 
-// bf16 and fp16, the kernels' element types.
-constexpr int64_t kElementBytes = 2;
 
 // Whether persistent CTAs in the zig-zag get about equal work (within 4 % of the mean) when a
 // query tile costs as many key tiles as it sees under the causal diagonal. The zig-zag balances
@@ -70,6 +69,8 @@ CausalSchedule causal_schedule(CausalSchedule::Shape const& s) {
 // more (tile_order.hpp).
 constexpr bool query_tiles_at_least_min_rows() {
   for (const FwdTileShape& s : kFwdTileShapes)
+    if (s.block_m() < kMinQueryTileRows) return false;
+  for (const FwdTileShape& s : kFwdFp8TileShapes)
     if (s.block_m() < kMinQueryTileRows) return false;
   return true;
 }
@@ -152,7 +153,7 @@ FwdWorkspace FwdWorkspace::of(const Problem& p, const Overrides& overrides) {
     if (p.kv_cache.rotary_dim > 0)
       w.q_rotated_bytes =
           aligned(size_t(p.is_varlen() ? p.varlen.total_q : p.batch * p.seqlen_q) *
-                  size_t(p.heads_q * p.head_dim_qk) * kElementBytes);
+                  size_t(p.heads_q * p.head_dim_qk) * dtype_size(p.dtype));
     w.bytes = w.q_rotated + w.q_rotated_bytes;
   }
   return w;
@@ -164,7 +165,8 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
   // Nothing to write (and Q / O may be views without memory).
   if (p.batch == 0 || p.seqlen_q == 0 || (p.is_varlen() && p.varlen.total_q == 0)) return plan;
 
-  const FwdTileShape shape = fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
+  const FwdTileShape shape =
+      fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v), p.dtype == DType::kE4M3);
   const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
                                        p.window.right);
   plan.chunked = fwd_plan::takes_chunked_kv(p, band.banded(), shape.chunked.min_keys,
@@ -185,7 +187,7 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
   const int64_t pairs = int64_t(plan.tile_heads) * p.batch;
   const int64_t sharing = p.heads_kv > 0 ? p.heads_q / p.heads_kv / group : 1;
   const int64_t kv_row_bytes =
-      ((p.head_dim_qk + p.head_dim_v) * kElementBytes + sharing - 1) / sharing;
+      ((p.head_dim_qk + p.head_dim_v) * int64_t(dtype_size(p.dtype)) + sharing - 1) / sharing;
   // Persistent CTAs take tiles in a fixed order (tile_scheduler.cuh): balanced when every sequence
   // has the same length and nothing but the sequence end masks keys, and, with the causal
   // diagonal, where the zig-zag's share per CTA comes out even. With the diagonal alone (no
