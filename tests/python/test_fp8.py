@@ -489,9 +489,9 @@ def test_bwd_op_refuses_fp8():
 
 
 @pytest.mark.sm90
-def test_gpu_fp8_is_not_supported_yet():
-    """The sm90 backend has no e4m3 kernels: CUDA fp8 tensors get its reason, and fallback mode
-    runs them on the reference."""
+def test_gpu_fp8_without_a_kernel():
+    """The sm90 backend has no e4m3 kernel of these head dims (16): CUDA fp8 tensors get its
+    reason, and fallback mode runs them on the reference."""
     q, k, v = (t.cuda() for t in _fp8_qkv())
     with pytest.raises(Fa4Error, match="e4m3"):
         fa4cpp.flash_attn_func(q, k, v)
@@ -501,11 +501,13 @@ def test_gpu_fp8_is_not_supported_yet():
 
 def test_support_names_the_sm90_refusal():
     """Where a CUDA call goes, without a GPU: the library's can_implement for the sm90 backend,
-    which refuses e4m3 with its reason (the error a CUDA call raises, or falls back on)."""
+    which refuses e4m3 of head dim 16 (no kernel in any build) with its reason (the error a CUDA
+    call raises, or falls back on)."""
     q, k, v = _fp8_qkv()
     assert ops.support("fwd", q, k, v) is None
     assert "e4m3" in ops.support("bwd", q, k, v)
-    assert "no e4m3 (FP8) kernels" in ops.support("fwd", q, k, v, backend="sm90")
+    why = ops.support("fwd", q, k, v, backend="sm90")
+    assert "e4m3" in why and "16" in why
 
 
 # -- torch.compile and the modes ------------------------------------------------------------------
