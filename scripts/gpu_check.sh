@@ -168,6 +168,10 @@ sharded() {
   note "$label" "passed $passed, skipped $skipped, failing shards $failed/$shards"
   [ ${#stuck[@]} -gt 0 ] &&
     note "" "$(printf '%s; ' "${stuck[@]}" | sed "s/; $//; s/^/timed out ($limit s) in: /" | cut -c1-300)"
+  # A shard stopped by a test that broke the CUDA context (tests/gpu/sticky_error_stop.cpp).
+  local fatal
+  fatal=$(grep -h '^\[  FATAL   \]' "$out/${name}"_shard*.log | sed 's/^\[  FATAL   \] //' | sort -u)
+  [ -n "$fatal" ] && note "" "$(printf '%s' "$fatal" | tr '\n' ';' | cut -c1-300)"
   grep -h '^\[  FAILED  \]' "$out/${name}"_shard*.log | sort -u | head -n 20 >"$out/${name}_failed.txt"
   [ -s "$out/${name}_failed.txt" ] && note "" "$(tr '\n' ' ' <"$out/${name}_failed.txt" | cut -c1-300)"
 }
