@@ -200,6 +200,30 @@ std::string DeviceRun::device_sync() {
   return err == cudaSuccess ? "" : std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(err);
 }
 
+void run_and_check_writes(DeviceRun& run, std::vector<unsigned char>* rows) {
+  const Problem& p = run.setup.problem;
+  const Status can = can_implement(run.problem, Backend::kSm90, Pass::kForward);
+  ASSERT_TRUE(can.ok()) << to_string(can.code) << ": " << can.message;
+  ASSERT_CUDA(run.upload());
+  Stream stream;
+  Status status;
+  ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, &status));
+  ASSERT_TRUE(status.ok()) << to_string(status.code) << ": " << status.message;
+
+  *rows = rows_in_sequences(p, /*keys=*/false);
+  const CheckResult written = check_written("out", run.out, *rows);
+  EXPECT_TRUE(written.ok) << written.message;
+  const std::vector<unsigned char> lse_rows =
+      p.return_lse ? *rows : std::vector<unsigned char>(rows->size(), 0);
+  const CheckResult lse_written = check_written("lse", run.lse, lse_rows);
+  EXPECT_TRUE(lse_written.ok) << lse_written.message;
+  bool intact = false;
+  ASSERT_CUDA(run.d_out->guards_intact(&intact));
+  EXPECT_TRUE(intact) << "out: bytes around the tensor were written";
+  ASSERT_CUDA(run.d_lse->guards_intact(&intact));
+  EXPECT_TRUE(intact) << "lse: bytes around the tensor were written";
+}
+
 std::string DeviceRun::run(cudaStream_t stream, bool graph, Status* status) {
   out.poison();
   lse.poison();

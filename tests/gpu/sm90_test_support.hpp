@@ -105,6 +105,13 @@ struct DeviceRun {
   std::string run(cudaStream_t stream, bool graph, Status* status);
 };
 
+// Runs the forward of `run` (uploaded here; can_implement must accept it) on a fresh stream and
+// checks what it wrote: every row inside a sequence of out written (and of lse with return_lse;
+// without it nothing), the guards around both intact. `rows` gets the query rows inside
+// sequences (rows_in_sequences). Failures are gtest failures: the caller returns on
+// HasFatalFailure().
+void run_and_check_writes(DeviceRun& run, std::vector<unsigned char>* rows);
+
 // Calls the forward with `problem` and `workspace` on run's tensors, expecting it to be refused
 // with `code` (and a message naming `named`, when given) before anything is written: out is
 // poisoned before the call and checked untouched after it.

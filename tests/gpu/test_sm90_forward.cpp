@@ -421,24 +421,9 @@ void check_forward(const Case& c, const std::vector<ref::RowSample>& sample = {}
   const Problem& p = setup->problem;
   DeviceRun run(*setup);
   run.overrides = overrides;
-  const Status can = can_implement(run.problem, Backend::kSm90, Pass::kForward);
-  ASSERT_TRUE(can.ok()) << to_string(can.code) << ": " << can.message;
-  ASSERT_CUDA(run.upload());
-  Stream stream;
-  Status status;
-  ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, &status));
-  ASSERT_TRUE(status.ok()) << to_string(status.code) << ": " << status.message;
-
-  const std::vector<unsigned char> rows = rows_in_sequences(p, /*keys=*/false);
-  const CheckResult written = check_written("out", run.out, rows);
-  EXPECT_TRUE(written.ok) << written.message;
-  const CheckResult lse_written = check_written("lse", run.lse, rows);
-  EXPECT_TRUE(lse_written.ok) << lse_written.message;
-  bool intact = false;
-  ASSERT_CUDA(run.d_out->guards_intact(&intact));
-  EXPECT_TRUE(intact) << "out: bytes around the tensor were written";
-  ASSERT_CUDA(run.d_lse->guards_intact(&intact));
-  EXPECT_TRUE(intact) << "lse: bytes around the tensor were written";
+  std::vector<unsigned char> rows;
+  run_and_check_writes(run, &rows);
+  if (::testing::Test::HasFatalFailure()) return;
 
   const TensorView q = setup->q.view(), k = setup->k.view(), v = setup->v.view();
   const ref::ForwardResult exact = ref::forward(p, q, k, v, ref::Precision::kExact, sample);

@@ -263,27 +263,9 @@ void check_fp8(const Fp8Case& f) {
   run.tensors.q_descale = descale_view(device_copy(run, d.q), p, f.descaling);
   run.tensors.k_descale = descale_view(device_copy(run, d.k), p, f.descaling);
   run.tensors.v_descale = descale_view(device_copy(run, d.v), p, f.descaling);
-  const Status can = can_implement(run.problem, Backend::kSm90, Pass::kForward);
-  ASSERT_TRUE(can.ok()) << to_string(can.code) << ": " << can.message;
-  ASSERT_CUDA(run.upload());
-  Stream stream;
-  Status status;
-  ASSERT_CUDA(run.run(stream.get(), /*graph=*/false, &status));
-  ASSERT_TRUE(status.ok()) << to_string(status.code) << ": " << status.message;
-
-  const std::vector<unsigned char> rows = rows_in_sequences(p, /*keys=*/false);
-  const CheckResult written = check_written("out", run.out, rows);
-  EXPECT_TRUE(written.ok) << written.message;
-  // Without return_lse nothing of LSE may be written.
-  const std::vector<unsigned char> lse_rows =
-      p.return_lse ? rows : std::vector<unsigned char>(rows.size(), 0);
-  const CheckResult lse_written = check_written("lse", run.lse, lse_rows);
-  EXPECT_TRUE(lse_written.ok) << lse_written.message;
-  bool intact = false;
-  ASSERT_CUDA(run.d_out->guards_intact(&intact));
-  EXPECT_TRUE(intact) << "out: bytes around the tensor were written";
-  ASSERT_CUDA(run.d_lse->guards_intact(&intact));
-  EXPECT_TRUE(intact) << "lse: bytes around the tensor were written";
+  std::vector<unsigned char> rows;
+  run_and_check_writes(run, &rows);
+  if (::testing::Test::HasFatalFailure()) return;
 
   const TensorView q = setup->q.view(), k = setup->k.view(), v = setup->v.view();
   const ref::Descales host{descale_view(d.q.data(), p, f.descaling),
