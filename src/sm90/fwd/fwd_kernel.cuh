@@ -46,8 +46,7 @@
 #include "sm90/fwd/warpgroup_turns.cuh"
 #include "sm90/common/wgmma.cuh"
 #include "sm90/fp8/descales.cuh"
-#include "sm90/fp8/p_operand.cuh"
-#include "sm90/fp8/transpose_v.cuh"
+#include "sm90/fwd/fwd_values.cuh"
 
 namespace fa4::sm90 {
 
@@ -67,11 +66,11 @@ struct FwdKernel {
   static constexpr int kThreads = Config::kThreads;
   using Turns = WarpgroupTurns<Config::kConsumerWarpgroups>;
   static constexpr bool kFp8 = Config::kFp8;
-  // e4m3 (Config::kFp8): the Vᵀ ring, which the transposing warps fill (every thread of theirs
-  // arrives on a stage's full barrier) and the consumers read P·V's B operand from.
-  using VtPipeline = cutlass::PipelineAsync<Config::kStages>;
-  using ValuePipeline = std::conditional_t<kFp8, VtPipeline, Pipeline>;
-  static_assert(std::is_same_v<typename VtPipeline::PipelineState, PipelineState>);
+  // P·V's operands (fwd_values.cuh): with e4m3, a Vᵀ ring that producer warps fill.
+  using Values = FwdValues<Config>;
+  using VtPipeline = typename Values::VtPipeline;
+  using KeyRing = RingReader<Pipeline>;
+  using ValueRing = typename Values::Reader;
 
   struct Params {
     typename Load::Params load;
@@ -282,40 +281,6 @@ struct FwdKernel {
       return p.softcap;
   }
 
-  // P as the A operand of P·V: in 16 bits the accumulator's own layout (convert_fragment); e4m3's
-  // k32 A fragment (partition_fragment_A reads only the tile's shape and K-major order), packed by
-  // fp8::pack_p_e4m3.
-  template <class ThrPV>
-  CUTE_DEVICE static auto p_fragment(ThrPV const& thr_pv) {
-    if constexpr (kFp8) {
-      return thr_pv.partition_fragment_A(
-          make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)),
-                      make_layout(Shape<BlockM, BlockN>{}, LayoutRight{})));
-    } else {
-      using ScoreFrag = decltype(partition_fragment_C(typename Config::TiledMmaQK{},
-                                                      Shape<BlockM, BlockN>{}));
-      return make_tensor<Element>(acc_to_operand_a_layout(ScoreFrag{}.layout()));
-    }
-  }
-  template <class Scores, class P>
-  CUTE_DEVICE static void to_p_operand(Scores const& scores, P& p_operand) {
-    if constexpr (kFp8)
-      fp8::pack_p_e4m3(scores, p_operand);
-    else
-      convert_fragment(scores, p_operand);
-  }
-
-  // A ring as its readers see it: wait for a stage, release it (ring_release.cuh).
-  template <class P>
-  struct RingReader {
-    P& pipeline;
-    typename P::SharedStorage& storage;
-    CUTE_DEVICE void wait(PipelineState const& s) { pipeline.consumer_wait(s); }
-    CUTE_DEVICE void release(PipelineState const& s) { release_stage(storage, pipeline, s); }
-  };
-  using KeyRing = RingReader<Pipeline>;
-  using ValueRing = RingReader<ValuePipeline>;
-
   // O's normalisation and LSE: with sinks (not split: the combine folds them in), each row's
   // sink joins its denominator.
   template <class Softmax, class RowVector, class Coords>
@@ -421,74 +386,6 @@ struct FwdKernel {
     pipe.num_consumers = ring_arrivals<kReaders>();  // ring_release.cuh
     pipe.transaction_bytes = bytes;
     return pipe;
-  }
-
-  static constexpr int kTransposeThreads = 32 * Config::kTransposeWarps;
-  // The readers of V's ring.
-  static constexpr int kValueReaders =
-      kFp8 ? kTransposeThreads : 128 * Config::kConsumerWarpgroups;
-
-  // P·V's B operand: V's ring, or with e4m3 the Vᵀ ring.
-  CUTE_DEVICE static Element* value_operand(SharedStorage& smem) {
-    if constexpr (kFp8)
-      return smem.kv.vt.data();
-    else
-      return smem.kv.v.data();
-  }
-
-  // e4m3: the Vᵀ ring's pipeline (its full barrier counts the transposing threads, its empty one
-  // the consumers' release_stage arrivals); nothing otherwise.
-  struct NoVtRing {};
-  CUTE_DEVICE static auto make_vt_pipeline(SharedStorage& smem, int warpgroup) {
-    if constexpr (kFp8) {
-      typename VtPipeline::Params params;
-      params.role = warpgroup == 0 ? VtPipeline::ThreadCategory::Producer
-                                   : VtPipeline::ThreadCategory::Consumer;
-      params.producer_arv_count = kTransposeThreads;
-      params.consumer_arv_count = ring_arrivals<128 * Config::kConsumerWarpgroups>();
-      return VtPipeline(smem.kv.pipeline_vt, params);
-    } else {
-      return NoVtRing{};
-    }
-  }
-  // The ring the consumers read P·V's B operand from.
-  template <class VtRing>
-  CUTE_DEVICE static ValueRing value_ring(SharedStorage& smem, Pipeline& pipeline_v,
-                                          VtRing& pipeline_vt) {
-    if constexpr (kFp8)
-      return {pipeline_vt, smem.kv.pipeline_vt};
-    else
-      return {pipeline_v, smem.kv.pipeline_v};
-  }
-
-  // The transposing warps (e4m3): each V stage, once its TMA has landed, into the Vᵀ ring
-  // (fp8/transpose_v.cuh), in the order the load thread fills V's ring (per tile, its key tiles);
-  // the Vᵀ stage's generic-proxy stores are made visible to the wgmmas' async proxy before its
-  // full barrier is arrived on, and V's stage is released once read. O staged across V's and
-  // Vᵀ's rings (d256) needs no wait here: the next tile's first V, which this waits for, is loaded
-  // only once that O has left (o_free).
-  CUTE_DEVICE static void transpose_values(Params const& p, SharedStorage& smem,
-                                           Pipeline& pipeline_v, VtPipeline& pipeline_vt) {
-    constexpr int kStageBytes = Config::kBytesV;
-    const int thread = int(threadIdx.x) - 32 * Config::kFirstTransposeWarp;
-    const auto* v = reinterpret_cast<const uint8_t*>(smem.kv.v.data());
-    auto* vt = reinterpret_cast<uint8_t*>(smem.kv.vt.data());
-    PipelineState read_v;
-    PipelineState write_vt = cutlass::make_producer_start_state<VtPipeline>();
-    for_each_tile(p, [&](Work const& w, int) {
-      CUTE_NO_UNROLL
-      for (int n = w.keys.begin; n < w.keys.end; ++n) {
-        pipeline_v.consumer_wait(read_v);
-        pipeline_vt.producer_acquire(write_vt);
-        fp8::transpose_v<Config::kHeadDimV, Config::kBlockN, kTransposeThreads>(
-            v + read_v.index() * kStageBytes, vt + write_vt.index() * kStageBytes, thread);
-        cutlass::arch::fence_view_async_shared();
-        pipeline_vt.producer_commit(write_vt);
-        release_stage(smem.kv.pipeline_v, pipeline_v, read_v);
-        ++read_v;
-        ++write_vt;
-      }
-    });
   }
 
   // Launched after the tile order (launch_kernel_dependent), the prologue overlapped it; no
@@ -625,9 +522,10 @@ struct FwdKernel {
                         Shape<_1, _1, _1>{});
     Pipeline pipeline_v(
         smem.kv.pipeline_v,
-        pipeline_params<Pipeline, kValueReaders>(warpgroup, leader, Config::kBytesV, gathered),
+        pipeline_params<Pipeline, Values::kVReaders>(warpgroup, leader, Config::kBytesV,
+                                                     gathered),
         Shape<_1, _1, _1>{});
-    auto pipeline_vt = make_vt_pipeline(smem, warpgroup);
+    auto pipeline_vt = Values::make_vt_pipeline(smem.kv, warpgroup);
     Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
     end_prologue();
 
@@ -636,9 +534,10 @@ struct FwdKernel {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
       if constexpr (kFp8) {
-        if (warp >= Config::kFirstTransposeWarp &&
-            warp < Config::kFirstTransposeWarp + Config::kTransposeWarps)
-          transpose_values(p, smem, pipeline_v, pipeline_vt);
+        if (Values::transposes(warp))
+          Values::transpose(smem.kv, pipeline_v, pipeline_vt, [&](auto&& f) {
+            for_each_tile(p, [&](Work const& w, int) { f(w.keys.count()); });
+          });
       } else {
         if (warp == 2 && p.load.gather) gather_keys<false>(p, smem, pipeline_k);
         if (warp == 3 && p.load.gather) gather_keys<true>(p, smem, pipeline_v);
@@ -663,7 +562,7 @@ struct FwdKernel {
       PipelineState read_k, read_v;
       for_each_published_tile(tiles, [&](Work const& w, int q_tile) {
         consume(p, smem, w, q_tile & 1, turns, KeyRing{pipeline_k, smem.kv.pipeline_k},
-                value_ring(smem, pipeline_v, pipeline_vt), read_k, read_v);
+                Values::reader(smem.kv, pipeline_v, pipeline_vt), read_k, read_v);
       });
       turns.finish();
       // The last store must have read O's buffer before the CTA's shared memory goes.
@@ -687,7 +586,8 @@ struct FwdKernel {
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.kv.k.data()), typename Config::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(value_operand(smem)), typename Config::SmemLayoutVt{});
+    Tensor sVt =
+        make_tensor(make_smem_ptr(Values::operand(smem.kv)), typename Config::SmemLayoutVt{});
     Tensor tSrQ = wg_qk.partition_fragment_A(sQ);
     Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
     Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, D, N, stage)
@@ -704,7 +604,7 @@ struct FwdKernel {
     Softmax<decltype(size<0>(score_coords))::value> softmax(scales.score_scale,
                                                             scales.score_scale * kLog2e);
     typename decltype(softmax)::RowVector rescale;
-    Tensor tOrP = p_fragment(thr_pv);
+    Tensor tOrP = Values::p_fragment(thr_pv);
 
     const auto prepare_scores = score_preparation(p, w, score_coords, tile_softcap(p, scales));
     auto release_q = [&] { FwdKernel::release_q(smem, thread); };
@@ -745,7 +645,7 @@ struct FwdKernel {
         auto scores = rowcol_view(tSrS);
         softmax.update_max(scores, rescale, shift);  // O is still empty: nothing to rescale
         softmax.exponentiate(scores, shift);
-        to_p_operand(tSrS, tOrP);
+        Values::to_p(tSrS, tOrP);
       }
 
       CUTE_NO_UNROLL
@@ -776,7 +676,7 @@ struct FwdKernel {
           auto o = rowcol_view(tOrO);
           scale_rows(o, rescale);
         }
-        to_p_operand(tSrS, tOrP);
+        Values::to_p(tSrS, tOrP);
       }
 
       ring_v.wait(read_v);
