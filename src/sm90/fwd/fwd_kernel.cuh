@@ -9,7 +9,8 @@
 //   stored; at d64 / d96 / d128 O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
 //   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q; with a paged
 //   KV cache whose pages do not hold whole key tiles a third and a fourth warp gather K and V
-//   through the page table (gather_keys) and the load thread loads Q alone.
+//   through the page table (gather_keys) and the load thread loads Q alone. With e4m3 operands
+//   those two warps transpose each V stage into a Vᵀ ring instead, which P·V reads (fwd_values.cuh).
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64): 64 query rows
 //   each, taking turns at the tensor cores. Per key tile j, going down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
