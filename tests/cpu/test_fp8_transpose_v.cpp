@@ -304,6 +304,9 @@ TEST(Fp8TransposeV, D256N128) { check_all_variants<256, 128>(5); }
 TEST(Fp8TransposeV, D64N128) { check_all_variants<64, 128>(6); }
 TEST(Fp8TransposeV, D128N160) { check_all_variants<128, 160>(7); }
 TEST(Fp8TransposeV, D256N96) { check_all_variants<256, 96>(8); }
+// Head dims the e4m3 table may take next: d192's V rows (192 bytes, SW64) and 96-key tiles.
+TEST(Fp8TransposeV, D192N96) { check_all_variants<192, 96>(10); }
+TEST(Fp8TransposeV, D128N96) { check_all_variants<128, 96>(11); }
 TEST(Fp8TransposeV, KernelTilesSplitOverTwoWarps) {
   EXPECT_NE(transpose_v_warps_g(64, 128, 64, 1), 0);
   EXPECT_NE(transpose_v_warps_g(128, 160, 64, 1), 0);

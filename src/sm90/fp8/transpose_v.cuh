@@ -110,7 +110,7 @@ CUTE_HOST_DEVICE uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
 // its own bits, which the per-thread base absorbs; 0 where no split is even.
 constexpr int transpose_v_warps_g(int d, int n, int threads, int slot_words) {
   const int warps = threads / 32, groups = n / kKeyGroup, blocks = d / (32 * slot_words);
-  if (warps < 1 || (warps & (warps - 1)) != 0) return 0;
+  if (warps < 1 || (warps & (warps - 1)) != 0 || d % (32 * slot_words) != 0) return 0;
   for (int wg = warps; wg >= 1; wg /= 2)
     if (groups % wg == 0 && blocks % (warps / wg) == 0) return wg;
   return 0;
