@@ -306,6 +306,21 @@ std::string join(const std::vector<int32_t>& v) {
 }
 }  // namespace
 
+const char* descaling_tag(Descaling how) {
+  switch (how) {
+    case Descaling::kNone: return "_nodescale";
+    case Descaling::kShared: return "_shared_descale";
+    case Descaling::kPerHead: return "_descale";
+  }
+  return "";
+}
+
+DescaleView descale_view(const float* data, const Problem& p, Descaling how) {
+  if (how == Descaling::kNone) return {};
+  if (how == Descaling::kShared) return {data, 0, 0};
+  return {data, p.heads_kv, 1};
+}
+
 std::string describe(const Case& c) {
   std::ostringstream o;
   o << c.name << " [";

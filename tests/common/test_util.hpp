@@ -155,6 +155,13 @@ std::string describe(const Case& c);  // every parameter, for failure messages
 // How GoogleTest prints a Case parameter (its name, not its bytes).
 void PrintTo(const Case& c, std::ostream* os);
 
+// How an e4m3 case passes its descales: none, one shared by all through zero strides, or one per
+// (batch entry, kv head).
+enum class Descaling { kNone, kShared, kPerHead };
+const char* descaling_tag(Descaling how);  // the case name's "_nodescale", "_shared_descale", ...
+// A dense (batch, heads_kv) descale array at `data` (host or device memory) as `how` passes it.
+DescaleView descale_view(const float* data, const Problem& p, Descaling how);
+
 // The shape part of a case: fixed-length (batch, seqlen_q, seqlen_k), or varlen when lens_q is
 // non-empty; seqused_k when used_k is non-empty.
 struct CaseShape {

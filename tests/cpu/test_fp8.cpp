@@ -19,8 +19,6 @@
 namespace fa4::test {
 namespace {
 
-enum class Descaling { kNone, kShared, kPerHead };
-
 struct Fp8Case {
   Case c;  // dtype kE4M3
   DType out_dtype = DType::kBF16;
@@ -55,9 +53,7 @@ std::vector<Fp8Case> fp8_cases() {
     f.out_dtype = n % 3 == 1 ? DType::kFP16 : DType::kBF16;
     f.descaling = static_cast<Descaling>(n % 3 == 2 ? 0 : n % 3 == 0 ? 2 : 1);
     c.name += std::string(f.out_dtype == DType::kFP16 ? "_fp16out" : "_bf16out") +
-              (f.descaling == Descaling::kNone     ? "_nodescale"
-               : f.descaling == Descaling::kShared ? "_shared_descale"
-                                                   : "_descale");
+              descaling_tag(f.descaling);
     f.c = c;
     cases.push_back(f);
     ++n;
@@ -68,11 +64,6 @@ std::vector<Fp8Case> fp8_cases() {
 // Descales of 1/8 to 2 per (batch, kv head), or one for all through zero strides.
 struct Descales {
   std::vector<float> q, k, v;  // (batch, heads_kv), dense
-  DescaleView view(const std::vector<float>& d, const Problem& p, Descaling how) const {
-    if (how == Descaling::kNone) return {};
-    if (how == Descaling::kShared) return {d.data(), 0, 0};
-    return {d.data(), p.heads_kv, 1};
-  }
 };
 
 Descales draw_descales(const Problem& p, std::mt19937_64& rng) {
@@ -100,9 +91,9 @@ void run_fp8(const Fp8Case& f) {
   t.v = setup->v.view();
   t.out = out.view();
   if (p.return_lse) t.lse = lse.view();
-  t.q_descale = d.view(d.q, p, f.descaling);
-  t.k_descale = d.view(d.k, p, f.descaling);
-  t.v_descale = d.view(d.v, p, f.descaling);
+  t.q_descale = descale_view(d.q.data(), p, f.descaling);
+  t.k_descale = descale_view(d.k.data(), p, f.descaling);
+  t.v_descale = descale_view(d.v.data(), p, f.descaling);
   size_t bytes = 0;
   ASSERT_TRUE(workspace_size(p, Backend::kCpu, Pass::kForward, &bytes).ok());
   HostWorkspace ws(bytes);

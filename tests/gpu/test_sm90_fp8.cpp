@@ -40,8 +40,6 @@ std::vector<Kernel> fp8_kernels() {
 // The full matrix at head dim 128; a share of it at the others.
 bool tested_in_full(const Kernel& k) { return k.dim_qk == 128 && k.dim_v == 128; }
 
-enum class Descaling { kPerHead, kShared, kNone };
-
 struct Fp8Case {
   Case c;  // dtype kE4M3
   DType out_dtype = DType::kBF16;
@@ -59,7 +57,8 @@ constexpr Heads kGqa[] = {{4, 4}, {8, 2}, {8, 1}};  // ratios 1, 4, 8
 // r, each on its own period, so that the descale kinds meet both outputs and every ratio.
 Fp8Case rotated(Case c, int r) {
   Fp8Case f;
-  f.descaling = static_cast<Descaling>(r % 3);
+  // Per head, shared, none, in turn.
+  f.descaling = static_cast<Descaling>(2 - r % 3);
   f.out_dtype = r % 2 == 1 ? DType::kFP16 : DType::kBF16;
   if (c.heads_q == 1 && c.heads_kv == 1) {  // not chosen by the case itself
     c.heads_q = kGqa[(r / 3) % 3].q;
@@ -79,9 +78,7 @@ Fp8Case rotated(Case c, int r) {
             (c.layout == Layout::kPadded16 ? "_padded16" : "") +
             (c.layout == Layout::kHeadMajor ? "_headmajor" : "") + (c.spiky ? "_spiky" : "") +
             (f.out_dtype == DType::kFP16 ? "_fp16out" : "_bf16out") +
-            (f.descaling == Descaling::kNone     ? "_nodescale"
-             : f.descaling == Descaling::kShared ? "_shared_descale"
-                                                 : "_descale") +
+            descaling_tag(f.descaling) +
             (c.return_lse ? "" : "_nolse");
   f.c = c;
   return f;
@@ -217,13 +214,6 @@ Descales draw_descales(const Problem& p, std::mt19937_64& rng) {
       x->push_back(float(std::exp2(log2 < 0.0 ? log2 - 0.5 : log2 + 0.5)));
     }
   return d;
-}
-
-// A descale array's view over `data` (host or device), by how the case shares it.
-DescaleView descale_view(const float* data, const Problem& p, Descaling how) {
-  if (how == Descaling::kNone) return {};
-  if (how == Descaling::kShared) return {data, 0, 0};
-  return {data, p.heads_kv, 1};
 }
 
 // A host array copied to device memory of the run (uploaded with its inputs).

@@ -8,21 +8,19 @@
 
 #include <cute/config.hpp>
 
+#include "fa4/attention.hpp"
+
 namespace fa4::sm90::fp8 {
 
-// One descale tensor, fp32 (batch, heads_kv): data[b·batch_stride + h·head_stride]; null: 1.
-struct DescaleTensor {
-  const float* data = nullptr;
-  int64_t batch_stride = 0;
-  int64_t head_stride = 0;
-
-  CUTE_DEVICE float at(int batch, int kv_head) const {
-    return data == nullptr ? 1.0f : __ldg(data + batch * batch_stride + kv_head * head_stride);
-  }
-};
+// The descale of (batch, kv_head) in the problem's view of it (DescaleView: data[b·batch_stride +
+// h·head_stride], fp32 in device memory); null data: 1.
+CUTE_DEVICE float descale_at(DescaleView const& d, int batch, int kv_head) {
+  return d.data == nullptr ? 1.0f
+                           : __ldg(d.data + batch * d.batch_stride + kv_head * d.head_stride);
+}
 
 struct Descales {
-  DescaleTensor q, k, v;
+  DescaleView q, k, v;
 };
 
 // One tile's factors.
@@ -31,7 +29,8 @@ struct TileDescales {
   float v = 1.0f;   // multiplies O
 
   CUTE_DEVICE static TileDescales of(Descales const& d, int batch, int kv_head) {
-    return {d.q.at(batch, kv_head) * d.k.at(batch, kv_head), d.v.at(batch, kv_head)};
+    return {descale_at(d.q, batch, kv_head) * descale_at(d.k, batch, kv_head),
+            descale_at(d.v, batch, kv_head)};
   }
 };
 

@@ -98,9 +98,7 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
       softcap.enabled() ? p.softcap : p.scale(),
       ScoreVariantParams{p.alibi.data, int(p.alibi.batch_stride), int(p.alibi.head_stride),
                          1.0f / (softcap.enabled() ? p.softcap : p.scale()), p.sinks},
-      fp8::Descales{{t.q_descale.data, t.q_descale.batch_stride, t.q_descale.head_stride},
-                    {t.k_descale.data, t.k_descale.batch_stride, t.k_descale.head_stride},
-                    {t.v_descale.data, t.v_descale.batch_stride, t.v_descale.head_stride}}};
+      fp8::Descales{t.q_descale, t.k_descale, t.v_descale}};
 
   auto* kernel = &fwd_kernel<Kernel>;
   if (err == cudaSuccess)

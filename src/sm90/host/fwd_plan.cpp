@@ -15,7 +15,6 @@
 namespace fa4::sm90 {
 namespace {
 
-
 // Whether persistent CTAs in the zig-zag get about equal work (within 4 % of the mean) when a
 // query tile costs as many key tiles as it sees under the causal diagonal. The zig-zag balances
 // exactly only when its 2·ctas-tile rounds line up with the tiles per head, or average out over
