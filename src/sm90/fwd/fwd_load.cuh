@@ -254,15 +254,18 @@ struct FwdLoad {
                                       int32_t* entries, Pipeline& pipeline, PipelineState& state,
                                       SmemTensor const& s, Dst& dst, Box box) {
     const int32_t first = n * BlockN::value;
+    // Pieces wholly past the sequence's end load its last piece again: every box then starts on
+    // rows of the sequence. The keys' mask hides those rows.
+    const int32_t last = cute::max(seq.len_k - 1, 0) / kKeyPieceRows * kKeyPieceRows;
+    auto piece_key = [&](int i) { return cute::min(first + i * kKeyPieceRows, last); };
     const uint32_t at = cast_smem_ptr_to_uint(entries);
     CUTE_UNROLL
-    for (int i = 0; i < kPieces; ++i)
-      load_key_page(p, seq, first + i * kKeyPieceRows, at + 4 * i);
+    for (int i = 0; i < kPieces; ++i) load_key_page(p, seq, piece_key(i), at + 4 * i);
     pipeline.producer_acquire(state);
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     CUTE_UNROLL
     for (int i = 0; i < kPieces; ++i) {
-      const int32_t key = first + i * kKeyPieceRows;
+      const int32_t key = piece_key(i);
       auto src = key_box(tma, shape, head, piece_rows(p, seq, key, entries[i]), s, box);
       copy(tma.with(*pipeline.producer_get_barrier(state)), src(_, 0, 0),
            dst(_, i, 0, state.index()));
