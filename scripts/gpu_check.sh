@@ -14,7 +14,7 @@
 #          (default: all of them but decode and decode_loop); FA4_TEST_SETS=NAME,... narrows `tests` to those of its sets;
 #          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 240);
 #          FA4_CUDA_FLAGS (with `build`): extra CUDA defines for the kernels, e.g. a compile-time
-#          variant's ("-DFA4_SM90_KV_PIECES=1"), so that every step after it runs on that build
+#          variant's ("-DFA4_SM90_ALIBI_LINEAR=1"), so that every step after it runs on that build
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)

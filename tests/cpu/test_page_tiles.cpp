@@ -1,7 +1,7 @@
 // How the sm90 forward loads a paged cache's key tiles (src/sm90/cache/page_tiles.hpp): one TMA box
 // per key tile where every page holds whole key tiles, one per 16-key piece where every page holds
-// whole pieces (the FA4_SM90_KV_PIECES build), row by row otherwise; a left pad rules out both
-// boxes, since a sequence's tiles then start inside its first page.
+// whole pieces (where the kernel's tile row has them), row by row otherwise; a left pad rules out
+// both boxes, since a sequence's tiles then start inside its first page.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -43,7 +43,7 @@ TEST(Sm90PageTiles, PagesOfWholeTilesLoadTiles) {
     }
 }
 
-TEST(Sm90PageTiles, PagesOfWholePiecesLoadPiecesWhereAllowed) {
+TEST(Sm90PageTiles, PagesOfWholePiecesLoadPiecesWhereTheKernelHasThem) {
   // vLLM's 16, and every multiple of 16 that does not hold whole tiles of these widths.
   for (int64_t page : {16, 32, 48, 64, 80, 112, 160, 208}) {
     for (int64_t block_n : {64, 96, 128}) {

@@ -23,8 +23,9 @@ inline bool pages_hold_key_tiles(const Problem& p, int64_t block_n) {
 
 enum class KeyLoad { kTiles, kPieces, kGather };
 
-// Tiles where pages hold whole key tiles of `block_n` keys; pieces, where `pieces` allows them,
-// where they hold whole pieces (a multiple of kKeyPieceRows keys, no left pad); else the gather.
+// Tiles where pages hold whole key tiles of `block_n` keys; pieces, where the kernel has them
+// (FwdTileShape::kv_pieces), where they hold whole pieces (a multiple of kKeyPieceRows keys, no
+// left pad); else the gather.
 inline KeyLoad key_load_of(const Problem& p, int64_t block_n, bool pieces) {
   if (pages_hold_key_tiles(p, block_n)) return KeyLoad::kTiles;
   const KvCache& c = p.kv_cache;

@@ -49,6 +49,7 @@ struct FwdTileSize {
   static constexpr bool kRescaleVote = kShape.rescale_vote;
   static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
   static constexpr bool kOwnKeyTiles = kShape.own_key_tiles;
+  static constexpr bool kKvPieces = kShape.kv_pieces;
 };
 
 // The row's chunked variant (FwdConfig<..., true>), where it has one.
@@ -87,6 +88,7 @@ struct FwdConfig {
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = TileSize::kBlockN;
   static constexpr bool kOwnKeyTiles = TileSize::kOwnKeyTiles && !kChunked;
+  static constexpr bool kKvPieces = TileSize::kKvPieces;
   static constexpr int kStages = 2;  // K and V ring depth
   // Chunked: K and V share one ring of kKvChunks chunks of (kBlockN keys, half the head dim),
   // loaded in the order the consumers take them (FwdLoad::run_chunked); else K and V rings of

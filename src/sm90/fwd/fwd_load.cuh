@@ -8,8 +8,6 @@
 // whole key tiles a key tile lies inside one page, whose rows the tile's box addresses; where they
 // hold whole pieces of kKeyPieceRows keys each piece does, one box per piece (load_pieces);
 // otherwise two warps of the producer warpgroup gather K and V row by row (gather_key_tile).
-// Pieces are the compile-time variant FA4_SM90_KV_PIECES=1, off (such pages gathered) until their
-// tests and A/B have run on the device.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -25,10 +23,6 @@
 #include "sm90/fwd/query_rows.cuh"
 #include "sm90/common/sequence.cuh"
 #include "sm90/fwd/tile_scheduler.cuh"
-
-#ifndef FA4_SM90_KV_PIECES
-#define FA4_SM90_KV_PIECES 0
-#endif
 
 namespace fa4::sm90 {
 
@@ -80,8 +74,8 @@ struct FwdLoad {
       decltype(tile_to_shape(typename Config::template SmemAtom<HeadDimV::value>{}, VPieceBox{}));
   using TmaKPiece = Tma<SmemLayoutKPiece, KPieceBox>;
   using TmaVPiece = Tma<SmemLayoutVPiece, VPieceBox>;
-  // Whether the kernel has the pieces' loads at all (the compile-time variant).
-  static constexpr bool kKvPieces = FA4_SM90_KV_PIECES != 0;
+  // Whether the kernel has the pieces' loads (its tile row's kv_pieces).
+  static constexpr bool kKvPieces = Config::kKvPieces;
 
   struct Params {
     TmaQ tma_q;

@@ -29,6 +29,10 @@ struct FwdTileShape {
   // see fewer than its tile: +3-5 % at d64 causal 512-2k, +2-4 % at d192; at d128 every slice sees
   // the tile's key tiles and the extra steps cost 2-3 % at causal 512-1k.
   bool own_key_tiles = false;
+  // Pages of whole 16-key pieces load as one TMA box per piece (FwdLoad::load_pieces), else row by
+  // row (the gather): the pieces' loads need more of the load thread's registers than d256's
+  // producer has (24: it spills 24 bytes there).
+  bool kv_pieces = true;
   // The chunked variant (block_n 0: none): wider key tiles whose K and V go through one ring of
   // kv_chunks chunks of half the head dim, taken without a causal or window mask from min_keys
   // keys per sequence on (FwdKernel::consume_chunked).
@@ -43,12 +47,12 @@ struct FwdTileShape {
 };
 
 inline constexpr FwdTileShape kFwdTileShapes[] = {
-    {64, 64, 3, 128, 1, false, true, {}},
-    {96, 96, 2, 128, 1, false, false, {}},
-    {128, 128, 2, 128, 4, false, false, {}},
+    {64, 64, 3, 128, 1, false, true, true, {}},
+    {96, 96, 2, 128, 1, false, false, true, {}},
+    {128, 128, 2, 128, 4, false, false, true, {}},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
-    {192, 192, 2, 96, 1, false, true, {}},
-    {192, 128, 2, 128, 1, false, false, {}},
+    {192, 192, 2, 96, 1, false, true, true, {}},
+    {192, 128, 2, 128, 1, false, false, true, {}},
     // 80 keys spill 16 bytes with this kernel's register budget; 64 do not. Own key tiles measured
     // +1-2 % at causal 512-4k but spill 12 bytes here. Chunked: 128 keys rather than 64 halve the
     // re-reads of Q per key (17 % fewer shared-memory bytes per FLOP and fewer instructions, so
@@ -56,7 +60,7 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     // stages of K and of V would not fit in shared memory, five 32 KB chunks do. Against the
     // 64-key kernel without a mask: 512 keys -14 %, 1k -4 %, 2k -1 %, 4k +2.6 %, 8k +1.5 %,
     // 16k +3.9 % (a tile's first QKᵀ and last P·V, exposed, are twice as long), hence min_keys.
-    {256, 256, 2, 64, 1, true, false, {128, 5, 4096}},
+    {256, 256, 2, 64, 1, true, false, false, {128, 5, 4096}},
 };
 
 // e4m3 operands (fp8/): K and V take half the bytes, but Vᵀ needs a ring of its own (the FP8 P·V
@@ -64,10 +68,10 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
 // registers, which leaves the consumers 232 (152 with three); S, P (N/8 registers) and O still
 // bound the key tile (N a multiple of 32, the e4m3 P·V's k). d128: 192 keys spill 16 bytes at 232.
 inline constexpr FwdTileShape kFwdFp8TileShapes[] = {
-    {64, 64, 3, 128, 1, false, true, {}},
-    {128, 128, 2, 160, 2, false, false, {}},
+    {64, 64, 3, 128, 1, false, true, true, {}},
+    {128, 128, 2, 160, 2, false, false, true, {}},
     // O alone is 128 registers: 96 keys leave S and P room within 232.
-    {256, 256, 2, 96, 1, true, false, {}},
+    {256, 256, 2, 96, 1, true, false, true, {}},
 };
 
 // The row of these head dims (of the e4m3 table with `e4m3`); a row of zeros (block_n 0) where the
