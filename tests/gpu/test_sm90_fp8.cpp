@@ -309,8 +309,9 @@ INSTANTIATE_TEST_SUITE_P(Matrix, Sm90Fp8, ::testing::ValuesIn(fp8_cases()),
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Sm90Fp8);
 
 // What the e4m3 kernels do not implement is refused with kNotSupported naming e4m3: the backward
-// (forward-only inputs), ALiBi, sinks and a paged KV cache. can_implement answers on the host;
-// forward() then leaves the output poisoned.
+// (forward-only inputs), ALiBi, sinks and a paged KV cache whose pages are not whole 16-key
+// pieces (pages of 8 here; pages of 16 and their multiples run: test_sm90_kv_cache.cpp).
+// can_implement answers on the host; forward() then leaves the output poisoned.
 TEST(Sm90Fp8Refusals, RefusedWithNothingWritten) {
   const std::vector<Kernel> kernels = fp8_kernels();
   if (kernels.empty()) GTEST_SKIP() << "this build has no sm90 e4m3 kernel (FA4_SM90_KERNELS)";
@@ -336,8 +337,8 @@ TEST(Sm90Fp8Refusals, RefusedWithNothingWritten) {
   // The variants, their arrays where `with` says (can_implement reads none of them).
   const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
   const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
-  const std::vector<int32_t> pages = {2, 0, 3, 1};
-  constexpr int64_t kPageSize = 16;
+  const std::vector<int32_t> pages = {2, 0, 3, 1, 6, 4, 7, 5};
+  constexpr int64_t kPageSize = 8;
   struct Arrays {
     const float* slopes;
     const float* sinks;
@@ -376,7 +377,7 @@ TEST(Sm90Fp8Refusals, RefusedWithNothingWritten) {
   const ForwardTensors plain = run.tensors;
   for (const std::string& what : variants) {
     SCOPED_TRACE(what);
-    // The 64 keys as 4 pages of 16: the page stride in place of the batch stride.
+    // The 64 keys as 8 pages of 8: the page stride in place of the batch stride.
     if (what == "paged kv cache")
       for (TensorView* t : {&run.tensors.k, &run.tensors.v})
         t->batch_stride = kPageSize * t->seq_stride;

@@ -1,12 +1,14 @@
 // The KV cache (Problem::kv_cache) on the sm90 backend: the cases the CPU backend runs
 // (common/kv_cache_cases.hpp: pages, cache rows, left pads, appends, rotary, decode to chunked
 // prefill, under every mask), on device copies of the same inputs, checked by the same code
-// against the same double reference. The cases whose head dims and dtype this build has a bf16 /
-// fp16 kernel for (FA4_SM90_BUILT_KERNELS) run; fp32 and e4m3 ones do not. Paged cases run
-// again with split-KV forced, and with the query heads of a kv head packed into one tile where
-// there is GQA, each on fresh inputs: the appends write the cache, so a second call on the same
-// cache would append on top of the first. Plus GPU-only shapes: decode and a chunked prefill at
-// d128 with 32 / 8 heads and a 3000-key cache, and two of the CPU cases at d128 and d256.
+// against the same double reference. The cases whose head dims and dtype this build has a kernel
+// for (FA4_SM90_BUILT_KERNELS) run: bf16, fp16 and e4m3 (fp32 has none); e4m3 ones on pages the
+// e4m3 kernels do not read check the refusal. Paged cases run again with split-KV forced, and
+// with the query heads of a kv head packed into one tile where there is GQA, each on fresh
+// inputs: the appends write the cache, so a second call on the same cache would append on top of
+// the first. Plus GPU-only shapes: decode (bf16, and e4m3 with quantised appends) and a chunked
+// prefill at d128 with 32 / 8 heads and a 3000-key cache, and two of the CPU cases at d128 and
+// d256.
 // Around each call: outputs and workspace poisoned, every device buffer guarded, the inputs
 // (queries, new rows, rotary tables, arrays) compared byte for byte afterwards.
 #include <cuda_runtime_api.h>
@@ -31,10 +33,15 @@
 namespace fa4::test {
 namespace {
 
-// e4m3 caches stay on the CPU backend's suite: the sm90 e4m3 kernels are tested without a cache
-// (test_sm90_fp8.cpp, which checks that a paged one is refused).
 bool has_kernel(const CacheCase& c) {
-  return kernel_listed(built_16bit_kernels(), c.dim, c.dim, c.dtype);
+  return kernel_listed(built_kernels(), c.dim, c.dim, c.dtype);
+}
+
+// The e4m3 kernels read pages only as TMA boxes (whole key tiles or 16-key pieces: their
+// producer's third and fourth warps transpose V rather than gather rows): pages of another size,
+// or left pads in a paged cache, are refused with nothing written.
+bool refused_for_e4m3(const CacheCase& c) {
+  return c.dtype == DType::kE4M3 && c.page_size > 0 && (c.page_size % 16 != 0 || c.leftpad);
 }
 
 // LSE's allowance on top of the rule, in fp32 ulps of the largest |LSE|: the one the sm90 forward
@@ -64,6 +71,19 @@ std::vector<CacheCase> gpu_only_cases() {
     c.causal = true;
     c.rotary_dim = 128;
     c.name = tag + "_append1_rotary128_neox";
+    cases.push_back(c);
+  }
+  // The same decode step over an e4m3 cache (pages of 16 and 64), the step's bf16 key and value
+  // quantised on write, as engines run FP8 caches.
+  for (int64_t page : {int64_t(16), int64_t(64)}) {
+    CacheCase c = decode;
+    c.dtype = DType::kE4M3;
+    c.quantize_appends = true;
+    c.page_size = page;
+    c.append = 1;
+    c.causal = true;
+    c.rotary_dim = 128;
+    c.name = "decode_d128_gqa4_page" + std::to_string(page) + "_e4m3_append1_rotary128_quantized";
     cases.push_back(c);
   }
   {
@@ -102,10 +122,9 @@ void PrintTo(const GpuCacheCase& g, std::ostream* os) { *os << g.name; }
 std::vector<GpuCacheCase> gpu_cases() {
   std::vector<CacheCase> cases = cache_cases();
   for (CacheCase& c : gpu_only_cases()) cases.push_back(std::move(c));
-  // Cases on pages smaller than a key tile run gathered (row by row through the page table), or,
-  // built with FA4_SM90_KV_PIECES=1, in pieces where pages hold whole 16-key pieces (a TMA box per
-  // piece: pages of 16 and 64 keys without left pads; pages of 1 and 7 keys and left pads still
-  // gather); each runs again where the kernels read a key tile as one TMA box (pages of 256 keys
+  // Cases on pages smaller than a key tile run in pieces where pages hold whole 16-key pieces (a
+  // TMA box per piece: pages of 16 and 64 keys without left pads), else gathered (row by row
+  // through the page table: pages of 1 and 7 keys, left pads); each runs again where the kernels read a key tile as one TMA box (pages of 256 keys
   // hold whole key tiles at every head dim; cache rows where a left pad rules such pages out), so
   // that the appends, rotary forms, masks and varlen batches see every path.
   const size_t listed = cases.size();
@@ -144,7 +163,8 @@ struct DeviceCache {
   std::unique_ptr<DeviceMirror> k, v, out, lse;  // written by the call
 
   explicit DeviceCache(const CacheSetup& s) : problem(s.p) {
-    const size_t elem = dtype_size(s.p.dtype);
+    // e4m3 problems: O, the rotary tables and appends quantised on write are 16-bit.
+    auto elem = [](const HostTensor& t) { return dtype_size(t.dtype()); };
     auto mirror = [](const DeviceMirror::View& view, size_t bytes) {
       return std::make_unique<DeviceMirror>(std::vector<DeviceMirror::View>{view}, bytes);
     };
@@ -175,24 +195,35 @@ struct DeviceCache {
     if (s.p.alibi.data != nullptr) problem.alibi.data = device_floats("alibi", s.alibi_slopes);
 
     const ForwardTensors host = tensors_of(s);
-    tensors.q = input("q", mirror_view(s.q), elem).device_view(host.q);
-    k = mirror(mirror_view(s.k), elem);
-    v = mirror(mirror_view(s.v), elem);
-    out = mirror(mirror_view(s.out), elem);
+    tensors.q = input("q", mirror_view(s.q), elem(s.q)).device_view(host.q);
+    k = mirror(mirror_view(s.k), elem(s.k));
+    v = mirror(mirror_view(s.v), elem(s.v));
+    out = mirror(mirror_view(s.out), elem(s.out));
     lse = mirror(mirror_view(s.lse), sizeof(float));
     tensors.k = k->device_view(host.k);
     tensors.v = v->device_view(host.v);
     tensors.out = out->device_view(host.out);
     tensors.lse = lse->device_view(host.lse);
     if (kc.appends()) {
-      tensors.k_new = input("k_new", mirror_view(s.k_new), elem).device_view(host.k_new);
-      tensors.v_new = input("v_new", mirror_view(s.v_new), elem).device_view(host.v_new);
+      tensors.k_new =
+          input("k_new", mirror_view(s.k_new), elem(s.k_new)).device_view(host.k_new);
+      tensors.v_new =
+          input("v_new", mirror_view(s.v_new), elem(s.v_new)).device_view(host.v_new);
     }
     if (kc.rotary_dim > 0) {
       tensors.rotary = host.rotary;
-      tensors.rotary.cos = input("rotary cos", mirror_view(s.cos), elem).device(host.rotary.cos);
-      tensors.rotary.sin = input("rotary sin", mirror_view(s.sin), elem).device(host.rotary.sin);
+      tensors.rotary.cos =
+          input("rotary cos", mirror_view(s.cos), elem(s.cos)).device(host.rotary.cos);
+      tensors.rotary.sin =
+          input("rotary sin", mirror_view(s.sin), elem(s.sin)).device(host.rotary.sin);
     }
+    auto descale = [&](const char* name, const std::vector<float>& a, DescaleView view) {
+      if (view.data != nullptr) view.data = device_floats(name, a);
+      return view;
+    };
+    tensors.q_descale = descale("q_descale", s.q_descale, host.q_descale);
+    tensors.k_descale = descale("k_descale", s.k_descale, host.k_descale);
+    tensors.v_descale = descale("v_descale", s.v_descale, host.v_descale);
   }
 
   // Every buffer by name.
@@ -245,6 +276,22 @@ struct DeviceCache {
   }
 };
 
+// After a refused call: no byte of any buffer written, the caches as they were, the outputs still
+// poisoned.
+void expect_nothing_written(DeviceCache& d, CacheSetup& s) {
+  std::string written;
+  ASSERT_CUDA(d.untouched(&written));
+  EXPECT_TRUE(written.empty()) << written;
+  ASSERT_CUDA(d.download());
+  const std::vector<double> k_after = s.k.dense(), v_after = s.v.dense();
+  EXPECT_TRUE(k_after == s.k_initial) << "the k cache was written";
+  EXPECT_TRUE(v_after == s.v_initial) << "the v cache was written";
+  for (int64_t i = 0; i < s.out.size(); ++i)
+    ASSERT_TRUE(s.out.is_poison(i)) << "out was written at " << i;
+  for (int64_t i = 0; i < s.lse.size(); ++i)
+    ASSERT_TRUE(s.lse.is_poison(i)) << "lse was written at " << i;
+}
+
 void check_gpu_case(const GpuCacheCase& g) {
   FA4_SKIP_WITHOUT_HOPPER();
   SCOPED_TRACE(seed_note());
@@ -266,6 +313,16 @@ void check_gpu_case(const GpuCacheCase& g) {
   size_t bytes = 0;
   const Status sized = workspace_size(d.problem, Backend::kSm90, Pass::kForward, overrides, &bytes);
   if (refused(sized)) GTEST_SKIP() << sized.message;
+  if (refused_for_e4m3(g.c)) {
+    EXPECT_EQ(sized.code, StatusCode::kNotSupported)
+        << to_string(sized.code) << ": " << sized.message;
+    ASSERT_CUDA(d.upload());
+    const Status st = forward(d.problem, d.tensors, {}, nullptr, Backend::kSm90, overrides);
+    ASSERT_CUDA(DeviceRun::device_sync());
+    EXPECT_EQ(st.code, StatusCode::kNotSupported) << to_string(st.code) << ": " << st.message;
+    expect_nothing_written(d, *s);
+    return;
+  }
   ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
   DeviceWorkspace ws;
   ASSERT_CUDA(ws.allocate(bytes));  // poisoned: 0xFF
@@ -330,17 +387,7 @@ TEST(Sm90KvCacheRefusal, OddRotaryDimWritesNothing) {
   ASSERT_CUDA(DeviceRun::device_sync());
   EXPECT_EQ(st.code, StatusCode::kInvalidArgument) << to_string(st.code) << ": " << st.message;
   EXPECT_NE(st.message.find("rotary_dim"), std::string::npos) << st.message;
-  std::string written;
-  ASSERT_CUDA(d.untouched(&written));
-  EXPECT_TRUE(written.empty()) << written;
-  ASSERT_CUDA(d.download());
-  const std::vector<double> k_after = s->k.dense(), v_after = s->v.dense();
-  EXPECT_TRUE(k_after == s->k_initial) << "the k cache was written";
-  EXPECT_TRUE(v_after == s->v_initial) << "the v cache was written";
-  for (int64_t i = 0; i < s->out.size(); ++i)
-    ASSERT_TRUE(s->out.is_poison(i)) << "out was written at " << i;
-  for (int64_t i = 0; i < s->lse.size(); ++i)
-    ASSERT_TRUE(s->lse.is_poison(i)) << "lse was written at " << i;
+  expect_nothing_written(d, *s);
 }
 
 }  // namespace

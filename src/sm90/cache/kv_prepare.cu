@@ -2,6 +2,8 @@
 #include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/numeric_types.h>
 
+#include <type_traits>
+
 #include "sm90/cache/kv_prepare.cuh"
 #include "sm90/host/launch.cuh"
 
@@ -16,12 +18,12 @@ __device__ Element* at(RowsView const& v, int64_t batch, int64_t row, int64_t he
          head * v.head_stride;
 }
 
-// Element d of `x` rotated at table row `pos`: the pairs (i, i + half), or (2i, 2i + 1)
-// interleaved, turn by the angle whose cosine and sine the tables hold; dims past rotary_dim are
-// copied.
-template <class Element>
-__device__ Element rotate(KvPrepareParams const& p, Element const* x, int d, int pos) {
-  if (d >= p.rotary_dim) return x[d];
+// Element d of `x` rotated at table row `pos`, in fp32: the pairs (i, i + half), or (2i, 2i + 1)
+// interleaved, turn by the angle whose cosine and sine the tables (of type Table) hold; dims past
+// rotary_dim are the element itself.
+template <class Table, class T>
+__device__ float rotate(KvPrepareParams const& p, T const* x, int d, int pos) {
+  if (d >= p.rotary_dim) return float(x[d]);
   const int half = p.rotary_dim / 2;
   int i, partner;
   bool first;
@@ -34,10 +36,26 @@ __device__ Element rotate(KvPrepareParams const& p, Element const* x, int d, int
     i = first ? d : d - half;
     partner = first ? d + half : d - half;
   }
-  const float cs = float(static_cast<Element const*>(p.cos)[pos * p.rotary_row_stride + i]);
-  const float sn = float(static_cast<Element const*>(p.sin)[pos * p.rotary_row_stride + i]);
+  const float cs = float(static_cast<Table const*>(p.cos)[pos * p.rotary_row_stride + i]);
+  const float sn = float(static_cast<Table const*>(p.sin)[pos * p.rotary_row_stride + i]);
   const float a = float(x[d]), b = float(x[partner]);
-  return Element(first ? a * cs - b * sn : b * sn + a * cs);
+  return first ? a * cs - b * sn : b * sn + a * cs;
+}
+
+// The storage types of one call: In for the queries and the cache, New for the appended rows
+// (16-bit rows of an e4m3 cache are quantised on write: divided by their descale, then rounded to
+// e4m3 with saturation), Table for the rotary tables (the output's dtype with e4m3 inputs).
+template <class InT, class NewT, class TableT>
+struct PrepareTypes {
+  using In = InT;
+  using New = NewT;
+  using Table = TableT;
+  static constexpr bool kQuantize = !std::is_same_v<In, New>;
+};
+
+// The (batch, kv head) descale of a quantised append (1 without one).
+__device__ float descale_of(DescaleView const& d, int64_t b, int64_t h) {
+  return d.data != nullptr ? d.data[b * d.batch_stride + h * d.head_stride] : 1.0f;
 }
 
 // Whether sequence b's entries are consistent (see kv_prepare.cuh); the same answer in every thread.
@@ -68,8 +86,11 @@ __device__ bool sequence_ok(KvPrepareParams const& p, CacheSpan const& c, int b,
   return __syncthreads_and(ok);
 }
 
-template <class Element>
+template <class Types>
 __global__ void __launch_bounds__(kThreads) kv_prepare(KvPrepareParams p, int chunks) {
+  using In = typename Types::In;
+  using New = typename Types::New;
+  using Table = typename Types::Table;
   // The attention may start its prologue now; it reads nothing of this kernel's before its wait.
   cutlass::arch::launch_dependent_grids();
   const int b = int(blockIdx.x) / chunks;
@@ -97,14 +118,19 @@ __global__ void __launch_bounds__(kThreads) kv_prepare(KvPrepareParams p, int ch
       cache_row = pos % p.page_size;
     }
     const int64_t src_row = c.new_start + j;
-    if (d < p.dim_qk) {
-      Element const* x = at<Element>(p.k_new, new_batch, src_row, h);
-      at<Element>(p.k, cache_batch, cache_row, h)[d] =
-          p.rotary_dim > 0 ? rotate(p, x, d, pos) : x[d];
-    } else {
-      at<Element>(p.v, cache_batch, cache_row, h)[d - p.dim_qk] =
-          at<Element>(p.v_new, new_batch, src_row, h)[d - p.dim_qk];
+    const bool key = d < p.dim_qk;
+    const int col = key ? d : d - p.dim_qk;
+    New const* x = at<New>(key ? p.k_new : p.v_new, new_batch, src_row, h);
+    In* dst = at<In>(key ? p.k : p.v, cache_batch, cache_row, h) + col;
+    if constexpr (!Types::kQuantize) {
+      if (!(key && p.rotary_dim > 0)) {
+        *dst = x[col];  // as given
+        continue;
+      }
     }
+    const float value = key ? rotate<Table>(p, x, col, pos) : float(x[col]);
+    *dst = In(Types::kQuantize ? value / descale_of(key ? p.k_descale : p.v_descale, b, h)
+                               : value);
   }
 
   // Query rows [first_row, first_row + kPrepareRows), rotated, into the workspace.
@@ -116,23 +142,37 @@ __global__ void __launch_bounds__(kThreads) kv_prepare(KvPrepareParams p, int ch
     const int d = e % p.dim_qk, h = e / p.dim_qk % p.heads_q,
               i = first_row + e / p.dim_qk / p.heads_q;
     const int32_t pos = p.query_positions ? c.cache_len + i : c.cache_len;
-    Element const* x = at<Element>(p.q, q_batch, q_start + i, h);
-    static_cast<Element*>(p.q_rotated)[((q_base + i) * p.heads_q + h) * p.dim_qk + d] =
-        rotate(p, x, d, pos);
+    In const* x = at<In>(p.q, q_batch, q_start + i, h);
+    static_cast<In*>(p.q_rotated)[((q_base + i) * p.heads_q + h) * p.dim_qk + d] =
+        In(rotate<Table>(p, x, d, pos));
   }
+}
+
+// Calls fn(PrepareTypes<...>{}) for the problem's storage types.
+template <class Fn>
+cudaError_t visit_prepare_types(const Problem& p, Fn&& fn) {
+  using bf16 = cutlass::bfloat16_t;
+  using fp16 = cutlass::half_t;
+  using e4m3 = cutlass::float_e4m3_t;
+  if (p.dtype == DType::kFP16) return fn(PrepareTypes<fp16, fp16, fp16>{});
+  if (p.dtype != DType::kE4M3) return fn(PrepareTypes<bf16, bf16, bf16>{});
+  const bool fp16_out = p.fp8.out_dtype == DType::kFP16;
+  if (p.fp8.quantize_appends)
+    return fp16_out ? fn(PrepareTypes<e4m3, fp16, fp16>{}) : fn(PrepareTypes<e4m3, bf16, bf16>{});
+  return fp16_out ? fn(PrepareTypes<e4m3, e4m3, fp16>{}) : fn(PrepareTypes<e4m3, e4m3, bf16>{});
 }
 
 }  // namespace
 
-cudaError_t launch_kv_prepare(KvPrepareParams const& p, DType dtype, void* stream) {
-  if (p.batch == 0) return cudaSuccess;
+cudaError_t launch_kv_prepare(KvPrepareParams const& params, const Problem& p, void* stream) {
+  if (params.batch == 0) return cudaSuccess;
   // seqlen_new bounds each sequence's appended rows (varlen appends too), max_q its queries.
-  const int32_t rows = max(max(p.sequences.seqlen_new, p.max_q), 1);
+  const int32_t rows = max(max(params.sequences.seqlen_new, params.max_q), 1);
   const int chunks = (rows + kPrepareRows - 1) / kPrepareRows;
-  const dim3 grid{unsigned(int64_t(chunks) * p.batch)}, block{unsigned(kThreads)};
-  return dtype == DType::kFP16
-             ? launch_kernel(kv_prepare<cutlass::half_t>, grid, block, 0, stream, p, chunks)
-             : launch_kernel(kv_prepare<cutlass::bfloat16_t>, grid, block, 0, stream, p, chunks);
+  const dim3 grid{unsigned(int64_t(chunks) * params.batch)}, block{unsigned(kThreads)};
+  return visit_prepare_types(p, [&](auto types) {
+    return launch_kernel(kv_prepare<decltype(types)>, grid, block, 0, stream, params, chunks);
+  });
 }
 
 }  // namespace fa4::sm90

@@ -51,12 +51,17 @@ struct KvPrepareParams {
   bool query_positions;  // each query row at its own position (causal or window), else all at 0
   RowsView q;            // the queries as given
   void* q_rotated;       // (rows, heads_q, dim_qk) contiguous, rows as q's; null without rotary
+  // e4m3 caches fed 16-bit rows (Fp8::quantize_appends): each appended row's (batch, kv head)
+  // descale, by which it is divided before the rounding.
+  DescaleView k_descale, v_descale;
 };
 
 // Rows of one sequence each CTA of the prepare kernel takes.
 constexpr int kPrepareRows = 16;
 
-cudaError_t launch_kv_prepare(KvPrepareParams const& p, DType dtype, void* stream);
+// The kernel for the problem's storage types (its dtype; with e4m3, the output's for the rotary
+// tables and, quantising, for the appended rows).
+cudaError_t launch_kv_prepare(KvPrepareParams const& params, const Problem& p, void* stream);
 
 // The prepare kernel's parameters for a (validated) problem with a KV cache: marks written to
 // `valid` (batch int32), rotated queries to `q_rotated` (null without a rotary embedding).
@@ -98,6 +103,8 @@ inline KvPrepareParams make_kv_prepare_params(const Problem& p, const ForwardTen
   k.query_positions = p.causal || p.window.left >= 0 || p.window.right >= 0;
   k.q = rows(t.q, p.is_varlen());
   k.q_rotated = c.rotary_dim > 0 ? q_rotated : nullptr;
+  k.k_descale = t.k_descale;
+  k.v_descale = t.v_descale;
   return k;
 }
 

@@ -19,6 +19,8 @@
 #include <cuda_runtime_api.h>
 #endif
 #include "sm90/bwd/bwd_tile_shape.hpp"
+#include "sm90/cache/page_tiles.hpp"
+#include "sm90/fwd/fwd_tile_shape.hpp"
 #include "sm90/host/bwd_plan.hpp"
 #include "sm90/host/fwd_plan.hpp"
 #include "sm90/fwd/tile_order.hpp"
@@ -194,11 +196,15 @@ Status can_implement(const Problem& p, Pass pass) {
                          "index in 32 bits");
   if (p.dtype == DType::kE4M3) {
     // Each of these needs its own piece in the e4m3 kernels (ALiBi's slopes and the sinks in the
-    // descaled score units; the KV cache's prepare kernel quantising appends), which they do not
-    // have yet: the CPU backend computes all of them.
-    if (p.kv_cache.enabled())
-      return not_supported("the sm90 e4m3 (FP8) forward takes no KV cache yet; the CPU backend "
-                           "does");
+    // descaled score units; gathered key rows, where the producer's third and fourth warps
+    // transpose V instead), which they do not have yet: the CPU backend computes all of them.
+    const sm90::FwdTileShape tile =
+        sm90::fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v), true);
+    if (p.kv_cache.enabled() && tile.block_n > 0 &&
+        sm90::key_load_of(p, tile.block_n, tile.kv_pieces) == sm90::KeyLoad::kGather)
+      return not_supported("the sm90 e4m3 (FP8) forward reads a paged KV cache only where pages "
+                           "hold whole 16-key pieces (page_size a multiple of 16, no left pads); "
+                           "the CPU backend takes any");
     if (p.alibi.data != nullptr || p.sinks != nullptr)
       return not_supported("the sm90 e4m3 (FP8) forward takes no ALiBi slopes or sinks yet; the "
                            "CPU backend does");

@@ -35,7 +35,7 @@ inline TileScheduler::Params scheduler_params(const FwdPlan& plan, int batch, in
 // Q; the attention then reads the sequences' marks, and Q from the workspace where it was rotated
 // (`sequences` and `kernel_tensors` say so).
 inline cudaError_t prepare_cache(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
-                                 Workspace workspace, DType dtype, void* stream,
+                                 Workspace workspace, void* stream,
                                  SequenceParams* sequences, ForwardTensors* kernel_tensors) {
   if (!p.kv_cache.enabled()) return cudaSuccess;
   auto* base = static_cast<char*>(workspace.data);
@@ -48,7 +48,7 @@ inline cudaError_t prepare_cache(const FwdPlan& plan, const Problem& p, const Fo
     kernel_tensors->q =
         TensorView{q_rotated, p.is_varlen() ? 0 : p.seqlen_q * row, row, p.head_dim_qk, 1};
   }
-  return launch_kv_prepare(prepare, dtype, stream);
+  return launch_kv_prepare(prepare, p, stream);
 }
 
 template <class Config, DType kDType>
@@ -73,7 +73,7 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
                            int32_t(p.varlen.total_q), int32_t(p.varlen.total_k)};
   auto* base = static_cast<char*>(workspace.data);
   ForwardTensors kernel_tensors = t;
-  cudaError_t err = prepare_cache(plan, p, t, workspace, kDType, stream, &sequences,
+  cudaError_t err = prepare_cache(plan, p, t, workspace, stream, &sequences,
                                   &kernel_tensors);
   int32_t* const order = plan.ordered ? reinterpret_cast<int32_t*>(base) : nullptr;
   SplitPartials partials{};
@@ -145,7 +145,7 @@ Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& 
     SequenceParams sequences{};
     ForwardTensors kernel_tensors = t;
     const cudaError_t err =
-        prepare_cache(plan, p, t, workspace, kDType, stream, &sequences, &kernel_tensors);
+        prepare_cache(plan, p, t, workspace, stream, &sequences, &kernel_tensors);
     if (err != cudaSuccess)
       return detail::make_status(StatusCode::kDeviceError,
                                  "sm90 KV-cache prepare kernel failed to launch: %s",
