@@ -122,9 +122,10 @@ void PrintTo(const GpuCacheCase& g, std::ostream* os) { *os << g.name; }
 std::vector<GpuCacheCase> gpu_cases() {
   std::vector<CacheCase> cases = cache_cases();
   for (CacheCase& c : gpu_only_cases()) cases.push_back(std::move(c));
-  // Cases on pages smaller than a key tile run in pieces where pages hold whole 16-key pieces (a
-  // TMA box per piece: pages of 16 and 64 keys without left pads), else gathered (row by row
-  // through the page table: pages of 1 and 7 keys, left pads); each runs again where the kernels read a key tile as one TMA box (pages of 256 keys
+  // Cases on pages smaller than a key tile run in pieces where pages hold whole 16-key pieces and
+  // the kernel's tile row has them (a TMA box per piece: pages of 16 and 64 keys without left pads,
+  // d128 and e4m3), else gathered (row by row through the page table: other head dims, pages of 1
+  // and 7 keys, left pads); each runs again where the kernels read a key tile as one TMA box (pages of 256 keys
   // hold whole key tiles at every head dim; cache rows where a left pad rules such pages out), so
   // that the appends, rotary forms, masks and varlen batches see every path.
   const size_t listed = cases.size();
