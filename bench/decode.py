@@ -7,8 +7,10 @@ rewritten after every row).
   FA4CPP_LIBRARY=build/default/libfa4.so PYTHONPATH=python:$FA3_HOPPER \\
       python3 bench/decode.py --sha $(git rev-parse --short HEAD) --out DIR
   ... bench/decode.py --gqa 32/8,8/1 --batches 1,64 --cache-lens 4k,64k --pages 0,64 --rounds 3 ...
+  ... bench/decode.py --kv-dtypes bf16,e4m3 ...   # decode with an FP8 cache beside bf16
   ... bench/decode.py --dry-run ...      # the rows and a rough time estimate; no GPU needed
-  ... bench/decode.py --smoke ...        # two tiny decode rows and one tiny prefill row
+  ... bench/decode.py --smoke ...        # two tiny decode rows and one tiny prefill row (and a
+                                         # tiny e4m3 decode row when --kv-dtypes has e4m3)
 
 A/B of fa4cpp builds in the same run (bench/sweep.py's --lib): one --lib NAME=PATH per build, each
 its own columns (GB/s, ratios to cuDNN and FA3, and to the first build), all on the same caches and
@@ -25,13 +27,25 @@ the checks and parameters of the package's Python implementation of the op, the 
 build (c_abi_kvcache). The GPU's time is comparable across the two paths; the host's time per call
 is not.
 
-Rows (bf16, --hdim 128):
+Rows (bf16 caches unless --kv-dtypes adds e4m3 decode rows, --hdim 128):
 - decode: one query row per sequence, GQA --gqa (32/8, 64/8, 8/1) × --batches (1 … 256) ×
   --cache-lens (1k … 128k) × --pages (0 = contiguous, 16, 64, 256 = paged with that page size);
   rows whose K + V exceed --max-gb are skipped (listed in the JSON). Every sequence holds the full
   cache length (cache_seqlens = length) unless --ragged (lengths drawn in [length/2, length]).
   Paged caches get their pages in a random order. No mask (one query row: FlashAttention's
   bottom-right causal mask would change nothing, SDPA's is_causal is top-left).
+- decode with an FP8 cache (--kv-dtypes bf16,e4m3; default bf16): each decode shape again, next
+  to its bf16 row, with q and the caches in float8_e4m3fn: randn values drawn in bf16 (as a bf16
+  cache holds them), divided by fp32 descales of shape (batch, kv heads), 2^u / 32 with u uniform
+  in [-1/2, 1/2] per (batch, kv head), and rounded to e4m3 (saturating at 448, which these values
+  never reach). Each library's flash_attn_with_kvcache takes q_descale / k_descale / v_descale
+  (FlashAttention-3's keywords and layout; fa4cpp's the same) and returns bf16. The e4m3 row draws
+  its lengths and page order with its bf16 row's seed, so the two read the same sequences. Plain
+  calls only (no append: FA3 takes its rotary tables in q's dtype, e4m3, where fa4cpp takes them
+  in the output's, bf16); cuDNN has no FP8 path through SDPA and is not run. fa4cpp runs them
+  where its build has the e4m3 kernel of the head dim (FA4_SM90_KERNELS, e.g. 128:e4m3) and
+  refuses them (n/a) elsewhere. Rows over --max-gb are judged on their own bytes, so an e4m3 row
+  can run where its bf16 row is skipped.
 - decode with append (--parts append): the same call with one new token per sequence (k, v of
   (b, 1, hkv, d)) and NeoX rotary tables (rotary_cos / rotary_sin of (cache capacity, d/2)):
   reported as "append+rotary µs over plain" for fa4cpp and FA3. The cache has room for the token;
@@ -43,12 +57,17 @@ Rows (bf16, --hdim 128):
   is_causal is aligned top-left, and its bottom-right bias (causal_lower_right) dispatches to
   FlashAttention-2 / memory-efficient kernels, never to cuDNN.
 
-Metrics: decode GB/s of K + V read (sum of cache_seqlens · hkv · d · 2 tensors · 2 bytes / time);
-prefill TFLOP/s = 4 · b · hq · d · (visible (query, key) pairs) / time. Ratios of each build to
-cuDNN and to FA3 per row, and of each later build to the first (B/A). Each library runs once per
-row before timing: its output against the first build's (whole batch) and against a float32 torch
-reference on the first sequence (max abs diff; rows over --tol, 2e-2, are flagged). A library that
-raises for a row gets n/a and the first line of its error; the run goes on.
+Metrics: decode GB/s of K + V read (sum of cache_seqlens · hkv · d · 2 tensors · 2 bytes / time;
+1 byte per element for e4m3 caches, the bytes actually read); prefill TFLOP/s = 4 · b · hq · d ·
+(visible (query, key) pairs) / time. Ratios of each build to cuDNN and to FA3 per row, and of each
+later build to the first (B/A); on each e4m3 row, each library's e4m3 time / its time on the
+shape's bf16 row (time_vs_bf16: half the bytes should take close to half the time). Each library
+runs once per row before timing: its output against the first build's (whole batch) and against a
+float32 torch reference on the first sequence (max abs diff; rows over --tol, 2e-2, are flagged).
+An e4m3 row's reference computes on the dequantized q, K and V (value × descale), and the row
+is flagged over --fp8-tol, 6e-2: a GPU kernel rounds P to e4m3 (relative error up to 2^-4) for
+P·V (FP8_TOL says more). A library that raises for a row gets n/a and the first line of its
+error; the run goes on.
 
 Timing: --rounds rounds; in each round every (library, call) is timed once (each build's plain and
 append calls among them), their order rotated by one place per round; the median over rounds is
@@ -91,6 +110,27 @@ PARTS = ("decode", "append", "prefill")
 DEFAULT_BUILD = sweep.DEFAULT_LIB_NAME  # the one build's column: "fa4cpp"
 PEERS = ("FA3", "cuDNN")  # the columns that are not fa4cpp builds
 ELEMENT_BYTES = 2  # bf16
+# The KV caches' dtypes (--kv-dtypes) and the bytes a call reads per cached element.
+KV_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
+KV_ELEMENT_BYTES = {"bf16": 2, "e4m3": 1}
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# The descale of each (batch, kv head) of an e4m3 q and cache: 2^u / FP8_SCALE, u uniform in
+# [-FP8_SPREAD, FP8_SPREAD]. e4m3 is floating point, so the scale costs no precision (3 mantissa
+# bits anywhere from 2^-6 to 448); it sets where a value saturates: past 448 / (FP8_SCALE ·
+# 2^FP8_SPREAD) = 9.9 for the randn values of the caches and q (about 10^-22 of them), so none
+# does. The spread gives each (batch, kv head) its own descale, so that a kernel that applies
+# another's fails the check.
+FP8_SCALE = 32.0
+FP8_SPREAD = 0.5
+# The e4m3 rows' tolerance (--fp8-tol). The reference is exact on the dequantized values, so the
+# inputs' quantisation is no part of the difference; a GPU kernel that rounds P to e4m3 for P·V
+# (relative error up to 2^-4, against bf16's 2^-9) moves an output by at most 2^-4 times the
+# P-weighted mean |v|: 0.05 for these randn values (mean |v| 0.8) if every rounding errs the same
+# way, far less as they mostly cancel. 6e-2 is about 2^-4 · 1.
+FP8_TOL = 6e-2
+# An e4m3 cache is drawn (bf16) and quantised this many bytes of fp32 at a time, so that a cache
+# near --max-gb needs no bf16 copy of itself.
+QUANTIZE_CHUNK_BYTES = 1 << 28
 CONTIGUOUS_ROOM = 256  # a contiguous cache's rows are the length + 1 rounded up to this
 L2_FACTOR = 3  # copies of a cache until they outweigh the L2 cache this many times
 MAX_COPIES = 64
@@ -101,6 +141,9 @@ CUDNN_PREFILL = ("not run: SDPA's is_causal is aligned top-left; the bottom-righ
                  "the memory-efficient kernel, never to cuDNN")
 CUDNN_PAGED = "contiguous caches only (SDPA takes no page table)"
 CUDNN_RAGGED = "--ragged: SDPA's dense call has no per-sequence key lengths"
+CUDNN_FP8 = "not run: torch's SDPA has no FP8 (e4m3) attention for cuDNN"
+FP8_APPEND = ("e4m3 rows time the plain call only: FA3 takes its rotary tables in q's dtype (e4m3) "
+              "and fa4cpp in the output's (bf16), so the two append calls would differ")
 
 
 # -- rows, bytes and FLOPs (no GPU needed) ---------------------------------------------------------
@@ -141,6 +184,23 @@ def kv_bytes(seqlens, heads_kv, head_dim, element_bytes=ELEMENT_BYTES):
     return sum(seqlens) * heads_kv * head_dim * 2 * element_bytes
 
 
+def kv_dtype(row):
+    """A row's cache dtype label: its kv_dtype (decode rows), else bf16."""
+    return row.get("kv_dtype", "bf16")
+
+
+def row_element_bytes(row):
+    """Bytes per cached element a row's calls read: 2 for bf16, 1 for e4m3."""
+    return KV_ELEMENT_BYTES[kv_dtype(row)]
+
+
+def row_kv_bytes(row, seqlens=None):
+    """Bytes of K and V a row's call reads (every sequence at the full length unless seqlens)."""
+    if seqlens is None:
+        seqlens = [row["cache_len"]] * row["batch"]
+    return kv_bytes(seqlens, row["heads_kv"], row["head_dim"], row_element_bytes(row))
+
+
 def visible_pairs(seqlen_q, seqlen_k, causal):
     """(query, key) pairs one head of one sequence computes; causal aligned bottom-right (query i
     sees keys j <= i + seqlen_k - seqlen_q), as FlashAttention aligns it."""
@@ -166,22 +226,25 @@ def capacity(cache_len, page_size):
     return -(-need // page_size) * page_size
 
 
-def decode_rows(gqas, batches, cache_lens, pages, head_dim, max_gb):
-    """(rows, skipped): decode rows in table order (GQA, batch, cache length, layout) whose K + V
-    fit in max_gb (decimal GB), and the others with their size."""
+def decode_rows(gqas, batches, cache_lens, pages, head_dim, max_gb, kv_dtypes=("bf16",)):
+    """(rows, skipped): decode rows in table order (GQA, batch, cache length, layout, cache dtype:
+    a shape's bf16 and e4m3 rows side by side) whose K + V fit in max_gb (decimal GB, in the
+    row's dtype), and the others with their size."""
     rows, skipped = [], []
     for hq, hkv in gqas:
         for b in batches:
             for n in cache_lens:
                 for p in pages:
-                    row = {"kind": "decode", "heads_q": hq, "heads_kv": hkv, "head_dim": head_dim,
-                           "batch": b, "seqlen_q": 1, "cache_len": n, "page_size": p}
-                    gb = kv_bytes([n] * b, hkv, head_dim) / 1e9
-                    if gb > max_gb:
-                        skipped.append(dict(row, kv_gb=round(gb, 3),
-                                            reason="K + V %.1f GB > --max-gb %g" % (gb, max_gb)))
-                    else:
-                        rows.append(row)
+                    for dt in kv_dtypes:
+                        row = {"kind": "decode", "heads_q": hq, "heads_kv": hkv,
+                               "head_dim": head_dim, "batch": b, "seqlen_q": 1, "cache_len": n,
+                               "page_size": p, "kv_dtype": dt}
+                        gb = row_kv_bytes(row) / 1e9
+                        if gb > max_gb:
+                            skipped.append(dict(row, kv_gb=round(gb, 3), reason=(
+                                "K + V %.1f GB > --max-gb %g" % (gb, max_gb))))
+                        else:
+                            rows.append(row)
     return rows, skipped
 
 
@@ -213,15 +276,16 @@ def kv_copies(alloc_bytes, l2_bytes):
 def row_alloc_bytes(row):
     """Bytes of one copy of a row's K and V caches as allocated (with room and page rounding)."""
     return (row["batch"] * capacity(row["cache_len"], row["page_size"]) * row["heads_kv"]
-            * row["head_dim"] * 2 * ELEMENT_BYTES)
+            * row["head_dim"] * 2 * row_element_bytes(row))
 
 
 def timed_calls(row, parts, fa3=True, builds=(DEFAULT_BUILD,)):
     """The (library, call) pairs a row times (builds: the fa4cpp builds' names)."""
     calls = [(b, "plain") for b in builds] + ([("FA3", "plain")] if fa3 else [])
-    if row["kind"] == "decode" and row["page_size"] == 0 and not row.get("ragged"):
+    fp8 = kv_dtype(row) == "e4m3"  # no cuDNN (no FP8 through SDPA), no append (FP8_APPEND)
+    if row["kind"] == "decode" and row["page_size"] == 0 and not row.get("ragged") and not fp8:
         calls.append(("cuDNN", "plain"))
-    if row["kind"] == "decode" and "append" in parts:
+    if row["kind"] == "decode" and "append" in parts and not fp8:
         calls += [(b, "append") for b in builds] + ([("FA3", "append")] if fa3 else [])
     return calls
 
@@ -236,8 +300,7 @@ def estimate_seconds(rows, args, fa3=True, bandwidth=3.5e12, tflops=450e12, host
     host = host_us * 1e-6
     for row in rows:
         if row["kind"] == "decode":
-            t = kv_bytes([row["cache_len"]] * row["batch"], row["heads_kv"],
-                         row["head_dim"]) / bandwidth + 4e-6
+            t = row_kv_bytes(row) / bandwidth + 4e-6
         else:
             t = attention_flops(row["batch"], row["heads_q"], row["seqlen_q"], row["cache_len"],
                                 row["head_dim"], True) / tflops + 5e-6
@@ -293,9 +356,17 @@ def parse_args(argv=None):
     ap.add_argument("--prefill-pages", default=",".join(map(str, PREFILL_PAGES)))
     ap.add_argument("--tol", type=float, default=2e-2,
                     help="flag rows whose max abs difference exceeds this")
+    ap.add_argument("--kv-dtypes", default="bf16",
+                    help="the decode rows' cache dtypes, some of %s: each shape once per dtype, "
+                         "side by side; e4m3 = float8_e4m3fn q and caches with fp32 descales per "
+                         "(batch, kv head), a bf16 output, the plain call only"
+                         % ",".join(KV_DTYPES))
+    ap.add_argument("--fp8-tol", type=float, default=FP8_TOL,
+                    help="--tol of the e4m3 rows (P is rounded to e4m3 for P·V)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true",
-                    help="two tiny decode rows (contiguous, paged 64) and one tiny prefill row")
+                    help="two tiny decode rows (contiguous, paged 64), one tiny e4m3 decode row "
+                         "(contiguous) when --kv-dtypes has e4m3, and one tiny prefill row")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the rows and a rough time estimate, run nothing")
     ap.add_argument("--fa3-version", help="FlashAttention-3's version or commit for the header, "
@@ -305,6 +376,12 @@ def parse_args(argv=None):
     args.parts = [p for p in args.parts.split(",") if p]
     if set(args.parts) - set(PARTS):
         raise SystemExit("--parts: expected some of %s" % ",".join(PARTS))
+    args.kv_dtypes = [d.strip() for d in args.kv_dtypes.split(",") if d.strip()]
+    if (not args.kv_dtypes or set(args.kv_dtypes) - set(KV_DTYPES)
+            or len(set(args.kv_dtypes)) != len(args.kv_dtypes)):
+        raise SystemExit("--kv-dtypes: expected some of %s, each once" % ",".join(KV_DTYPES))
+    if "e4m3" in args.kv_dtypes and "decode" not in args.parts:
+        raise SystemExit("--kv-dtypes e4m3 times the plain decode call: --parts needs decode")
     if args.smoke:
         args.gqa, args.batches, args.cache_lens, args.pages = "32/8", "2", "1k", "0,64"
         args.chunk, args.prefill_cache, args.prefill_batch = 128, "1k", 1
@@ -338,7 +415,9 @@ def plan(args):
     rows, skipped = [], []
     if "decode" in args.parts or "append" in args.parts:
         rows, skipped = decode_rows(args.gqa, args.batches, args.cache_lens, args.pages,
-                                    args.hdim, args.max_gb)
+                                    args.hdim, args.max_gb, args.kv_dtypes)
+        if args.smoke:  # one tiny e4m3 row shows the FP8 path runs
+            rows = [r for r in rows if kv_dtype(r) != "e4m3" or r["page_size"] == 0]
         for row in rows:
             row["ragged"] = args.ragged
     if "prefill" in args.parts:
@@ -395,6 +474,8 @@ def first_sequence(cache, page_table, length):
     """The first sequence's `length` cached rows (length, hkv, d) of a contiguous or paged cache."""
     if page_table is None:
         return cache[0, :length]
+    if cache.dtype == torch.float8_e4m3fn:  # gathered as bytes: indexing need not know the dtype
+        return first_sequence(cache.view(torch.uint8), page_table, length).view(cache.dtype)
     page = cache.shape[1]
     pages = page_table[0, :-(-length // page)].long()
     return cache[pages].reshape(-1, *cache.shape[2:])[:length]
@@ -402,6 +483,64 @@ def first_sequence(cache, page_table, length):
 
 def max_abs_diff(a, b):
     return (a.float() - b.float()).abs().max().item()
+
+
+# -- e4m3 inputs: descales, quantisation, the dequantized values (no GPU needed) -------------------
+
+def fp8_descales(batch, heads_kv, generator=None):
+    """fp32 (batch, heads_kv) descales, 2^u / FP8_SCALE with u uniform in [-FP8_SPREAD,
+    FP8_SPREAD] (FP8_SCALE says why), on the CPU: FlashAttention-3's layout, one per batch entry
+    and kv head, shared by the query heads of the group."""
+    u = (torch.rand(batch, heads_kv, generator=generator, dtype=torch.float64) * 2 - 1) * FP8_SPREAD
+    return (2.0 ** u / FP8_SCALE).float()
+
+
+def round_e4m3(x):
+    """x in float8_e4m3fn: to nearest, ties to even, saturating at ±448 (torch's conversion makes
+    NaN of what rounds past 464), as fa4cpp rounds the rows it quantises."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def quantize(x, descale, owner=None, group=1):
+    """x (n, rows, heads, d), a bf16 cache or q, as e4m3: each element divided by its descale and
+    rounded. x[i] takes the descales of batch entry owner[i] (None: i; a paged cache's pages take
+    their sequence's, page_owners), head h those of kv head h // group (group = hq / hkv for q)."""
+    per = descale.to(x.device).repeat_interleave(group, dim=1)  # (batch, heads)
+    if owner is not None:
+        per = per[owner]
+    return round_e4m3(x.float() / per[:, None, :, None])
+
+
+def dequantize(x8, descale, group=1):
+    """The true values of an e4m3 x8 (batch, rows, heads, d) in float32: each element times the
+    descale of its batch entry and kv head (head h: kv head h // group)."""
+    per = descale.to(x8.device).float().repeat_interleave(group, dim=1)
+    return x8.float() * per[:, None, :, None]
+
+
+def page_owners(page_table, num_pages):
+    """(num_pages,) int64: the batch entry whose page table lists each page (every page is listed
+    once)."""
+    b, per_seq = page_table.shape
+    owner = torch.zeros(num_pages, dtype=torch.int64, device=page_table.device)
+    owner[page_table.reshape(-1).long()] = torch.arange(
+        b, device=page_table.device).repeat_interleave(per_seq)
+    return owner
+
+
+def quantized_cache(shape, descale, owner, device, chunk_bytes=QUANTIZE_CHUNK_BYTES):
+    """An e4m3 cache of `shape` (contiguous (b, capacity, hkv, d), or paged (pages, page size,
+    hkv, d)): randn drawn in bf16, as a bf16 cache holds it, then quantised with the descales of
+    each leading index's batch entry (owner: (shape[0],) int64). Drawn in pieces of at most
+    chunk_bytes of fp32, so that the cache never has a bf16 copy of itself alongside."""
+    cache = torch.empty(shape, device=device, dtype=torch.float8_e4m3fn)
+    per_index = 4 * math.prod(shape[1:])
+    step = max(1, chunk_bytes // max(1, per_index))
+    for i in range(0, shape[0], step):
+        j = min(shape[0], i + step)
+        x = torch.randn((j - i,) + tuple(shape[1:]), device=device, dtype=torch.bfloat16)
+        cache[i:j] = quantize(x, descale, owner[i:j])
+    return cache
 
 
 # -- timing ---------------------------------------------------------------------------------------
@@ -534,10 +673,11 @@ class Bench:
         row["seqlens"] = {"min": int(lens.min()), "max": int(lens.max()), "sum": int(lens.sum())}
         alloc = row_alloc_bytes(row)
         copies = kv_copies(alloc, self.l2_bytes)
-        row["kv_bytes"] = kv_bytes(lens.tolist(), hkv, d)
+        row["kv_bytes"] = row_kv_bytes(row, lens.tolist())
         row["kv_copies"] = copies
         row["capacity"] = cap
         dev, dt = self.device, torch.bfloat16
+        fp8 = kv_dtype(row) == "e4m3"
         cache_seqlens = lens.to(torch.int32).to(dev)
         seqlens_before = cache_seqlens.clone()  # no call may advance them (checked at the end)
         if page:
@@ -547,19 +687,34 @@ class Bench:
             shape = (b * pages_per_seq, page, hkv, d)
         else:
             page_table, shape = None, (b, cap, hkv, d)
-        caches = [(torch.randn(shape, device=dev, dtype=dt), torch.randn(shape, device=dev,
-                                                                         dtype=dt))
-                  for _ in range(copies)]
-        q = torch.randn(b, sq, hq, d, device=dev, dtype=dt)
+        if fp8:
+            # Drawn after the lengths and pages, so that a shape's e4m3 row (measured with its
+            # bf16 row's index) reads the same lengths through the same page order.
+            descales = {name: fp8_descales(b, hkv, gen).to(dev)
+                        for name in ("q_descale", "k_descale", "v_descale")}
+            owner = (page_owners(page_table, shape[0]) if page
+                     else torch.arange(b, device=dev))
+            caches = [tuple(quantized_cache(shape, descales[name], owner, dev)
+                            for name in ("k_descale", "v_descale")) for _ in range(copies)]
+            q = quantize(torch.randn(b, sq, hq, d, device=dev, dtype=dt),
+                         descales["q_descale"], group=hq // hkv)
+        else:
+            descales = {}
+            caches = [(torch.randn(shape, device=dev, dtype=dt),
+                       torch.randn(shape, device=dev, dtype=dt)) for _ in range(copies)]
+            q = torch.randn(b, sq, hq, d, device=dev, dtype=dt)
         causal = not decode
         row["libs"] = {}
 
         def call(func, kc, vc, extra):
             return lambda: sweep._first(func(q, kc, vc, cache_seqlens=cache_seqlens,
-                                             page_table=page_table, causal=causal, **extra))
+                                             page_table=page_table, causal=causal, **descales,
+                                             **extra))
 
         variants = {"plain": {}}
-        if decode and "append" in args.parts:
+        if fp8 and "append" in args.parts:
+            row["append_skipped"] = FP8_APPEND
+        elif decode and "append" in args.parts:
             cos, sin = rotary_tables(cap, d, dt, dev)
             k_new = torch.randn(b, 1, hkv, d, device=dev, dtype=dt)
             v_new = torch.randn(b, 1, hkv, d, device=dev, dtype=dt)
@@ -572,8 +727,8 @@ class Bench:
             for variant, extra in variants.items():
                 fns[(name, variant)] = [call(func, kc, vc, extra) for kc, vc in caches]
         if "plain" in variants:
-            reason = (CUDNN_PREFILL if not decode else CUDNN_PAGED if page else
-                      CUDNN_RAGGED if row.get("ragged") else None)
+            reason = (CUDNN_PREFILL if not decode else CUDNN_FP8 if fp8 else
+                      CUDNN_PAGED if page else CUDNN_RAGGED if row.get("ragged") else None)
             if reason:
                 row["libs"]["cuDNN"] = {"skipped": reason}
             else:
@@ -582,12 +737,17 @@ class Bench:
                         sweep.sdpa_fn(SDPBackend.CUDNN_ATTENTION, q, kc[:, :n], vc[:, :n], False))
                     for kc, vc in caches]
 
-        # Once each before timing: outputs against fa4cpp's and the float32 reference.
-        k0 = first_sequence(caches[0][0], page_table, int(lens[0]))
-        v0 = first_sequence(caches[0][1], page_table, int(lens[0]))
+        # Once each before timing: outputs against fa4cpp's and the float32 reference (of e4m3
+        # rows on the dequantized values: value × descale).
+        k0, v0 = (first_sequence(c, page_table, int(lens[0])) for c in caches[0])
+        q0 = q[0]
+        if fp8:
+            k0 = dequantize(k0[None], descales["k_descale"][:1])[0]
+            v0 = dequantize(v0[None], descales["v_descale"][:1])[0]
+            q0 = dequantize(q[:1], descales["q_descale"][:1], hq // hkv)[0]
         refs = {}
         if "plain" in variants:
-            refs["plain"] = reference_attention(q[0], k0, v0, causal)
+            refs["plain"] = reference_attention(q0, k0, v0, causal)
         if "append" in variants:
             extra = variants["append"]
             pos = int(lens[0])
@@ -596,7 +756,7 @@ class Bench:
             v_app = torch.cat([v0.float(), extra["v"][0].float()])
             q_rot = rotate_neox(q[0], extra["rotary_cos"], extra["rotary_sin"], pos)
             refs["append"] = reference_attention(q_rot, k_app, v_app, causal)
-        del k0, v0
+        del k0, v0, q0
         outs, runs = {}, {}
         for (name, variant), per_copy in fns.items():
             entry = row["libs"].setdefault(name, {})
@@ -637,7 +797,7 @@ class Bench:
                 entry[prefix + "host_bound"] = True
         if not torch.equal(cache_seqlens, seqlens_before):
             row["cache_seqlens_changed"] = True
-        add_rates(row, args.tol, self.builds)
+        add_rates(row, args.fp8_tol if fp8 else args.tol, self.builds)
         return row
 
 
@@ -689,6 +849,40 @@ def prefill_ratios(rows):
                 base[name] = entry["tflops"]
             elif row["page_size"] and "tflops" in entry and name in base:
                 entry["vs_contiguous"] = entry["tflops"] / base[name]
+
+
+def shape_key(row):
+    """A row's shape, its cache dtype aside: a shape's bf16 and e4m3 rows share it."""
+    return tuple(sorted((k, v) for k, v in row.items()
+                        if k in ("kind", "heads_q", "heads_kv", "head_dim", "batch", "seqlen_q",
+                                 "cache_len", "page_size", "ragged", "causal")))
+
+
+def seed_indices(rows):
+    """The index each row's lengths, pages and descales are drawn with: the first row of its
+    shape's (its position when every shape has one row), so that a shape's e4m3 row reads the
+    lengths and pages of its bf16 row and their times compare."""
+    first = {}
+    return [first.setdefault(shape_key(row), i) for i, row in enumerate(rows)]
+
+
+def kv_dtype_ratios(rows):
+    """Each library's e4m3 time / bf16 time (time_vs_bf16, below 1 where e4m3 is faster) in the
+    e4m3 decode rows whose shape also has a bf16 row where the library ran (same run)."""
+    base = {}
+    for row in rows:
+        if row.get("kind") == "decode" and kv_dtype(row) == "bf16":
+            base[shape_key(row)] = row
+    for row in rows:
+        if row.get("kind") != "decode" or kv_dtype(row) != "e4m3":
+            continue
+        twin = base.get(shape_key(row))
+        if twin is None:
+            continue
+        for name, entry in row.get("libs", {}).items():
+            other = twin.get("libs", {}).get(name, {})
+            if "ms" in entry and "ms" in other:
+                entry["time_vs_bf16"] = entry["ms"] / other["ms"]
 
 
 # -- result files ---------------------------------------------------------------------------------
@@ -749,6 +943,25 @@ def diff_cell(row, names, prefix=""):
     return " / ".join(cells)
 
 
+def fp8_note(r, names):
+    """The paragraph on the e4m3 rows of a result that has some (names: the libraries with an
+    e4m3 call, cuDNN aside)."""
+    info = r.get("fp8", {})
+    return ("e4m3 rows (kv e4m3, --kv-dtypes): q and the caches in float8_e4m3fn, randn values "
+            "drawn in bf16 (as the bf16 rows' are) divided by fp32 descales per (batch, kv head), "
+            "2^u / %g with u uniform in [−%g, %g], and rounded to e4m3; each library's "
+            "flash_attn_with_kvcache takes them with q_descale / k_descale / v_descale ((batch, "
+            "kv heads)) and returns bf16. GB/s counts the bytes read, 1 B per element: half a "
+            "bf16 row's. e4m3/bf16 time: each library's (%s) time on the e4m3 row over its time "
+            "on the shape's bf16 row, which reads the same lengths through the same pages (0.5: "
+            "the time halves with the bytes). Max abs diff: against the float32 reference on "
+            "the dequantized values (value × descale); over %g flags the row (a GPU kernel "
+            "rounds P to e4m3 for P·V). cuDNN: — (%s). Append+rotary: bf16 rows only (%s)." % (
+                info.get("scale", FP8_SCALE), info.get("spread", FP8_SPREAD),
+                info.get("spread", FP8_SPREAD), " / ".join(names), info.get("tol", FP8_TOL),
+                CUDNN_FP8, FP8_APPEND))
+
+
 def header(r):
     fa3 = r.get("fa3", {})
     if fa3.get("available"):
@@ -764,8 +977,11 @@ def header(r):
             builds[0], " (%s)" % native if native else "")
     else:
         call = "%s each through its own C ABI (%s)" % (", ".join(builds), native or "ctypes")
-    return ("%s; %s; %s; cuDNN = SDPA under CUDNN_ATTENTION (contiguous caches). bf16, d%s; "
-            "%d rounds; %s" % (sweep.run_facts(r), call, fa3_text, r.get("head_dim", "?"),
+    dtypes = "bf16"
+    if any(x.get("kind") == "decode" and kv_dtype(x) == "e4m3" for x in r.get("rows", [])):
+        dtypes = "bf16 (decode also e4m3)"
+    return ("%s; %s; %s; cuDNN = SDPA under CUDNN_ATTENTION (contiguous caches). %s, d%s; "
+            "%d rounds; %s" % (sweep.run_facts(r), call, fa3_text, dtypes, r.get("head_dim", "?"),
                                r["rounds"], r["timing"]))
 
 
@@ -805,14 +1021,18 @@ def markdown(r):
                  "sequence lengths drawn in [length/2, length]" if r.get("ragged") else
                  "every sequence holds the full cache length", ratios, " / ".join(names),
                  builds[0], r.get("tol", 2e-2))]
+    decode = [x for x in rows if x.get("kind") == "decode"]
+    fp8 = any(kv_dtype(x) == "e4m3" for x in decode)
+    if fp8:
+        lines += ["", fp8_note(r, [n for n in names if n != "cuDNN"])]
     lines += sweep.partial_note(r)
     skipped = r.get("skipped_rows", [])
     if skipped:
         lines += ["", "Skipped (K + V over --max-gb %g): %s." % (
-            r.get("max_gb", 0), ", ".join("%d/%d b%d %s %s" % (
+            r.get("max_gb", 0), ", ".join("%d/%d b%d %s %s%s" % (
                 s["heads_q"], s["heads_kv"], s["batch"], length_label(s["cache_len"]),
-                layout_label(s["page_size"])) for s in skipped))]
-    decode = [x for x in rows if x.get("kind") == "decode"]
+                layout_label(s["page_size"]), "" if kv_dtype(s) == "bf16" else " " + kv_dtype(s))
+                for s in skipped))]
     gqas = []
     for x in decode:
         if (x["heads_q"], x["heads_kv"]) not in gqas:
@@ -820,24 +1040,28 @@ def markdown(r):
     for hq, hkv in gqas:
         group = [x for x in decode if (x["heads_q"], x["heads_kv"]) == (hq, hkv)]
         ratio_cols = ratio_columns(builds, fa3)
-        head = (["b", "cache", "layout"] + ["%s GB/s (µs)" % n for n in names]
+        lnames = [n for n in names if n != "cuDNN"]
+        head = (["b", "cache", "layout"] + (["kv"] if fp8 else [])
+                + ["%s GB/s (µs)" % n for n in names]
                 + [h for h, _ in ratio_cols]
-                + ["append+rotary µs over plain: %s" % n for n in names if n != "cuDNN"]
+                + ["append+rotary µs over plain: %s" % n for n in lnames]
+                + (["e4m3/bf16 time: %s" % n for n in lnames] if fp8 else [])
                 + ["max abs diff vs ref (%s)" % " / ".join(names), "check"])
         lines += ["", "## Decode, GQA %d/%d, d%d" % (hq, hkv, group[0]["head_dim"]), "",
                   "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for x in group:
             libs = x.get("libs", {})
             cells = [str(x["batch"]), length_label(x["cache_len"]),
-                     layout_label(x["page_size"])]
+                     layout_label(x["page_size"])] + ([kv_dtype(x)] if fp8 else [])
             cells += [fmt_rate(libs.get(n, {}), "gbps", 0) for n in names]
             cells += [fmt_ratio(x, key) for _, key in ratio_cols]
-            for n in names:
-                if n == "cuDNN":
-                    continue
+            for n in lnames:
                 e = libs.get(n, {})
                 cells.append("%+.1f" % e["append_over_plain_us"] if "append_over_plain_us" in e
                              else "n/a" if "append_refused" in e else "—")
+            if fp8:
+                cells += ["%.2f" % libs[n]["time_vs_bf16"]
+                          if "time_vs_bf16" in libs.get(n, {}) else "—" for n in lnames]
             cells += [diff_cell(x, names), check_cell(x)]
             lines.append("| " + " | ".join(cells) + " |")
         notes = na_notes(group, names)
@@ -881,8 +1105,9 @@ PLOT_GQA = (32, 8)
 
 
 def plot(result, path):
-    """GB/s against cache length at GQA 32/8 for batch 1 and 64: one line per library and layout.
-    Returns the path, or None when matplotlib is missing or there is nothing to draw."""
+    """GB/s against cache length at GQA 32/8 for batch 1 and 64: one line per library, layout and
+    cache dtype (e4m3 lines thinner, square markers). Returns the path, or None when matplotlib is
+    missing or there is nothing to draw."""
     rows = [x for x in result["rows"] if x.get("kind") == "decode"
             and (x["heads_q"], x["heads_kv"]) == PLOT_GQA and x["batch"] in PLOT_BATCHES]
     if not rows:
@@ -907,14 +1132,16 @@ def plot(result, path):
                 continue
             for name, entry in x.get("libs", {}).items():
                 if "gbps" in entry:
-                    lines.setdefault((name, x["page_size"]), []).append(
+                    lines.setdefault((name, x["page_size"], kv_dtype(x)), []).append(
                         (x["cache_len"], entry["gbps"]))
-        for (name, page), points in sorted(lines.items(), key=lambda kv: (
-                order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])):
+        for (name, page, dt), points in sorted(lines.items(), key=lambda kv: (
+                order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1], kv[0][2])):
             points.sort()
-            ax.plot([s for s, _ in points], [g for _, g in points], marker="o",
+            fp8 = dt == "e4m3"
+            ax.plot([s for s, _ in points], [g for _, g in points], marker="s" if fp8 else "o",
                     color=colors.get(name), linestyle=styles.get(page, "-"),
-                    label="%s, %s" % (name, layout_label(page)))
+                    linewidth=1.0 if fp8 else 1.5,
+                    label="%s, %s%s" % (name, layout_label(page), ", e4m3" if fp8 else ""))
         lens = sorted({x["cache_len"] for x in rows if x["batch"] == b})
         ax.set_xscale("log", base=2)
         ax.set_xticks(lens, [length_label(n) for n in lens])
@@ -924,8 +1151,9 @@ def plot(result, path):
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower right", fontsize=7)
     gpu = result.get("gpu_before", {}).get("name", "GPU")
-    fig.suptitle("Decode over a KV cache, bf16, %s — fa4cpp %s, one run"
-                 % (gpu, result["git_sha"]), fontsize=11)
+    dtypes = "bf16 and e4m3" if any(kv_dtype(x) == "e4m3" for x in rows) else "bf16"
+    fig.suptitle("Decode over a KV cache, %s, %s — fa4cpp %s, one run"
+                 % (dtypes, gpu, result["git_sha"]), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -965,12 +1193,14 @@ def c_abi_kvcache(fa4):
     from fa4cpp import ops
 
     def call(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
-             cache_seqlens=None, page_table=None, causal=False, rotary_interleaved=True):
+             cache_seqlens=None, page_table=None, causal=False, rotary_interleaved=True,
+             q_descale=None, k_descale=None, v_descale=None):
+        descales = (q_descale, k_descale, v_descale)
         ops._check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                           None, None, page_table, None, None, 0)
+                           None, None, page_table, None, None, 0, descales)
         params = ops._kvcache_params(q, k, rotary_cos, cache_seqlens, None, None, page_table,
                                      None, None, 0, 0.0, bool(causal), -1, -1, 0.0,
-                                     bool(rotary_interleaved), 0)
+                                     bool(rotary_interleaved), 0, descales)
         ops._check_params(params)
         out_shape, lse_shape = ops._kvcache_shapes(q, v_cache, None)
         out = q.new_empty(out_shape, dtype=ops.output_dtype(q, k))
@@ -1018,15 +1248,15 @@ def main(argv=None):
     rows, skipped = plan(args)
     if args.dry_run:
         for row in rows:
-            print("%-7s %d/%d b%-3d %5s %-10s K+V %.3f GB" % (
+            print("%-7s %d/%d b%-3d %5s %-10s %-4s K+V %.3f GB" % (
                 row["kind"], row["heads_q"], row["heads_kv"], row["batch"],
-                length_label(row["cache_len"]), layout_label(row["page_size"]),
-                kv_bytes([row["cache_len"]] * row["batch"], row["heads_kv"],
-                         row["head_dim"]) / 1e9))
+                length_label(row["cache_len"]), layout_label(row["page_size"]), kv_dtype(row),
+                row_kv_bytes(row) / 1e9))
         for s in skipped:
-            print("skipped %d/%d b%d %s %s: %s" % (s["heads_q"], s["heads_kv"], s["batch"],
-                                                  length_label(s["cache_len"]),
-                                                  layout_label(s["page_size"]), s["reason"]))
+            print("skipped %d/%d b%d %s %s%s: %s" % (
+                s["heads_q"], s["heads_kv"], s["batch"], length_label(s["cache_len"]),
+                layout_label(s["page_size"]), "" if kv_dtype(s) == "bf16" else " " + kv_dtype(s),
+                s["reason"]))
         names = [n for n, _ in args.libs]
         print("%d rows, %d skipped; roughly %.0f s with FA3 (%d rounds%s)"
               % (len(rows), len(skipped), estimate_seconds(rows, args, builds=names),
@@ -1053,6 +1283,13 @@ def main(argv=None):
                  l2 // 2 ** 20))
     opts = {k: v for k, v in vars(args).items()
             if k not in ("sha", "out", "name", "lib", "libs", "lib_env")}
+    extra_fp8 = {}
+    if "e4m3" in args.kv_dtypes:
+        extra_fp8 = {"fp8": {
+            "tol": args.fp8_tol, "scale": FP8_SCALE, "spread": FP8_SPREAD,
+            "descales": "fp32 (batch, heads_kv) 2^u / scale, u uniform in [-spread, spread]; "
+                        "e4m3 = randn drawn in bf16 / descale, rounded (saturating at 448)",
+            "bytes": "1 byte per cached element", "cudnn": CUDNN_FP8, "append": FP8_APPEND}}
     run = sweep.ResultFile(args.out, name, markdown, "decode and chunked prefill over a KV cache "
                            "(bench/decode.py)", args.sha, builds, args.rounds, extra={
                                "timing": timing, "head_dim": args.hdim, "ragged": args.ragged,
@@ -1062,22 +1299,24 @@ def main(argv=None):
                                {"available": False, "missing": fa3_info},
                                "fa4cpp_ops": how,
                                "l2_bytes": l2,
-                               "bytes": "sum(cache_seqlens) * hkv * d * 2 tensors * 2 bytes",
+                               "bytes": "sum(cache_seqlens) * hkv * d * 2 tensors * 2 bytes "
+                                        "(1 byte for e4m3 caches)",
                                "flops": "4 * b * hq * d * visible pairs (bottom-right causal)",
-                               "cudnn_prefill": CUDNN_PREFILL})
+                               "cudnn_prefill": CUDNN_PREFILL, **extra_fp8})
     print("%d rows, %d skipped; roughly %.0f s" % (len(rows), len(skipped),
                                                     estimate_seconds(rows, args, fa3 is not None,
                                                                      l2_bytes=l2, builds=names)),
           flush=True)
     bench = Bench(args, libs, timer, l2, builds=names)
     done = []
-    for index, row in enumerate(rows):
+    for index, row in zip(seed_indices(rows), rows):
         try:
             bench.measure(row, index)
         except Exception as e:  # out of memory, or anything else: the row says so, the run goes on
             row["error"] = sweep.first_line(e)
         done.append(row)
         prefill_ratios(done)
+        kv_dtype_ratios(done)
         torch.cuda.empty_cache()
         run.add(row)
     run.finish()

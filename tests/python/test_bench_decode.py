@@ -5,7 +5,10 @@ of each kind measured end to end on the CPU backend with stand-ins (a refusing "
 CPU tensors), and the markdown of a fabricated result. Several fa4cpp builds in one run (--lib
 NAME=PATH, two files of the library under test): their C ABI call against the package's, their own
 columns, ratios and place in the rotated rounds, main() on the CPU; and a single build's output
-against what decode.py wrote before it took several (tests/python/data/decode_single_build.json)."""
+against what decode.py wrote before it took several (tests/python/data/decode_single_build.json).
+e4m3 caches (--kv-dtypes): their rows, bytes and draws, the quantisation against the package's
+rounding, rows measured on the CPU backend (a wrong descale flagged), their markdown, and main()
+with one build and with two."""
 import functools
 import json
 import math
@@ -703,6 +706,19 @@ def result_keys(result):
                      for row in result["rows"]]}
 
 
+# What --kv-dtypes adds to a bf16-only run, which the golden file predates: two options and each
+# decode row's kv_dtype (test_single_build_output_unchanged checks them apart).
+KV_DTYPE_OPTIONS = ("kv_dtypes", "fp8_tol")
+KV_DTYPE_ROW_KEYS = ("kv_dtype",)
+
+
+def without_kv_dtype_keys(keys):
+    """result_keys' keys less those KV_DTYPE_OPTIONS and KV_DTYPE_ROW_KEYS name."""
+    return dict(keys, options=[k for k in keys["options"] if k not in KV_DTYPE_OPTIONS],
+                rows=[[[k for k in row if k not in KV_DTYPE_ROW_KEYS], libs]
+                      for row, libs in keys["rows"]])
+
+
 def single_build_outputs(decode, monkeypatch, out, argv):
     """What tests/python/data/decode_single_build.json holds: the markdown of the fabricated
     results and the keys of a single-build run on the CPU (made by bench/decode.py before it
@@ -713,7 +729,7 @@ def single_build_outputs(decode, monkeypatch, out, argv):
     return {"markdown_fa3": decode.markdown(fabricated()),
             "markdown_no_fa3": decode.markdown(fabricated(fa3=False)),
             "markdown_partial_host_bound": decode.markdown(dict(r, complete=False)),
-            "keys": result_keys(result)}
+            "keys": without_kv_dtype_keys(result_keys(result))}
 
 
 @pytest.mark.parametrize("lib", [False, True])
@@ -730,6 +746,10 @@ def test_single_build_output_unchanged(decode, monkeypatch, tmp_path, lib):
     assert got["keys"] == golden["keys"]
     result, md = run_main_on_cpu(decode, monkeypatch, tmp_path / "again", argv)
     assert [x["name"] for x in result["libs"]] == ["fa4cpp"]
+    # The keys --kv-dtypes adds: its options, and every decode row's (bf16) cache dtype.
+    assert set(KV_DTYPE_OPTIONS) <= set(result["options"])
+    assert result["options"]["kv_dtypes"] == ["bf16"] and "fp8" not in result
+    assert [r.get("kv_dtype") for r in result["rows"]] == ["bf16", "bf16", None, None]
     assert result["fa4cpp_ops"] in ("native torch ops",
                                     "the package's Python implementation of the ops")
     assert "; fa4cpp through fa4cpp.flash_attn_with_kvcache (%s);" % result["fa4cpp_ops"] in md
@@ -770,3 +790,219 @@ def test_two_builds_through_main(decode, monkeypatch, tmp_path, two_libraries):
                             "cuDNN GB/s (µs)", "gather/main"]
     assert rows[2][7] == "%.2f" % result["rows"][0]["gather_vs_main"]
     assert "main, gather each through its own C ABI (ctypes;" in md
+
+
+# -- e4m3 caches (--kv-dtypes) ---------------------------------------------------------------------
+
+def test_kv_dtype_rows_bytes_and_options(decode, capsys):
+    rows, skipped = rows_of(decode, "--gqa", "32/8", "--batches", "1,256", "--cache-lens",
+                            "4k,64k", "--pages", "0,64", "--parts", "decode", "--kv-dtypes",
+                            "bf16,e4m3")
+    key = lambda r: (r["batch"], r["cache_len"], r["page_size"], r["kv_dtype"])
+    # A shape's bf16 and e4m3 rows side by side; e4m3 reads half the bytes, so it fits in
+    # --max-gb where bf16 does not.
+    assert [key(r) for r in rows[:4]] == [(1, 4096, 0, "bf16"), (1, 4096, 0, "e4m3"),
+                                          (1, 4096, 64, "bf16"), (1, 4096, 64, "e4m3")]
+    assert {key(s) for s in skipped} == {(256, 65536, p, "bf16") for p in (0, 64)}
+    assert {(256, 65536, p, "e4m3") for p in (0, 64)} <= {key(r) for r in rows}
+    for r in rows:
+        size = 1 if r["kv_dtype"] == "e4m3" else 2
+        assert decode.row_kv_bytes(r) == r["batch"] * r["cache_len"] * 8 * 128 * 2 * size
+        assert decode.row_alloc_bytes(r) == (r["batch"] * decode.capacity(r["cache_len"],
+                                                                          r["page_size"])
+                                             * 8 * 128 * 2 * size)
+    # --smoke: one tiny e4m3 decode row (contiguous) when e4m3 is asked for.
+    rows, _ = rows_of(decode, "--smoke", "--kv-dtypes", "bf16,e4m3")
+    assert [(r["kind"], r["page_size"], decode.kv_dtype(r)) for r in rows] == [
+        ("decode", 0, "bf16"), ("decode", 0, "e4m3"), ("decode", 64, "bf16"),
+        ("prefill", 0, "bf16")]
+    assert all(r["kv_dtype"] == "bf16" for r in rows_of(decode)[0] if r["kind"] == "decode")
+    assert all(r["kv_dtype"] == "e4m3" for r in rows_of(decode, "--kv-dtypes", "e4m3",
+                                                        "--parts", "decode")[0])
+    for bad in (["--kv-dtypes", "fp8"], ["--kv-dtypes", "bf16,bf16"], ["--kv-dtypes", ","],
+                ["--kv-dtypes", "e4m3", "--parts", "append,prefill"]):
+        with pytest.raises(SystemExit):
+            decode.parse_args(["--dry-run"] + bad)
+    # e4m3 rows time the plain call, and not on cuDNN.
+    row = {"kind": "decode", "page_size": 0, "ragged": False, "kv_dtype": "e4m3"}
+    assert decode.timed_calls(row, ["decode", "append"]) == [("fa4cpp", "plain"),
+                                                             ("FA3", "plain")]
+    decode.main(["--dry-run", "--gqa", "32/8", "--batches", "256", "--cache-lens", "64k",
+                 "--pages", "0", "--parts", "decode", "--kv-dtypes", "bf16,e4m3"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["decode", "32/8", "b256", "64k", "contiguous", "e4m3", "K+V",
+                              "34.360", "GB"]
+    assert out[1].startswith("skipped 32/8 b256 64k contiguous: K + V 68.7 GB")
+    assert out[-1].startswith("1 rows, 1 skipped")
+
+
+def test_a_shapes_dtypes_share_their_draws(decode):
+    rows, _ = rows_of(decode, "--gqa", "32/8", "--batches", "1", "--cache-lens", "1k", "--pages",
+                      "0,64", "--kv-dtypes", "bf16,e4m3")
+    assert decode.seed_indices(rows) == [0, 0, 2, 2, 4, 5, 6]  # then the three prefill rows
+    rows, _ = rows_of(decode)  # bf16 alone: each row its own position, as before
+    assert decode.seed_indices(rows) == list(range(len(rows)))
+
+
+def test_e4m3_quantisation(decode):
+    from fa4cpp import reference
+    ds = decode.fp8_descales(3, 2, torch.Generator().manual_seed(3))
+    assert ds.dtype == torch.float32 and ds.shape == (3, 2) and ds.unique().numel() == 6
+    assert ((ds >= 2 ** -0.5 / 32) & (ds <= 2 ** 0.5 / 32)).all()
+    x = torch.randn(3, 50, 8, 64, dtype=torch.bfloat16)
+    x8 = decode.quantize(x, ds, group=4)  # q: 8 heads over 2 kv heads
+    per = ds.repeat_interleave(4, dim=1)[:, None, :, None]
+    assert x8.dtype == torch.float8_e4m3fn
+    assert torch.equal(x8.view(torch.uint8),
+                       reference.round_e4m3(x.float() / per).view(torch.uint8))
+    # Back within e4m3's half ulp: 2^-4 of the value (normal), 2^-10 · descale (subnormal).
+    err = (decode.dequantize(x8, ds, group=4) - x.float()).abs()
+    assert (err <= torch.maximum(x.float().abs() * 2 ** -4, 2 ** -10 * per)).all()
+    assert decode.quantize(torch.full((1, 1, 2, 16), -1e4), torch.ones(1, 2)).float().min() == -448
+    # A paged cache's pages take their sequence's descales, drawn a piece at a time.
+    table = torch.tensor([[5, 2, 0], [1, 3, 4]], dtype=torch.int32)
+    owner = decode.page_owners(table, 6)
+    assert owner.tolist() == [0, 1, 0, 1, 1, 0]
+    torch.manual_seed(7)
+    cache = decode.quantized_cache((6, 4, 2, 8), ds[:2], owner, "cpu",
+                                   chunk_bytes=2 * 4 * 4 * 2 * 8)  # two pages at a time
+    torch.manual_seed(7)
+    want = torch.cat([decode.quantize(torch.randn(2, 4, 2, 8, dtype=torch.bfloat16), ds[:2],
+                                      owner[i:i + 2]) for i in (0, 2, 4)])
+    assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
+    got = decode.first_sequence(cache, table, 10)
+    assert got.dtype == torch.float8_e4m3fn
+    assert torch.equal(got.view(torch.uint8),
+                       torch.cat([cache[5], cache[2], cache[0, :2]]).view(torch.uint8))
+
+
+def e4m3_bench(decode, libs, timer):
+    args = decode.parse_args(["--dry-run", "--rounds", "2", "--hdim", "32", "--kv-dtypes",
+                              "bf16,e4m3"])
+    return decode.Bench(args, libs, timer, l2_bytes=1 << 16, device="cpu")
+
+
+def test_e4m3_rows_measured_on_the_cpu(decode):
+    import fa4cpp
+    seen = []
+
+    def fa3_standin(q, k_cache, v_cache, **kw):
+        seen.append((q.dtype, k_cache.dtype, sorted(k for k in kw if k.endswith("_descale"))))
+        return fa4cpp.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        fn()
+        return 0.001 * len(calls), {"host_us": 3.0, "calls_per_window": 2, "windows": 5}
+
+    bench = e4m3_bench(decode, {"fa4cpp": fa4cpp.flash_attn_with_kvcache, "FA3": fa3_standin},
+                       timer)
+    base = {"kind": "decode", "heads_q": 8, "heads_kv": 2, "head_dim": 32, "batch": 3,
+            "seqlen_q": 1, "cache_len": 60}
+    rows = [dict(base, page_size=p, ragged=p > 0, kv_dtype=dt) for p in (0, 16)
+            for dt in ("bf16", "e4m3")]
+    for index, row in zip(decode.seed_indices(rows), rows):
+        bench.measure(row, index)
+    decode.kv_dtype_ratios(rows)
+    assert (torch.float8_e4m3fn, torch.float8_e4m3fn,
+            ["k_descale", "q_descale", "v_descale"]) in seen
+    for bf, e8 in (rows[0:2], rows[2:4]):
+        assert e8["seqlens"] == bf["seqlens"] and 2 * e8["kv_bytes"] == bf["kv_bytes"]
+        assert e8["libs"]["cuDNN"] == {"skipped": decode.CUDNN_FP8}
+        assert e8["append_skipped"] == decode.FP8_APPEND and "append_skipped" not in bf
+        for name in ("fa4cpp", "FA3"):
+            e = e8["libs"][name]
+            # The CPU backend keeps P in fp32: the bf16 output's rounding is all that differs.
+            assert e["max_abs_diff_vs_ref"] < 1e-2
+            assert len(e["ms_rounds"]) == 2 and "append_ms" not in e
+            assert e["gbps"] == pytest.approx(e8["kv_bytes"] / (e["ms"] * 1e-3) / 1e9)
+            assert e["time_vs_bf16"] == pytest.approx(e["ms"] / bf["libs"][name]["ms"])
+            assert "time_vs_bf16" not in bf["libs"][name]
+        assert e8["libs"]["FA3"]["max_abs_diff_vs_fa4cpp"] == 0.0 and e8["flagged"] == []
+    assert 30 <= rows[2]["seqlens"]["min"] <= rows[2]["seqlens"]["max"] <= 60
+    json.dumps(rows)
+
+    # A library that applies the wrong descale is flagged at --fp8-tol.
+    def doubled_v(q, k_cache, v_cache, v_descale=None, **kw):
+        return fa4cpp.flash_attn_with_kvcache(q, k_cache, v_cache, v_descale=2 * v_descale, **kw)
+
+    bench = e4m3_bench(decode, {"fa4cpp": fa4cpp.flash_attn_with_kvcache, "FA3": doubled_v},
+                       timer)
+    row = bench.measure(dict(base, page_size=0, ragged=False, kv_dtype="e4m3"), 0)
+    assert row["libs"]["FA3"]["max_abs_diff_vs_ref"] > decode.FP8_TOL
+    assert [f.split()[:2] for f in row["flagged"]] == [["FA3", "max_abs_diff_vs_ref"],
+                                                       ["FA3", "max_abs_diff_vs_fa4cpp"]]
+
+
+def with_e4m3(r):
+    """fabricated() with an e4m3 row beside its first row (which becomes bf16's, explicitly)."""
+    bf = r["rows"][0]
+    bf["kv_dtype"] = "bf16"
+    e8 = {"kind": "decode", "heads_q": 32, "heads_kv": 8, "head_dim": 128, "batch": 64,
+          "cache_len": 4096, "page_size": 0, "kv_dtype": "e4m3", "fa4cpp_vs_fa3": 1.2,
+          "flagged": [], "append_skipped": "bf16 rows only",
+          "libs": {"fa4cpp": {"gbps": 7900, "us": 136.0, "ms": 0.136, "time_vs_bf16": 0.519,
+                              "max_abs_diff_vs_ref": 0.004},
+                   "FA3": {"gbps": 6580, "us": 163.0, "ms": 0.163, "time_vs_bf16": 0.562,
+                           "max_abs_diff_vs_ref": 0.005},
+                   "cuDNN": {"skipped": "not run: no FP8"}}}
+    r["rows"].insert(1, e8)
+    r["fp8"] = {"tol": 0.06, "scale": 32.0, "spread": 0.5}
+    return r
+
+
+def test_markdown_of_e4m3_rows(decode):
+    md = decode.markdown(with_e4m3(fabricated()))
+    assert "bf16 (decode also e4m3), d128" in md.splitlines()[2]
+    note = next(x for x in md.splitlines() if x.startswith("e4m3 rows"))
+    assert "1 B per element" in note and "over 0.06 flags the row" in note
+    assert "cuDNN: — (%s)" % decode.CUDNN_FP8 in note and "(fa4cpp / FA3)" in note
+    rows = table(md, "## Decode, GQA 32/8, d128")
+    assert rows[0] == ["b", "cache", "layout", "kv", "fa4cpp GB/s (µs)", "FA3 GB/s (µs)",
+                       "cuDNN GB/s (µs)", "fa4cpp/cuDNN", "fa4cpp/FA3",
+                       "append+rotary µs over plain: fa4cpp", "append+rotary µs over plain: FA3",
+                       "e4m3/bf16 time: fa4cpp", "e4m3/bf16 time: FA3",
+                       "max abs diff vs ref (fa4cpp / FA3 / cuDNN)", "check"]
+    assert rows[2] == ["64", "4k", "contiguous", "bf16", "4100 (262.0)", "3700 (290.0)",
+                       "4000 (268.0)", "1.02", "1.10", "+3.5", "-1.2", "—", "—",
+                       "0.001 / 0.001 / 0.001", "ok"]
+    assert rows[3] == ["64", "4k", "contiguous", "e4m3", "7900 (136.0)", "6580 (163.0)", "—",
+                       "—", "1.20", "—", "—", "0.52", "0.56", "0.004 / 0.005 / —", "ok"]
+    assert all(len(x) == len(rows[0]) for x in rows[2:])
+    # Without e4m3 rows, a decode row's explicit bf16 changes nothing.
+    r = fabricated()
+    for row in r["rows"]:
+        if row["kind"] == "decode":
+            row["kv_dtype"] = "bf16"
+    assert decode.markdown(r) == decode.markdown(fabricated())
+
+
+def test_e4m3_rows_through_main(decode, monkeypatch, tmp_path, two_libraries):
+    """--kv-dtypes bf16,e4m3 end to end on the CPU backend: one build through the package, two
+    through their C ABI (c_abi_kvcache passes the descales)."""
+    a, b = two_libraries
+    for argv, builds in (([], ["fa4cpp"]), (["--lib", "main=" + a, "--lib", "gather=" + b],
+                                            ["main", "gather"])):
+        result, md = run_main_on_cpu(decode, monkeypatch, tmp_path / builds[0],
+                                     argv + ["--kv-dtypes", "bf16,e4m3"])
+        assert [(x["kind"], x["page_size"], x.get("kv_dtype")) for x in result["rows"]] == [
+            ("decode", 0, "bf16"), ("decode", 0, "e4m3"), ("decode", 16, "bf16"),
+            ("decode", 16, "e4m3"), ("prefill", 0, None), ("prefill", 16, None)]
+        assert result["fp8"]["tol"] == decode.FP8_TOL
+        assert result["options"]["kv_dtypes"] == ["bf16", "e4m3"]
+        for i in (1, 3):
+            bf, e8 = result["rows"][i - 1], result["rows"][i]
+            assert e8["flagged"] == [] and 2 * e8["kv_bytes"] == bf["kv_bytes"]
+            for name in builds:
+                e = e8["libs"][name]
+                assert e["max_abs_diff_vs_ref"] < 1e-2 and "append_ms" not in e
+                assert e["time_vs_bf16"] == pytest.approx(e["ms"] / bf["libs"][name]["ms"])
+            if len(builds) == 2:
+                assert e8["libs"]["gather"]["max_abs_diff_vs_main"] == 0.0
+        assert "time_vs_bf16" in result["rows"][1]["libs"]["FA3"]
+        assert "refused" in result["rows"][3]["libs"]["FA3"]  # the stand-in's pages of 16
+        rows = table(md, "## Decode, GQA 4/2, d32")
+        assert rows[0][3] == "kv" and [x[3] for x in rows[2:]] == ["bf16", "e4m3"] * 2
+        assert "e4m3/bf16 time: %s" % builds[0] in rows[0]
