@@ -113,7 +113,6 @@ ELEMENT_BYTES = 2  # bf16
 # The KV caches' dtypes (--kv-dtypes) and the bytes a call reads per cached element.
 KV_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 KV_ELEMENT_BYTES = {"bf16": 2, "e4m3": 1}
-E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 # The descale of each (batch, kv head) of an e4m3 q and cache: 2^u / FP8_SCALE, u uniform in
 # [-FP8_SPREAD, FP8_SPREAD]. e4m3 is floating point, so the scale costs no precision (3 mantissa
 # bits anywhere from 2^-6 to 448); it sets where a value saturates: past 448 / (FP8_SCALE ·
@@ -495,27 +494,17 @@ def fp8_descales(batch, heads_kv, generator=None):
     return (2.0 ** u / FP8_SCALE).float()
 
 
-def round_e4m3(x):
-    """x in float8_e4m3fn: to nearest, ties to even, saturating at ±448 (torch's conversion makes
-    NaN of what rounds past 464), as fa4cpp rounds the rows it quantises."""
-    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-
-
 def quantize(x, descale, owner=None, group=1):
     """x (n, rows, heads, d), a bf16 cache or q, as e4m3: each element divided by its descale and
-    rounded. x[i] takes the descales of batch entry owner[i] (None: i; a paged cache's pages take
-    their sequence's, page_owners), head h those of kv head h // group (group = hq / hkv for q)."""
+    rounded as fa4cpp rounds the rows it quantises (the package's reference.round_e4m3; the
+    package is imported with the builds, load_builds). x[i] takes the descales of batch entry
+    owner[i] (None: i; a paged cache's pages take their sequence's, page_owners), head h those of
+    kv head h // group (group = hq / hkv for q)."""
+    from fa4cpp import reference
     per = descale.to(x.device).repeat_interleave(group, dim=1)  # (batch, heads)
     if owner is not None:
         per = per[owner]
-    return round_e4m3(x.float() / per[:, None, :, None])
-
-
-def dequantize(x8, descale, group=1):
-    """The true values of an e4m3 x8 (batch, rows, heads, d) in float32: each element times the
-    descale of its batch entry and kv head (head h: kv head h // group)."""
-    per = descale.to(x8.device).float().repeat_interleave(group, dim=1)
-    return x8.float() * per[:, None, :, None]
+    return reference.round_e4m3(x.float() / per[:, None, :, None])
 
 
 def page_owners(page_table, num_pages):
@@ -742,9 +731,10 @@ class Bench:
         k0, v0 = (first_sequence(c, page_table, int(lens[0])) for c in caches[0])
         q0 = q[0]
         if fp8:
-            k0 = dequantize(k0[None], descales["k_descale"][:1])[0]
-            v0 = dequantize(v0[None], descales["v_descale"][:1])[0]
-            q0 = dequantize(q[:1], descales["q_descale"][:1], hq // hkv)[0]
+            from fa4cpp import reference
+            k0 = reference.dequantize(k0[None], descales["k_descale"][:1])[0]
+            v0 = reference.dequantize(v0[None], descales["v_descale"][:1])[0]
+            q0 = reference.dequantize(q[:1], descales["q_descale"][:1], group=hq // hkv)[0]
         refs = {}
         if "plain" in variants:
             refs["plain"] = reference_attention(q0, k0, v0, causal)

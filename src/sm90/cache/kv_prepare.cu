@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "sm90/cache/kv_prepare.cuh"
+#include "sm90/fp8/descales.cuh"
 #include "sm90/host/launch.cuh"
 
 namespace fa4::sm90 {
@@ -52,11 +53,6 @@ struct PrepareTypes {
   using Table = TableT;
   static constexpr bool kQuantize = !std::is_same_v<In, New>;
 };
-
-// The (batch, kv head) descale of a quantised append (1 without one).
-__device__ float descale_of(DescaleView const& d, int64_t b, int64_t h) {
-  return d.data != nullptr ? d.data[b * d.batch_stride + h * d.head_stride] : 1.0f;
-}
 
 // Whether sequence b's entries are consistent (see kv_prepare.cuh); the same answer in every thread.
 __device__ bool sequence_ok(KvPrepareParams const& p, CacheSpan const& c, int b, int32_t q_start,
@@ -129,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) kv_prepare(KvPrepareParams p, int ch
       }
     }
     const float value = key ? rotate<Table>(p, x, col, pos) : float(x[col]);
-    *dst = In(Types::kQuantize ? value / descale_of(key ? p.k_descale : p.v_descale, b, h)
+    *dst = In(Types::kQuantize ? value / fp8::descale_at(key ? p.k_descale : p.v_descale, b, h)
                                : value);
   }
 
