@@ -866,6 +866,12 @@ std::vector<double> cpu_lse_bound(const Problem& p, const ref::ForwardResult& ex
   return bound;
 }
 
+std::vector<double> fp8_lse_bound(const Problem& p, const ref::ForwardResult& exact) {
+  std::vector<double> bound = cpu_lse_bound(p, exact);
+  for (size_t e = 0; e < bound.size(); ++e) bound[e] += kFp8ScoreShare * exact.score_abs[e];
+  return bound;
+}
+
 // Backward. P = exp(s − LSE) is computed from the forward's fp32 LSE, whose error λ_i is common
 // to every key of row i, and carries per-pair errors too: the score dot product's, the rounding of
 // the exponent's argument (≤ u·(|s| + 1) relative, where P is not negligible), exp itself. These,

@@ -278,6 +278,13 @@ CheckResult check_bounded(const std::string& what, const DenseShape& shape,
 // (2⁻⁸ bf16, 2⁻¹¹ fp16, 2⁻²⁴ fp32). See test_util.cpp for the derivation and the backward terms.
 std::vector<double> cpu_out_bound(const Problem& p, const ref::ForwardResult& exact);
 std::vector<double> cpu_lse_bound(const Problem& p, const ref::ForwardResult& exact);
+// Hopper's FP8 tensor cores add the products of QKᵀ with fewer mantissa bits than fp32: each
+// score is off by up to about 2⁻¹² (measured) of the sum of |terms| it adds, scale · q_descale ·
+// k_descale · Σ_d |q_d·k_d|. LSE, a smooth maximum of the row's scores, moves by at most the
+// largest of their errors: cpu_lse_bound plus twice that measured share of the reference's
+// score_abs (the sum's maximum over the row's visible keys, with the descales).
+constexpr double kFp8ScoreShare = 0x1p-11;
+std::vector<double> fp8_lse_bound(const Problem& p, const ref::ForwardResult& exact);
 struct GradientBounds {
   std::vector<double> dq, dk, dv;
 };

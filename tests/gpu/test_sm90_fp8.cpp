@@ -224,19 +224,6 @@ const T* device_copy(DeviceRun& run, const std::vector<T>& a) {
   return static_cast<const T*>(run.inputs.back()->device(a.data()));
 }
 
-// Hopper's FP8 tensor cores add the products of QKᵀ with fewer mantissa bits than fp32: each
-// score is off by up to about 2⁻¹² (measured) of the sum of |terms| it adds, scale · q_descale ·
-// k_descale · Σ_d |q_d·k_d|. LSE, a smooth maximum of the row's scores, moves by at most the
-// largest of their errors: twice the measured share of the reference's score_abs (that sum's
-// maximum over the row's visible keys, with the descales) on top of the fp32 bound.
-constexpr double kFp8ScoreShare = 0x1p-11;
-
-std::vector<double> fp8_lse_bound(const Problem& p, const ref::ForwardResult& exact) {
-  std::vector<double> bound = cpu_lse_bound(p, exact);
-  for (size_t e = 0; e < bound.size(); ++e) bound[e] += kFp8ScoreShare * exact.score_abs[e];
-  return bound;
-}
-
 void check_fp8(const Fp8Case& f) {
   FA4_SKIP_WITHOUT_HOPPER();
   SCOPED_TRACE(seed_note());

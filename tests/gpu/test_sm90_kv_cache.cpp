@@ -51,7 +51,7 @@ constexpr double kLseUlps = 4.0;
 // The shapes only the GPU runs: an engine's decode step (one query per sequence, GQA 4, 128-dim
 // heads, a long cache) on every page size the kernels tile differently, with and without an
 // appended, rotated key; a 200-row chunked prefill; and two CPU cases at the other head dims whose
-// key tiles differ (the CPU cases are d64).
+// key tiles differ (the CPU cases are d64), one of them in pieces where the tile row has them.
 std::vector<CacheCase> gpu_only_cases() {
   std::vector<CacheCase> cases;
   CacheCase decode;
@@ -99,7 +99,7 @@ std::vector<CacheCase> gpu_only_cases() {
   for (const CacheCase& base : cache_cases()) {
     if (base.name != "page16_spec3_append3_causal_shared" && base.name != "page128_decode")
       continue;
-    for (int64_t dim : {int64_t(128), int64_t(256)}) {
+    for (int64_t dim : {int64_t(96), int64_t(128), int64_t(192), int64_t(256)}) {
       CacheCase c = base;
       c.dim = dim;
       c.name = base.name + "_d" + std::to_string(dim);
@@ -123,11 +123,11 @@ std::vector<GpuCacheCase> gpu_cases() {
   std::vector<CacheCase> cases = cache_cases();
   for (CacheCase& c : gpu_only_cases()) cases.push_back(std::move(c));
   // Cases on pages smaller than a key tile run in pieces where pages hold whole 16-key pieces and
-  // the kernel's tile row has them (a TMA box per piece: pages of 16 and 64 keys without left pads,
-  // d128 and e4m3), else gathered (row by row through the page table: other head dims, pages of 1
-  // and 7 keys, left pads); each runs again where the kernels read a key tile as one TMA box (pages of 256 keys
-  // hold whole key tiles at every head dim; cache rows where a left pad rules such pages out), so
-  // that the appends, rotary forms, masks and varlen batches see every path.
+  // the kernel's tile row has them (a TMA box per piece: pages of 16 and 64 keys without left
+  // pads, every head dim but d256), else gathered (row by row through the page table: d256, pages
+  // of 1 and 7 keys, left pads); each runs again where the kernels read a key tile as one TMA box
+  // (pages of 256 keys hold whole key tiles at every head dim; cache rows where a left pad rules
+  // such pages out), so that the appends, rotary forms, masks and varlen batches see every path.
   const size_t listed = cases.size();
   for (size_t i = 0; i < listed; ++i) {
     if (cases[i].page_size == 0 || cases[i].page_size % 256 == 0) continue;
@@ -341,7 +341,7 @@ void check_gpu_case(const GpuCacheCase& g) {
   EXPECT_TRUE(written.empty()) << written;
   ASSERT_CUDA(d.download());
   for (const CheckResult& r : check_appends(*s)) EXPECT_TRUE(r.ok) << r.message;
-  for (const CheckResult& r : check_attention(*s, kLseUlps)) EXPECT_TRUE(r.ok) << r.message;
+  for (const CheckResult& r : check_attention(*s, kLseUlps, /*fp8_mma=*/true)) EXPECT_TRUE(r.ok) << r.message;
 }
 
 class Sm90KvCache : public ::testing::TestWithParam<GpuCacheCase> {};

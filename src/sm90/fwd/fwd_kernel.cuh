@@ -117,11 +117,11 @@ struct FwdKernel {
     typename ChunkPipeline::SharedStorage pipeline;
   };
   // The gathering warps' row tables (K's, V's: gather_keys), or, where pages hold whole pieces,
-  // the load thread's page-table entries of a key tile's pieces (FwdLoad::load_pieces); the
-  // chunked kernel does neither (its pages hold whole key tiles).
+  // the load thread's ring of page-table entries of key tiles' pieces (FwdLoad::load_pieces);
+  // the chunked kernel does neither (its pages hold whole key tiles).
   union GatherRows {
     alignas(16) uintptr_t rows[2][Config::kBlockN];
-    alignas(16) int32_t pieces[Load::kPieces];
+    alignas(16) int32_t pieces[Load::kEntrySets * Load::kPieces];
   };
   struct NoGatherRows {};
   // What a CTA does for one tile of the grid.

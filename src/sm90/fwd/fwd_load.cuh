@@ -65,6 +65,8 @@ struct FwdLoad {
   // out as the same swizzle atoms as the whole tile's, so that a piece's box lands in its rows.
   using PieceRows = Int<kKeyPieceRows>;
   static constexpr int kPieces = BlockN::value / kKeyPieceRows;
+  // Sets of entries in the load thread's ring (load_pieces): three live, a power of two.
+  static constexpr int kEntrySets = 4;
   static_assert(BlockN::value % kKeyPieceRows == 0, "a key tile is whole pieces");
   using KPieceBox = Shape<PieceRows, HeadDimQK>;
   using VPieceBox = Shape<PieceRows, HeadDimV>;
@@ -237,34 +239,46 @@ struct FwdLoad {
     return key_box(tma, shape, head, key_tile_rows(p, seq, rows, n), s, box);
   }
 
+  // The page-table entries of key tile n's pieces into their set of the ring `entries` (kEntrySets
+  // sets of kPieces), by cp.async: issued a tile ahead (run), they arrive while the load thread
+  // waits for ring slots and issues boxes, so that a tile's boxes do not wait a table read.
+  // Pieces wholly past the sequence's end take its last piece's entry (piece_key).
+  CUTE_DEVICE static void fetch_entries(Params const& p, Sequence const& seq, int n,
+                                        int32_t* entries) {
+    const uint32_t at = cast_smem_ptr_to_uint(entries + (n & (kEntrySets - 1)) * kPieces);
+    CUTE_UNROLL
+    for (int i = 0; i < kPieces; ++i) load_key_page(p, seq, piece_key(seq, n, i), at + 4 * i);
+  }
+  // The first key of piece i of key tile n. Pieces wholly past the sequence's end load its last
+  // piece again: every box then starts on rows of the sequence. The keys' mask hides those rows.
+  CUTE_DEVICE static int32_t piece_key(Sequence const& seq, int n, int i) {
+    const int32_t last = cute::max(seq.len_k - 1, 0) / kKeyPieceRows * kKeyPieceRows;
+    return cute::min(n * BlockN::value + i * kKeyPieceRows, last);
+  }
+
   // Key tile n in pieces into the ring slot `state` names, once the consumers have released it:
-  // `s` is the ring as (piece rows, cols, piece, 1, stage) and `dst` its TMA partition. The pieces'
-  // table entries go to `entries` (shared memory) first, together, so that their latencies overlap
-  // each other and the wait for the slot. The slot's full barrier expects the whole tile's bytes,
-  // which the boxes complete (rows past the sequence's end arrive as zeros and count).
+  // `s` is the ring as (piece rows, cols, piece, 1, stage) and `dst` its TMA partition. The
+  // pieces' entries are in their set of `entries` (fetch_entries); `wait`: they may still be in
+  // flight (K's load, the first to use them; V's finds them landed). Then tile `next`'s entries
+  // are fetched (-1: none). The slot's full barrier expects the whole tile's bytes, which the
+  // boxes complete (rows past the sequence's end arrive as zeros and count).
   template <class Tma, class SmemTensor, class Dst, class Box>
   CUTE_DEVICE static void load_pieces(Params const& p, Tma const& tma, GmemShape const& shape,
-                                      int head, Sequence const& seq, int n,
+                                      int head, Sequence const& seq, int n, bool wait, int next,
                                       int32_t* entries, Pipeline& pipeline, PipelineState& state,
                                       SmemTensor const& s, Dst& dst, Box box) {
-    const int32_t first = n * BlockN::value;
-    // Pieces wholly past the sequence's end load its last piece again: every box then starts on
-    // rows of the sequence. The keys' mask hides those rows.
-    const int32_t last = cute::max(seq.len_k - 1, 0) / kKeyPieceRows * kKeyPieceRows;
-    auto piece_key = [&](int i) { return cute::min(first + i * kKeyPieceRows, last); };
-    const uint32_t at = cast_smem_ptr_to_uint(entries);
-    CUTE_UNROLL
-    for (int i = 0; i < kPieces; ++i) load_key_page(p, seq, piece_key(i), at + 4 * i);
     pipeline.producer_acquire(state);
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (wait) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    int32_t const* set = entries + (n & (kEntrySets - 1)) * kPieces;
     CUTE_UNROLL
     for (int i = 0; i < kPieces; ++i) {
-      const int32_t key = piece_key(i);
-      auto src = key_box(tma, shape, head, piece_rows(p, seq, key, entries[i]), s, box);
+      const int32_t key = piece_key(seq, n, i);
+      auto src = key_box(tma, shape, head, piece_rows(p, seq, key, set[i]), s, box);
       copy(tma.with(*pipeline.producer_get_barrier(state)), src(_, 0, 0),
            dst(_, i, 0, state.index()));
     }
     ++state;
+    if (next >= 0) fetch_entries(p, seq, next, entries);
   }
 
   // The tile's Q box and Q's buffer, TMA-partitioned: the box starts at the tile's row 0
@@ -334,10 +348,15 @@ struct FwdLoad {
                                         group_modes<0, 2>(sKp), group_modes<0, 2>(gKp)));
     Tensor tVsVp = get<1>(tma_partition(p.tma_v_piece, _0{}, Layout<_1>{},
                                         group_modes<0, 2>(sVp), group_modes<0, 2>(gVp)));
+    // With pieces, K's load of tile n fetches tile n - 1's entries (the work's first K tile its
+    // own too); V's of tile n, which follows K's of tile n - 1, finds its entries still in their
+    // set: K(n), K(n - 1) and the fetch for n - 2 keep three sets live.
     auto load_k = [&](int n) {
       if (kKvPieces && p.pieces) {
-        load_pieces(p, p.tma_k_piece, p.shape_k, kv_head, seq, n, piece_entries,
-                    pipeline_k, write_k, sKp, tKsKp, KPieceBox{});
+        if (n == keys.end - 1) fetch_entries(p, seq, n, piece_entries);
+        load_pieces(p, p.tma_k_piece, p.shape_k, kv_head, seq, n, true,
+                    n > keys.begin ? n - 1 : -1, piece_entries, pipeline_k, write_k, sKp, tKsKp,
+                    KPieceBox{});
         return;
       }
       load_stage(p.tma_k, pipeline_k, write_k,
@@ -347,7 +366,7 @@ struct FwdLoad {
     };
     auto load_v = [&](int n) {
       if (kKvPieces && p.pieces) {
-        load_pieces(p, p.tma_v_piece, p.shape_v, kv_head, seq, n, piece_entries,
+        load_pieces(p, p.tma_v_piece, p.shape_v, kv_head, seq, n, false, -1, piece_entries,
                     pipeline_v, write_v, sVp, tVsVp, VPieceBox{});
         return;
       }

@@ -30,8 +30,8 @@ struct FwdTileShape {
   // the tile's key tiles and the extra steps cost 2-3 % at causal 512-1k.
   bool own_key_tiles = false;
   // Pages of whole 16-key pieces load as one TMA box per piece (FwdLoad::load_pieces), else row by
-  // row (the gather). On where the pieces' GPU tests have run (d128; the e4m3 rows, whose caches
-  // are read by TMA only); d256's load thread (24 registers) spills with them.
+  // row (the gather). On where the KV-cache GPU tests run at the row's head dims (d192 × 128 has
+  // no such case: its value dim differs); d256's load thread (24 registers) spills with them.
   bool kv_pieces = false;
   // The chunked variant (block_n 0: none): wider key tiles whose K and V go through one ring of
   // kv_chunks chunks of half the head dim, taken without a causal or window mask from min_keys
@@ -47,11 +47,11 @@ struct FwdTileShape {
 };
 
 inline constexpr FwdTileShape kFwdTileShapes[] = {
-    {64, 64, 3, 128, 1, false, true, false, {}},
-    {96, 96, 2, 128, 1, false, false, false, {}},
+    {64, 64, 3, 128, 1, false, true, true, {}},
+    {96, 96, 2, 128, 1, false, false, true, {}},
     {128, 128, 2, 128, 4, false, false, true, {}},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
-    {192, 192, 2, 96, 1, false, true, false, {}},
+    {192, 192, 2, 96, 1, false, true, true, {}},
     {192, 128, 2, 128, 1, false, false, false, {}},
     // 80 keys spill 16 bytes with this kernel's register budget; 64 do not. Own key tiles measured
     // +1-2 % at causal 512-4k but spill 12 bytes here. Chunked: 128 keys rather than 64 halve the
