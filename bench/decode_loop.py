@@ -13,8 +13,11 @@ bf16; prompts of 512 tokens, 64 generated tokens (63 timed decode steps), pages 
 batches 1 and 64. Timing: --rounds rounds; in each round every (library, mode) runs the whole
 loop once, in an order rotated by one place per round; the median per decode step is reported
 (every round's in the JSON). Each library's greedy tokens are compared with fa4cpp's eager ones:
-the count of positions that differ (bf16 rounding may flip a near-tie; a large count means a
-wrong attention). A (library, mode) that raises gets n/a and the first line of its error.
+the positions that differ, the sequences that differ and the first step at which one does.
+Greedy decoding carries a difference on: once a near-tie flips (bf16 rounding may flip one,
+random weights make them common), the rest of that sequence differs too, so the first step says
+more than the count (a wrong attention differs from the first steps on, in most sequences). A
+(library, mode) that raises gets n/a and the first line of its error.
 """
 import argparse
 import datetime
@@ -87,7 +90,8 @@ def measure_batch(example, model, args, batch, libraries, dtype):
     prompts = prompts_for(batch, args.prompt, args.vocab, args.seed)
     row = {"batch": batch, "prompt": args.prompt, "steps": args.steps,
            "page_size": args.page_size, "ms_per_step": {}, "rounds_ms": {}, "errors": {},
-           "differing_tokens": {}, "tokens_per_s": {}}
+           "differing_tokens": {}, "differing_sequences": {}, "first_difference": {},
+           "tokens_per_s": {}}
     reference = []  # fa4cpp eager's tokens, to compare every other run with
 
     def run(lib, mode):
@@ -99,7 +103,11 @@ def measure_batch(example, model, args, batch, libraries, dtype):
             if not reference:
                 reference.append(generated)
             key = "%s %s" % (lib, mode)
-            row["differing_tokens"][key] = int((generated != reference[0]).sum())
+            differs = generated != reference[0]  # (sequences, steps)
+            row["differing_tokens"][key] = int(differs.sum())
+            row["differing_sequences"][key] = int(differs.any(dim=-1).sum())
+            steps = differs.any(dim=0).nonzero()
+            row["first_difference"][key] = int(steps[0]) if len(steps) else None
             return ms_per_step(seconds, args.steps)
         return loop
 
@@ -132,6 +140,16 @@ def ratio(row, a, b):
     return None if x is None or y is None else x / y
 
 
+def difference(row, key):
+    """How key's tokens differ from fa4cpp eager's: "<key> 0", or "<key> 37 (2 of 64 sequences,
+    from step 9)"."""
+    n = row["differing_tokens"][key]
+    if n == 0:
+        return "%s 0" % key
+    return "%s %d (%d of %d sequences, from step %d)" % (
+        key, n, row["differing_sequences"][key], row["batch"], row["first_difference"][key])
+
+
 def markdown(r):
     libs = r["libraries"]
     keys = ["%s %s" % (lib, mode) for lib in libs for mode in r["modes"]]
@@ -155,7 +173,7 @@ def markdown(r):
             for m in r["modes"]:
                 x = ratio(row, "fa4cpp " + m, "FA3 " + m)
                 cells.append("%.2f" % x if x is not None else "n/a")
-        cells.append(", ".join("%s %d" % (k, n) for k, n in row["differing_tokens"].items()
+        cells.append(", ".join(difference(row, k) for k in row["differing_tokens"]
                                if k != "fa4cpp eager") or "—")
         lines.append("| " + " | ".join(cells) + " |")
     errors = [(row["batch"], k, e) for row in r["rows"] for k, e in row["errors"].items()]

@@ -49,6 +49,8 @@ def test_fa4cpp_beside_a_stand_in_fa3(loop, tmp_path, monkeypatch):
         assert row["errors"] == {"fa4cpp graph": "CUDA graphs need a CUDA device",
                                  "FA3 graph": "CUDA graphs need a CUDA device"}
         assert row["differing_tokens"]["FA3 eager"] == 0
+        assert row["differing_sequences"]["FA3 eager"] == 0
+        assert row["first_difference"]["FA3 eager"] is None
         for key, ms in row["ms_per_step"].items():
             assert ms > 0 and row["tokens_per_s"][key] == pytest.approx(1e3 * row["batch"] / ms)
     # Per loop: a prefill and 4 decode steps in 1 layer; 2 rounds, 2 batch sizes.
@@ -85,6 +87,11 @@ def test_a_wrong_or_failing_peer_shows(loop, tmp_path, monkeypatch):
         return fa4cpp.flash_attn_with_kvcache(*args, **kwargs)
     result, md = run_main(loop, tmp_path, monkeypatch, wrong, "--modes", "eager")
     assert sum(row["differing_tokens"]["FA3 eager"] for row in result["rows"]) > 0
+    for row in result["rows"]:
+        if row["differing_tokens"]["FA3 eager"]:
+            assert 1 <= row["differing_sequences"]["FA3 eager"] <= row["batch"]
+            assert 0 <= row["first_difference"]["FA3 eager"] < row["steps"]
+    assert "sequences, from step" in md
 
     def failing(*args, **kwargs):
         raise RuntimeError("no kernel for this head dim\nsecond line")

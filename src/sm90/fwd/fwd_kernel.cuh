@@ -449,6 +449,9 @@ struct FwdKernel {
   // the table is written again; the __syncwarp before the copies makes it visible to every lane).
   template <bool kValues>
   CUTE_DEVICE static void gather_keys(Params const& p, SharedStorage& smem, Pipeline& pipeline) {
+    if constexpr (Load::kPieceWarps) {
+      if (p.load.pieces) return issue_key_pieces<kValues>(p, smem, pipeline);
+    }
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     using Layout = std::conditional_t<kValues, typename Config::SmemLayoutV,
                                       typename Config::SmemLayoutK>;
@@ -481,6 +484,36 @@ struct FwdKernel {
         Load::template gather_key_tile<kValues ? Config::kHeadDimV : Config::kHeadDimQK>(
             rows, s(_, _, write.index()), pipeline.producer_get_barrier(write));
         ++write;
+      }
+    });
+  }
+
+  // The same two warps with pages of whole 16-key pieces (16-bit kernels: Load::kPieceWarps):
+  // one issues K's pieces, the other V's (FwdLoad::issue_pieces), in gather_keys' order and with
+  // its wait for O's staging; each lane reads its piece's page-table entry one key tile ahead, so
+  // that the entries' latency hides behind the wait for the next ring slot.
+  template <bool kValues>
+  CUTE_DEVICE static void issue_key_pieces(Params const& p, SharedStorage& smem,
+                                           Pipeline& pipeline) {
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    auto const& l = p.load;
+    int o_staged = 0;
+    for_each_tile(p, [&](Work const& w, int) {
+      const int staged_before = o_staged;
+      if (stages_o_in_v(p, w)) ++o_staged;
+      if (w.keys.empty()) return;
+      if (kValues && staged_before > 0)
+        cutlass::arch::ClusterBarrier::wait(&smem.o_free, (staged_before - 1) & 1);
+      const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
+      const auto ring = Load::template piece_ring<kValues>(
+          l, kv_head, w.seq, kValues ? smem.kv.v.data() : smem.kv.k.data());
+      int32_t entry = Load::piece_entry(l, w.seq, w.keys.end - 1);
+      for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
+        pipeline.producer_acquire(write);
+        Load::template issue_pieces<kValues>(l, w.seq, kv_head, n, entry, ring, write.index(),
+                                             pipeline.producer_get_barrier(write));
+        ++write;
+        if (n > w.keys.begin) entry = Load::piece_entry(l, w.seq, n - 1);
       }
     });
   }
@@ -518,13 +551,18 @@ struct FwdKernel {
   CUTE_DEVICE static void run_rings(Params const& p, SharedStorage& smem, int warp,
                                     int warpgroup, bool leader) {
     const bool gathered = p.load.gather;
+    // Pieces issued by the third and fourth warps: their first lanes arrive on the full barriers.
+    const bool piece_warps = Load::kPieceWarps && p.load.pieces;
+    const bool lane0 = cutlass::canonical_lane_idx() == 0;
     Pipeline pipeline_k(smem.kv.pipeline_k,
-                        pipeline_params<Pipeline>(warpgroup, leader, Config::kBytesK, gathered),
+                        pipeline_params<Pipeline>(warpgroup,
+                                                  piece_warps ? warp == 2 && lane0 : leader,
+                                                  Config::kBytesK, gathered),
                         Shape<_1, _1, _1>{});
     Pipeline pipeline_v(
         smem.kv.pipeline_v,
-        pipeline_params<Pipeline, Values::kVReaders>(warpgroup, leader, Config::kBytesV,
-                                                     gathered),
+        pipeline_params<Pipeline, Values::kVReaders>(
+            warpgroup, piece_warps ? warp == 3 && lane0 : leader, Config::kBytesV, gathered),
         Shape<_1, _1, _1>{});
     auto pipeline_vt = Values::make_vt_pipeline(smem.kv, warpgroup);
     Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
@@ -540,8 +578,8 @@ struct FwdKernel {
             for_each_tile(p, [&](Work const& w, int) { f(w.keys.count()); });
           });
       } else {
-        if (warp == 2 && p.load.gather) gather_keys<false>(p, smem, pipeline_k);
-        if (warp == 3 && p.load.gather) gather_keys<true>(p, smem, pipeline_v);
+        if (warp == 2 && (p.load.gather || piece_warps)) gather_keys<false>(p, smem, pipeline_k);
+        if (warp == 3 && (p.load.gather || piece_warps)) gather_keys<true>(p, smem, pipeline_v);
       }
       if (!leader) return;
       PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();

@@ -78,6 +78,12 @@ struct FwdLoad {
   using TmaVPiece = Tma<SmemLayoutVPiece, VPieceBox>;
   // Whether the kernel has the pieces' loads (its tile row's kv_pieces).
   static constexpr bool kKvPieces = Config::kKvPieces;
+  // Who issues the pieces' boxes. In the 16-bit kernels the producer's third and fourth warps
+  // (idle unless they gather rows): K's and V's side by side, each lane holding one piece's
+  // page-table entry, read a key tile ahead (FwdKernel::issue_key_pieces, issue_pieces); the
+  // load thread keeps Q and the tile queue. In the e4m3 kernels, whose third and fourth warps
+  // transpose V, the load thread (run, load_pieces).
+  static constexpr bool kPieceWarps = kKvPieces && !Config::kFp8;
 
   struct Params {
     TmaQ tma_q;
@@ -266,7 +272,7 @@ struct FwdLoad {
   CUTE_DEVICE static void load_pieces(Params const& p, Tma const& tma, GmemShape const& shape,
                                       int head, Sequence const& seq, int n, bool wait, int next,
                                       int32_t* entries, Pipeline& pipeline, PipelineState& state,
-                                      SmemTensor const& s, Dst& dst, Box box) {
+                                      SmemTensor const& s, Dst const& dst, Box box) {
     pipeline.producer_acquire(state);
     if (wait) asm volatile("cp.async.wait_all;\n" ::: "memory");
     int32_t const* set = entries + (n & (kEntrySets - 1)) * kPieces;
@@ -279,6 +285,57 @@ struct FwdLoad {
     }
     ++state;
     if (next >= 0) fetch_entries(p, seq, next, entries);
+  }
+
+  template <bool kValues>
+  CUTE_DEVICE static auto const& piece_tma(Params const& p) {
+    if constexpr (kValues) return p.tma_v_piece;
+    else return p.tma_k_piece;
+  }
+  // K's or V's ring (smem: (N, D, stage)) as pieces, (piece rows, cols, piece, 1, stage), and its
+  // TMA partition for one kv head of the sequence: the boxes' destinations.
+  template <bool kValues>
+  CUTE_DEVICE static auto piece_ring(Params const& p, int head, Sequence const& seq,
+                                     Element* smem) {
+    using RingLayout = std::conditional_t<kValues, SmemLayoutV, SmemLayoutK>;
+    using PieceBox = std::conditional_t<kValues, VPieceBox, KPieceBox>;
+    Tensor sp = flat_divide(make_tensor(make_smem_ptr(smem), RingLayout{}), PieceBox{});
+    Tensor gp = sequence_tiles(piece_tma<kValues>(p), kValues ? p.shape_v : p.shape_k, head,
+                               seq.k_rows(get<0>(p.shape_k)), PieceBox{});
+    return cute::make_tuple(sp, get<1>(tma_partition(piece_tma<kValues>(p), _0{}, Layout<_1>{},
+                                                     group_modes<0, 2>(sp),
+                                                     group_modes<0, 2>(gp))));
+  }
+
+  // The page-table entry of piece `lane` of key tile n, one lane per piece (0 past the tile's
+  // pieces and where piece_rows reads no row of the page), read a tile ahead of the boxes by the
+  // warp that issues them (FwdKernel::issue_key_pieces).
+  CUTE_DEVICE static int32_t piece_entry(Params const& p, Sequence const& seq, int n) {
+    const int lane = cutlass::canonical_lane_idx();
+    const int32_t index =
+        p.page_rows.div(seq.start_k + piece_key(seq, n, cute::min(lane, kPieces - 1)));
+    if (lane >= kPieces || index * p.page_size >= seq.start_k + seq.len_k) return 0;
+    return __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
+  }
+  // Key tile n's pieces into ring slot `stage` (`ring`: piece_ring), completing the full barrier
+  // `bar`, by a whole warp: lane 0 issues every box, each piece's entry taken from its lane
+  // (piece_entry).
+  template <bool kValues, class Ring>
+  CUTE_DEVICE static void issue_pieces(Params const& p, Sequence const& seq, int head, int n,
+                                       int32_t entry, Ring const& ring, int stage,
+                                       uint64_t* bar) {
+    using PieceBox = std::conditional_t<kValues, VPieceBox, KPieceBox>;
+    const bool issuer = cutlass::canonical_lane_idx() == 0;
+    CUTE_UNROLL
+    for (int i = 0; i < kPieces; ++i) {
+      const int32_t page = __shfl_sync(0xffffffffu, entry, i);
+      if (issuer) {
+        const int32_t key = piece_key(seq, n, i);
+        auto src = key_box(piece_tma<kValues>(p), kValues ? p.shape_v : p.shape_k, head,
+                           piece_rows(p, seq, key, page), get<0>(ring), PieceBox{});
+        copy(piece_tma<kValues>(p).with(*bar), src(_, 0, 0), get<1>(ring)(_, i, 0, stage));
+      }
+    }
   }
 
   // The tile's Q box and Q's buffer, TMA-partitioned: the box starts at the tile's row 0
@@ -326,7 +383,8 @@ struct FwdLoad {
                               PipelineState& write_v) {
     const int kv_head = rows.packed() ? tile.head : tile.head / p.head_group;
     auto q = q_tiles(p, tile, first_row, seq, smem_q);
-    if (p.gather) {  // K and V are the gathering warps' (FwdKernel::gather_keys)
+    // K and V are the third and fourth warps' (FwdKernel::gather_keys, issue_key_pieces).
+    if (p.gather || (kPieceWarps && p.pieces)) {
       load_q(p, rows, q, q_tile, q_full, q_empty);
       return;
     }
@@ -339,24 +397,18 @@ struct FwdLoad {
                                        group_modes<0, 2>(gK)));
     Tensor tVsV = get<1>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                        group_modes<0, 2>(gV)));
-    // The rings as pieces, for pages of whole pieces: (piece rows, cols, piece, 1, stage).
-    Tensor sKp = flat_divide(sK, KPieceBox{});
-    Tensor sVp = flat_divide(sV, VPieceBox{});
-    Tensor gKp = sequence_tiles(p.tma_k_piece, p.shape_k, kv_head, k_rows, KPieceBox{});
-    Tensor gVp = sequence_tiles(p.tma_v_piece, p.shape_v, kv_head, k_rows, VPieceBox{});
-    Tensor tKsKp = get<1>(tma_partition(p.tma_k_piece, _0{}, Layout<_1>{},
-                                        group_modes<0, 2>(sKp), group_modes<0, 2>(gKp)));
-    Tensor tVsVp = get<1>(tma_partition(p.tma_v_piece, _0{}, Layout<_1>{},
-                                        group_modes<0, 2>(sVp), group_modes<0, 2>(gVp)));
+    // The rings as pieces, for pages of whole pieces (the e4m3 kernels: kPieceWarps).
+    const auto ring_kp = piece_ring<false>(p, kv_head, seq, smem_k);
+    const auto ring_vp = piece_ring<true>(p, kv_head, seq, smem_v);
     // With pieces, K's load of tile n fetches tile n - 1's entries (the work's first K tile its
     // own too); V's of tile n, which follows K's of tile n - 1, finds its entries still in their
     // set: K(n), K(n - 1) and the fetch for n - 2 keep three sets live.
     auto load_k = [&](int n) {
-      if (kKvPieces && p.pieces) {
+      if (kKvPieces && !kPieceWarps && p.pieces) {
         if (n == keys.end - 1) fetch_entries(p, seq, n, piece_entries);
         load_pieces(p, p.tma_k_piece, p.shape_k, kv_head, seq, n, true,
-                    n > keys.begin ? n - 1 : -1, piece_entries, pipeline_k, write_k, sKp, tKsKp,
-                    KPieceBox{});
+                    n > keys.begin ? n - 1 : -1, piece_entries, pipeline_k, write_k,
+                    get<0>(ring_kp), get<1>(ring_kp), KPieceBox{});
         return;
       }
       load_stage(p.tma_k, pipeline_k, write_k,
@@ -365,9 +417,9 @@ struct FwdLoad {
                  tKsK);
     };
     auto load_v = [&](int n) {
-      if (kKvPieces && p.pieces) {
+      if (kKvPieces && !kPieceWarps && p.pieces) {
         load_pieces(p, p.tma_v_piece, p.shape_v, kv_head, seq, n, false, -1, piece_entries,
-                    pipeline_v, write_v, sVp, tVsVp, VPieceBox{});
+                    pipeline_v, write_v, get<0>(ring_vp), get<1>(ring_vp), VPieceBox{});
         return;
       }
       load_stage(p.tma_v, pipeline_v, write_v,
