@@ -440,6 +440,22 @@ struct FwdKernel {
     });
   }
 
+  // f(w) for each tile with keys this CTA runs, as the producer's third and fourth warps walk
+  // them: V's warp (kValues) first waits for O's staging in V's ring, as the load thread would
+  // (FwdLoad::run).
+  template <bool kValues, class F>
+  CUTE_DEVICE static void for_each_keyed_tile(Params const& p, SharedStorage& smem, F&& f) {
+    int o_staged = 0;
+    for_each_tile(p, [&](Work const& w, int) {
+      const int staged_before = o_staged;
+      if (stages_o_in_v(p, w)) ++o_staged;
+      if (w.keys.empty()) return;
+      if (kValues && staged_before > 0)
+        cutlass::arch::ClusterBarrier::wait(&smem.o_free, (staged_before - 1) & 1);
+      f(w);
+    });
+  }
+
   // The producer's third and fourth warps with a paged cache whose pages do not hold whole key
   // tiles: one gathers K, the other V (FwdLoad::gather_key_tile), in the order the load thread
   // would load them (per tile, last key tile first), V waiting for O's staging in V's ring as
@@ -458,13 +474,7 @@ struct FwdKernel {
     Tensor s = make_tensor(make_smem_ptr(kValues ? smem.kv.v.data() : smem.kv.k.data()), Layout{});
     auto const& l = p.load;
     uintptr_t* rows = smem.gather.rows[kValues];
-    int o_staged = 0;
-    for_each_tile(p, [&](Work const& w, int) {
-      const int staged_before = o_staged;
-      if (stages_o_in_v(p, w)) ++o_staged;
-      if (w.keys.empty()) return;
-      if (kValues && staged_before > 0)
-        cutlass::arch::ClusterBarrier::wait(&smem.o_free, (staged_before - 1) & 1);
+    for_each_keyed_tile<kValues>(p, smem, [&](Work const& w) {
       auto locate = [&](int n, int32_t pages) {
         const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
         if constexpr (kValues)
@@ -497,13 +507,7 @@ struct FwdKernel {
                                            Pipeline& pipeline) {
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     auto const& l = p.load;
-    int o_staged = 0;
-    for_each_tile(p, [&](Work const& w, int) {
-      const int staged_before = o_staged;
-      if (stages_o_in_v(p, w)) ++o_staged;
-      if (w.keys.empty()) return;
-      if (kValues && staged_before > 0)
-        cutlass::arch::ClusterBarrier::wait(&smem.o_free, (staged_before - 1) & 1);
+    for_each_keyed_tile<kValues>(p, smem, [&](Work const& w) {
       const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
       const auto ring = Load::template piece_ring<kValues>(
           l, kv_head, w.seq, kValues ? smem.kv.v.data() : smem.kv.k.data());
