@@ -84,6 +84,7 @@ struct FwdLoad {
   // load thread keeps Q and the tile queue. In the e4m3 kernels, whose third and fourth warps
   // transpose V, the load thread (run, load_pieces).
   static constexpr bool kPieceWarps = kKvPieces && !Config::kFp8;
+  static_assert(!kPieceWarps || kPieces <= 32, "the issuing warp holds one piece per lane");
 
   struct Params {
     TmaQ tma_q;
