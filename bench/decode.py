@@ -1,8 +1,9 @@
 """Decode and chunked prefill over a KV cache: fa4cpp (fa4cpp.flash_attn_with_kvcache, one build
 or several), FlashAttention-3 (flash_attn_interface.flash_attn_with_kvcache, same arguments, when it
-imports) and cuDNN (torch SDPA under CUDNN_ATTENTION, contiguous caches only) on the same caches, in
-one process. Writes <out>/<date>_<sha>_decode.json, .md and .png (bench/sweep.py's result files,
-rewritten after every row).
+imports), FlashAttention-4 (flash_attn.cute.flash_attn_varlen_func with seqused_k and page_table,
+when it imports) and cuDNN (torch SDPA under CUDNN_ATTENTION, contiguous caches only) on the same
+caches, in one process. Writes <out>/<date>_<sha>_decode.json, .md and .png (bench/sweep.py's
+result files, rewritten after every row).
 
   FA4CPP_LIBRARY=build/default/libfa4.so PYTHONPATH=python:$FA3_HOPPER \\
       python3 bench/decode.py --sha $(git rev-parse --short HEAD) --out DIR
@@ -42,14 +43,15 @@ Rows (bf16 caches unless --kv-dtypes adds e4m3 decode rows, --hdim 128):
   (FlashAttention-3's keywords and layout; fa4cpp's the same) and returns bf16. The e4m3 row draws
   its lengths and page order with its bf16 row's seed, so the two read the same sequences. Plain
   calls only (no append: FA3 takes its rotary tables in q's dtype, e4m3, where fa4cpp takes them
-  in the output's, bf16); cuDNN has no FP8 path through SDPA and is not run. fa4cpp runs them
-  where its build has the e4m3 kernel of the head dim (FA4_SM90_KERNELS, e.g. 128:e4m3) and
-  refuses them (n/a) elsewhere. Rows over --max-gb are judged on their own bytes, so an e4m3 row
-  can run where its bf16 row is skipped.
+  in the output's, bf16); cuDNN has no FP8 path through SDPA and is not run, nor is FA4 (FP8 on
+  sm100 only: FA4_FP8). fa4cpp runs them where its build has the e4m3 kernel of the head dim
+  (FA4_SM90_KERNELS, e.g. 128:e4m3) and refuses them (n/a) elsewhere. Rows over --max-gb are
+  judged on their own bytes, so an e4m3 row can run where its bf16 row is skipped.
 - decode with append (--parts append): the same call with one new token per sequence (k, v of
   (b, 1, hkv, d)) and NeoX rotary tables (rotary_cos / rotary_sin of (cache capacity, d/2)):
-  reported as "append+rotary µs over plain" for fa4cpp and FA3. The cache has room for the token;
-  the call does not advance cache_seqlens, so repeated calls write the same position.
+  reported as "append+rotary µs over plain" for fa4cpp and FA3 (FA4's call takes no new keys and
+  no rotary: FA4_APPEND). The cache has room for the token; the call does not advance
+  cache_seqlens, so repeated calls write the same position.
 - chunked prefill: --chunk (512) queries, causal with FlashAttention's bottom-right alignment,
   against --prefill-cache (8k) keys that include the chunk's own (its K / V already written to
   the cache, as engines do), GQA --prefill-gqa 32/8, batch --prefill-batch 4, --prefill-pages
@@ -59,15 +61,17 @@ Rows (bf16 caches unless --kv-dtypes adds e4m3 decode rows, --hdim 128):
 
 Metrics: decode GB/s of K + V read (sum of cache_seqlens · hkv · d · 2 tensors · 2 bytes / time;
 1 byte per element for e4m3 caches, the bytes actually read); prefill TFLOP/s = 4 · b · hq · d ·
-(visible (query, key) pairs) / time. Ratios of each build to cuDNN and to FA3 per row, and of each
-later build to the first (B/A); on each e4m3 row, each library's e4m3 time / its time on the
+(visible (query, key) pairs) / time. Ratios of each build to cuDNN, FA3 and FA4 per row, and of
+each later build to the first (B/A); on each e4m3 row, each library's e4m3 time / its time on the
 shape's bf16 row (time_vs_bf16: half the bytes should take close to half the time). Each library
 runs once per row before timing: its output against the first build's (whole batch) and against a
 float32 torch reference on the first sequence (max abs diff; rows over --tol, 2e-2, are flagged).
 An e4m3 row's reference computes on the dequantized q, K and V (value × descale), and the row
 is flagged over --fp8-tol, 6e-2: a GPU kernel rounds P to e4m3 (relative error up to 2^-4) for
 P·V (FP8_TOL says more). A library that raises for a row gets n/a and the first line of its
-error; the run goes on.
+error; the run goes on. That first call is also where FA4 compiles its kernels (JIT): never timed.
+FA4 is called with num_splits=1, unsplit: its sm90 forward has no split-KV (--fa4-num-splits;
+FA4_NUM_SPLITS says more).
 
 Timing: --rounds rounds; in each round every (library, call) is timed once (each build's plain and
 append calls among them), their order rotated by one place per round; the median over rounds is
@@ -108,7 +112,7 @@ PAGES = (0, 16, 64, 256)
 PREFILL_PAGES = (0, 64, 256)
 PARTS = ("decode", "append", "prefill")
 DEFAULT_BUILD = sweep.DEFAULT_LIB_NAME  # the one build's column: "fa4cpp"
-PEERS = ("FA3", "cuDNN")  # the columns that are not fa4cpp builds
+PEERS = ("FA3", "FA4", "cuDNN")  # the columns that are not fa4cpp builds
 ELEMENT_BYTES = 2  # bf16
 # The KV caches' dtypes (--kv-dtypes) and the bytes a call reads per cached element.
 KV_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
@@ -143,6 +147,22 @@ CUDNN_RAGGED = "--ragged: SDPA's dense call has no per-sequence key lengths"
 CUDNN_FP8 = "not run: torch's SDPA has no FP8 (e4m3) attention for cuDNN"
 FP8_APPEND = ("e4m3 rows time the plain call only: FA3 takes its rotary tables in q's dtype (e4m3) "
               "and fa4cpp in the output's (bf16), so the two append calls would differ")
+# FlashAttention-4 (flash_attn.cute): its varlen call over the same caches (fa4_kvcache), and
+# what it is not run for.
+FA4_MODULE = next(m for n, m, _ in sweep.OTHERS if n == "FA4")  # flash_attn.cute
+FA4_FUNC = "flash_attn_varlen_func"
+# FA4's sm90 forward (4.0.0b36) has no split-KV kernel: with num_splits < 1 (its split heuristic)
+# a decode of few sequences × kv heads over a long cache asks for splits and the call raises
+# "SplitKV not supported on SM 9.0". So its calls take its default, 1 (never split), which is what
+# its users on Hopper get; --fa4-num-splits 0 asks for the heuristic (sm100).
+FA4_NUM_SPLITS = 1
+FA4_FP8 = ("not run: FA4 (flash_attn.cute) has FP8 (e4m3) attention on sm100 only (its interface "
+           "asserts compute capability 10.x for FP8 inputs)")
+FA4_APPEND = ("FA4 times the plain call only: flash_attn.cute.flash_attn_varlen_func takes no new "
+              "keys / values to append and no rotary tables")
+# A rough allowance for FA4's first call of each kernel it compiles (CuTe DSL, JIT, in the row's
+# check call, before any timing) in estimate_seconds.
+FA4_COMPILE_S = 10.0
 
 
 # -- rows, bytes and FLOPs (no GPU needed) ---------------------------------------------------------
@@ -278,10 +298,12 @@ def row_alloc_bytes(row):
             * row["head_dim"] * 2 * row_element_bytes(row))
 
 
-def timed_calls(row, parts, fa3=True, builds=(DEFAULT_BUILD,)):
-    """The (library, call) pairs a row times (builds: the fa4cpp builds' names)."""
-    calls = [(b, "plain") for b in builds] + ([("FA3", "plain")] if fa3 else [])
+def timed_calls(row, parts, fa3=True, builds=(DEFAULT_BUILD,), fa4=False):
+    """The (library, call) pairs a row times (builds: the fa4cpp builds' names; fa4: FA4's plain
+    call too, on bf16 rows: FA4_FP8, FA4_APPEND)."""
     fp8 = kv_dtype(row) == "e4m3"  # no cuDNN (no FP8 through SDPA), no append (FP8_APPEND)
+    calls = [(b, "plain") for b in builds] + ([("FA3", "plain")] if fa3 else [])
+    calls += [("FA4", "plain")] if fa4 and not fp8 else []
     if row["kind"] == "decode" and row["page_size"] == 0 and not row.get("ragged") and not fp8:
         calls.append(("cuDNN", "plain"))
     if row["kind"] == "decode" and "append" in parts and not fp8:
@@ -290,12 +312,14 @@ def timed_calls(row, parts, fa3=True, builds=(DEFAULT_BUILD,)):
 
 
 def estimate_seconds(rows, args, fa3=True, bandwidth=3.5e12, tflops=450e12, host_us=50.0,
-                     l2_bytes=50e6, builds=(DEFAULT_BUILD,)):
+                     l2_bytes=50e6, builds=(DEFAULT_BUILD,), fa4=False):
     """A rough wall-time estimate of a run: memory-bound decode at `bandwidth`, prefill at
     `tflops`, host time per call `host_us` (Timer's spin kernel holds the stream 1.5 times the
-    host's time per window), set-up and first calls per row (cuDNN's plan 0.3 s), for the fa4cpp
-    builds named in `builds`."""
+    host's time per window), set-up and first calls per row (cuDNN's plan 0.3 s, FA4's compile
+    FA4_COMPILE_S per kernel: per GQA group, layout and causal), for the fa4cpp builds named in
+    `builds`."""
     total = 0.0
+    fa4_kernels = set()
     host = host_us * 1e-6
     for row in rows:
         if row["kind"] == "decode":
@@ -307,11 +331,13 @@ def estimate_seconds(rows, args, fa3=True, bandwidth=3.5e12, tflops=450e12, host
                                      args.max_timing_ms)
         per_timing = (5e-3 + 5 * max(t, host)
                       + windows * (1.5 * calls * host + calls * t + 30e-6))
-        timed = timed_calls(row, args.parts, fa3, builds)
+        timed = timed_calls(row, args.parts, fa3, builds, fa4)
         alloc = row_alloc_bytes(row) * kv_copies(row_alloc_bytes(row), l2_bytes)
         total += len(timed) * (args.rounds * per_timing + 2 * t)
         total += alloc / 0.5e12 + 0.1 + (0.3 if ("cuDNN", "plain") in timed else 0.0)
-    return total
+        if ("FA4", "plain") in timed:
+            fa4_kernels.add((row["heads_q"] // row["heads_kv"], row["page_size"], row["kind"]))
+    return total + FA4_COMPILE_S * len(fa4_kernels)
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -370,6 +396,12 @@ def parse_args(argv=None):
                     help="print the rows and a rough time estimate, run nothing")
     ap.add_argument("--fa3-version", help="FlashAttention-3's version or commit for the header, "
                                           "where its module does not say")
+    ap.add_argument("--fa4-version", help="FlashAttention-4's (flash_attn.cute) version or commit "
+                                          "for the header, where its package does not say")
+    ap.add_argument("--fa4-num-splits", type=int, default=FA4_NUM_SPLITS,
+                    help="num_splits of FA4's calls (default %d: unsplit, as its sm90 forward "
+                         "has no split-KV; 0: FA4's own split heuristic; FA4_NUM_SPLITS says "
+                         "more)" % FA4_NUM_SPLITS)
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
@@ -714,6 +746,11 @@ class Bench:
         fns = {}
         for name, func in self.libs.items():
             for variant, extra in variants.items():
+                why = not_run(name, variant, fp8)
+                if why:  # recorded, like cuDNN's: FA4 on e4m3 rows, FA4's append
+                    key = "skipped" if variant == "plain" else variant + "_skipped"
+                    row["libs"].setdefault(name, {})[key] = why
+                    continue
                 fns[(name, variant)] = [call(func, kc, vc, extra) for kc, vc in caches]
         if "plain" in variants:
             reason = (CUDNN_PREFILL if not decode else CUDNN_FP8 if fp8 else
@@ -727,7 +764,8 @@ class Bench:
                     for kc, vc in caches]
 
         # Once each before timing: outputs against fa4cpp's and the float32 reference (of e4m3
-        # rows on the dequantized values: value × descale).
+        # rows on the dequantized values: value × descale). This is also each (library, call)'s
+        # first call of the row, where FA4 compiles its kernel (JIT): never timed.
         k0, v0 = (first_sequence(c, page_table, int(lens[0])) for c in caches[0])
         q0 = q[0]
         if fp8:
@@ -791,10 +829,19 @@ class Bench:
         return row
 
 
+def not_run(name, variant, fp8):
+    """Why a library's call is not made on a row (None: it is): FA4 has no FP8 on sm90
+    (FA4_FP8) and no append (FA4_APPEND)."""
+    if name != "FA4":
+        return None
+    return FA4_FP8 if fp8 else FA4_APPEND if variant == "append" else None
+
+
 def add_rates(row, tol, builds=(DEFAULT_BUILD,)):
     """GB/s (decode) or TFLOP/s (prefill) of every timed library, the append cost over plain,
-    the ratios of each fa4cpp build to cuDNN and FA3 (<build>_vs_cudnn, <build>_vs_fa3) and of
-    each later build to the first (<build>_vs_<first>), and the flags of differences over tol."""
+    the ratios of each fa4cpp build to cuDNN, FA3 and FA4 (<build>_vs_cudnn, <build>_vs_fa3,
+    <build>_vs_fa4) and of each later build to the first (<build>_vs_<first>), and the flags of
+    differences over tol."""
     libs = row["libs"]
     if row["kind"] == "decode":
         amount, unit, per = row["kv_bytes"], "gbps", 1e9
@@ -810,7 +857,7 @@ def add_rates(row, tol, builds=(DEFAULT_BUILD,)):
             entry["append_over_plain_us"] = (entry["append_ms"] - entry["ms"]) * 1e3
     for build in builds:
         mine = libs.get(build, {}).get(unit)
-        for name, key in (("cuDNN", "_vs_cudnn"), ("FA3", "_vs_fa3")):
+        for name, key in (("cuDNN", "_vs_cudnn"), ("FA3", "_vs_fa3"), ("FA4", "_vs_fa4")):
             other = libs.get(name, {}).get(unit)
             if mine and other:
                 row[build + key] = mine / other
@@ -935,8 +982,9 @@ def diff_cell(row, names, prefix=""):
 
 def fp8_note(r, names):
     """The paragraph on the e4m3 rows of a result that has some (names: the libraries with an
-    e4m3 call, cuDNN aside)."""
+    e4m3 call, cuDNN and FA4 aside)."""
     info = r.get("fp8", {})
+    fa4 = " FA4: — (%s)." % FA4_FP8 if r.get("fa4", {}).get("available") else ""
     return ("e4m3 rows (kv e4m3, --kv-dtypes): q and the caches in float8_e4m3fn, randn values "
             "drawn in bf16 (as the bf16 rows' are) divided by fp32 descales per (batch, kv head), "
             "2^u / %g with u uniform in [−%g, %g], and rounded to e4m3; each library's "
@@ -946,10 +994,10 @@ def fp8_note(r, names):
             "on the shape's bf16 row, which reads the same lengths through the same pages (0.5: "
             "the time halves with the bytes). Max abs diff: against the float32 reference on "
             "the dequantized values (value × descale); over %g flags the row (a GPU kernel "
-            "rounds P to e4m3 for P·V). cuDNN: — (%s). Append+rotary: bf16 rows only (%s)." % (
+            "rounds P to e4m3 for P·V). cuDNN: — (%s).%s Append+rotary: bf16 rows only (%s)." % (
                 info.get("scale", FP8_SCALE), info.get("spread", FP8_SPREAD),
                 info.get("spread", FP8_SPREAD), " / ".join(names), info.get("tol", FP8_TOL),
-                CUDNN_FP8, FP8_APPEND))
+                CUDNN_FP8, fa4, FP8_APPEND))
 
 
 def header(r):
@@ -960,6 +1008,16 @@ def header(r):
     else:
         fa3_text = ("FA3 not importable here (%s): its columns are omitted"
                     % fa3.get("missing", "flash_attn_interface"))
+    fa4 = r.get("fa4")  # absent from results written before FA4's columns
+    if fa4 is None:
+        fa4_text = ""
+    elif fa4.get("available"):
+        fa4_text = "FA4 = %s (num_splits=%s), version %s; " % (
+            fa4.get("function", "%s.%s" % (FA4_MODULE, FA4_FUNC)),
+            fa4.get("num_splits", FA4_NUM_SPLITS), fa4.get("version", "unknown"))
+    else:
+        fa4_text = ("FA4 not importable here (%s): its columns are omitted; "
+                    % fa4.get("missing", FA4_MODULE))
     native = r.get("fa4cpp_ops", "")
     builds = build_names(r)
     if len(builds) == 1:
@@ -970,9 +1028,9 @@ def header(r):
     dtypes = "bf16"
     if any(x.get("kind") == "decode" and kv_dtype(x) == "e4m3" for x in r.get("rows", [])):
         dtypes = "bf16 (decode also e4m3)"
-    return ("%s; %s; %s; cuDNN = SDPA under CUDNN_ATTENTION (contiguous caches). %s, d%s; "
-            "%d rounds; %s" % (sweep.run_facts(r), call, fa3_text, dtypes, r.get("head_dim", "?"),
-                               r["rounds"], r["timing"]))
+    return ("%s; %s; %s; %scuDNN = SDPA under CUDNN_ATTENTION (contiguous caches). %s, d%s; "
+            "%d rounds; %s" % (sweep.run_facts(r), call, fa3_text, fa4_text, dtypes,
+                               r.get("head_dim", "?"), r["rounds"], r["timing"]))
 
 
 def build_names(r):
@@ -980,27 +1038,47 @@ def build_names(r):
     return [x["name"] for x in r.get("libs", [])] or [DEFAULT_BUILD]
 
 
-def ratio_columns(builds, fa3, peers=("cuDNN",)):
+def ratio_columns(builds, fa3, peers=("cuDNN",), fa4=False):
     """(header, row key) of a table's ratio columns: each later build / the first (the A/B), then
-    each build / each peer (cuDNN, FA3)."""
+    each build / each peer (cuDNN, FA3, FA4)."""
     cols = [("%s/%s" % (b, builds[0]), "%s_vs_%s" % (b, builds[0])) for b in builds[1:]]
-    for peer in list(peers) + (["FA3"] if fa3 else []):
+    for peer in list(peers) + (["FA3"] if fa3 else []) + (["FA4"] if fa4 else []):
         cols += [("%s/%s" % (b, peer), "%s_vs_%s" % (b, peer.lower())) for b in builds]
     return cols
 
 
+def fa4_note(r):
+    """The lines on FA4's calls of a result where FA4 ran (none otherwise)."""
+    if not r.get("fa4", {}).get("available"):
+        return []
+    info = r["fa4"]
+    splits = info.get("num_splits", FA4_NUM_SPLITS)
+    return ["", "FA4: %s(q, k_cache, v_cache, seqused_k=cache_seqlens, page_table=page_table, "
+            "causal=causal, num_splits=%s) on the same caches (%s); a row's first call, where "
+            "FA4 compiles its kernel, is the row's check, before any timing. Append+rotary: no "
+            "FA4 column (%s). e4m3 rows: FA4 — (%s)." % (
+                info.get("function", "%s.%s" % (FA4_MODULE, FA4_FUNC)), splits,
+                "FA4's own split heuristic" if splits < 1 else
+                "never split: FA4's sm90 forward has no split-KV" if splits == 1 else
+                "%d splits" % splits,
+                info.get("append", FA4_APPEND), info.get("fp8", FA4_FP8))]
+
+
 def markdown(r):
     fa3 = r.get("fa3", {}).get("available", False)
+    fa4 = r.get("fa4", {}).get("available", False)
     builds = build_names(r)
-    names = builds + (["FA3"] if fa3 else []) + ["cuDNN"]
+    names = builds + (["FA3"] if fa3 else []) + (["FA4"] if fa4 else []) + ["cuDNN"]
     rows = r["rows"]
     if len(builds) == 1:
         ratios = "Ratios = %s's GB/s / the other's, same row." % builds[0]
     else:
+        peers = ["cuDNN"] + (["FA3"] if fa3 else []) + (["FA4"] if fa4 else [])
         ratios = ("Ratios X/Y = X's GB/s / Y's, same row: %s against the first build, then each "
                   "build against %s; the builds ran on the same caches in the same rotated "
                   "rounds." % (", ".join("%s/%s" % (b, builds[0]) for b in builds[1:]),
-                               "cuDNN and FA3" if fa3 else "cuDNN"))
+                               ", ".join(peers[:-1]) + " and " + peers[-1] if len(peers) > 1
+                               else peers[0]))
     lines = ["# Decode and chunked prefill over a KV cache (bench/decode.py)", "", header(r),
              "", "Decode: GB/s = bytes of K + V read (sum of cache_seqlens · hkv · d · 2 · 2 B) "
              "/ time, µs per call in parentheses; %s. %s Append+rotary: one new token per "
@@ -1011,10 +1089,11 @@ def markdown(r):
                  "sequence lengths drawn in [length/2, length]" if r.get("ragged") else
                  "every sequence holds the full cache length", ratios, " / ".join(names),
                  builds[0], r.get("tol", 2e-2))]
+    lines += fa4_note(r)
     decode = [x for x in rows if x.get("kind") == "decode"]
     fp8 = any(kv_dtype(x) == "e4m3" for x in decode)
     if fp8:
-        lines += ["", fp8_note(r, [n for n in names if n != "cuDNN"])]
+        lines += ["", fp8_note(r, [n for n in names if n not in ("cuDNN", "FA4")])]
     lines += sweep.partial_note(r)
     skipped = r.get("skipped_rows", [])
     if skipped:
@@ -1029,8 +1108,8 @@ def markdown(r):
             gqas.append((x["heads_q"], x["heads_kv"]))
     for hq, hkv in gqas:
         group = [x for x in decode if (x["heads_q"], x["heads_kv"]) == (hq, hkv)]
-        ratio_cols = ratio_columns(builds, fa3)
-        lnames = [n for n in names if n != "cuDNN"]
+        ratio_cols = ratio_columns(builds, fa3, fa4=fa4)
+        lnames = [n for n in names if n not in ("cuDNN", "FA4")]  # FA4: plain bf16 calls only
         head = (["b", "cache", "layout"] + (["kv"] if fp8 else [])
                 + ["%s GB/s (µs)" % n for n in names]
                 + [h for h, _ in ratio_cols]
@@ -1061,7 +1140,7 @@ def markdown(r):
         p = prefill[0]
         lnames = [n for n in names if n != "cuDNN"]
         pairs = visible_pairs(p["seqlen_q"], p["cache_len"], True)
-        ratio_cols = ratio_columns(builds, fa3, peers=())
+        ratio_cols = ratio_columns(builds, fa3, peers=(), fa4=fa4)
         head = (["layout"] + ["%s TFLOP/s (µs)" % n for n in lnames]
                 + [h for h, _ in ratio_cols]
                 + ["%s paged/contiguous" % n for n in lnames]
@@ -1111,8 +1190,8 @@ def plot(result, path):
     batches = [b for b in PLOT_BATCHES if any(x["batch"] == b for x in rows)]
     fig, axes = plt.subplots(1, len(batches), figsize=(6.0 * len(batches), 4.6), squeeze=False)
     builds = build_names(result)
-    order = builds + ["FA3", "cuDNN"]
-    colors = {"FA3": "C1", "cuDNN": "C2"}
+    order = builds + ["FA3", "FA4", "cuDNN"]
+    colors = {"FA3": "C1", "cuDNN": "C2", "FA4": "C9"}  # builds: C0, C3, C4, ...
     colors.update({b: "C%d" % (0 if i == 0 else i + 2) for i, b in enumerate(builds)})
     styles = {0: "-", 16: ":", 64: "--", 256: "-."}
     for ax, b in zip(axes[0], batches):
@@ -1163,15 +1242,53 @@ def find_fa3():
     func = getattr(module, "flash_attn_with_kvcache", None)
     if func is None:
         return None, "%s has no flash_attn_with_kvcache" % module_name
+    return func, module_version(module, ("flash_attn_3", "flash-attn-3", "flashattn-hopper"))
+
+
+def module_version(module, dists, placeholders=()):
+    """A module's __version__ (unless one of placeholders), else the first of the distributions
+    dists that is installed, else "unknown"."""
     version = getattr(module, "__version__", None)
-    for dist in ("flash_attn_3", "flash-attn-3", "flashattn-hopper"):
+    if version in placeholders:
+        version = None
+    for dist in dists:
         if version:
             break
         try:
             version = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             pass
-    return func, version or "unknown"
+    return version or "unknown"
+
+
+def find_fa4():
+    """(flash_attn_varlen_func, version) of FlashAttention-4 through sweep's OTHERS import
+    (flash_attn.cute), or (None, why not). flash_attn.cute sets __version__ from a distribution
+    named fa4 and to "0.0.0" without one (the flash-attn-4 wheel is not so named): that
+    placeholder reads as no version, and the wheel's own is looked up instead."""
+    found, missing = sweep.find_others()
+    if "FA4" not in found:
+        return None, missing.get("FA4", "%s: not found" % FA4_MODULE)
+    module = importlib.import_module(FA4_MODULE)
+    func = getattr(module, FA4_FUNC, None)
+    if func is None:
+        return None, "%s has no %s" % (FA4_MODULE, FA4_FUNC)
+    return func, module_version(module, ("flash-attn-4", "flash_attn_4", "fa4"),
+                                placeholders=("0.0.0",))
+
+
+def fa4_kvcache(func, num_splits=FA4_NUM_SPLITS):
+    """flash_attn_with_kvcache's plain call, with the arguments this script passes, through FA4's
+    flash_attn_varlen_func (func): q (b, sq, hq, d) and the caches as they are, contiguous (b,
+    capacity, hkv, d) or paged (pages, page size, hkv, d) with page_table (b, pages) int32;
+    cache_seqlens (int32, (b,)) as seqused_k, the keys each sequence reads. FA4's causal mask is
+    aligned bottom-right, as FlashAttention-3's. num_splits: FA4_NUM_SPLITS says why 0. It
+    returns (out, lse) (lse None unless asked for), which Bench's call reduces to out. No
+    descales and no append (not_run keeps those rows and calls from it)."""
+    def call(q, k_cache, v_cache, cache_seqlens=None, page_table=None, causal=False):
+        return func(q, k_cache, v_cache, seqused_k=cache_seqlens, page_table=page_table,
+                    causal=causal, num_splits=num_splits)
+    return call
 
 
 def c_abi_kvcache(fa4):
@@ -1248,8 +1365,8 @@ def main(argv=None):
                 layout_label(s["page_size"]), "" if kv_dtype(s) == "bf16" else " " + kv_dtype(s),
                 s["reason"]))
         names = [n for n, _ in args.libs]
-        print("%d rows, %d skipped; roughly %.0f s with FA3 (%d rounds%s)"
-              % (len(rows), len(skipped), estimate_seconds(rows, args, builds=names),
+        print("%d rows, %d skipped; roughly %.0f s with FA3 and FA4 (%d rounds%s)"
+              % (len(rows), len(skipped), estimate_seconds(rows, args, builds=names, fa4=True),
                  args.rounds, "" if len(names) == 1 else ", builds " + ", ".join(names)))
         return
     libs, builds, how = load_libraries(args)
@@ -1259,6 +1376,11 @@ def main(argv=None):
         fa3_info = args.fa3_version
     if fa3 is not None:
         libs["FA3"] = fa3
+    fa4, fa4_info = find_fa4()
+    if fa4 is not None and args.fa4_version:
+        fa4_info = args.fa4_version
+    if fa4 is not None:
+        libs["FA4"] = fa4_kvcache(fa4, args.fa4_num_splits)
     torch.manual_seed(args.seed)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2 = getattr(props, "L2_cache_size", 50 * 2 ** 20)
@@ -1287,6 +1409,11 @@ def main(argv=None):
                                "skipped_rows": skipped,
                                "fa3": {"available": True, "version": fa3_info} if fa3 else
                                {"available": False, "missing": fa3_info},
+                               "fa4": {"available": True, "version": fa4_info,
+                                       "function": "%s.%s" % (FA4_MODULE, FA4_FUNC),
+                                       "num_splits": args.fa4_num_splits, "fp8": FA4_FP8,
+                                       "append": FA4_APPEND} if fa4 else
+                               {"available": False, "missing": fa4_info},
                                "fa4cpp_ops": how,
                                "l2_bytes": l2,
                                "bytes": "sum(cache_seqlens) * hkv * d * 2 tensors * 2 bytes "
@@ -1295,7 +1422,8 @@ def main(argv=None):
                                "cudnn_prefill": CUDNN_PREFILL, **extra_fp8})
     print("%d rows, %d skipped; roughly %.0f s" % (len(rows), len(skipped),
                                                     estimate_seconds(rows, args, fa3 is not None,
-                                                                     l2_bytes=l2, builds=names)),
+                                                                     l2_bytes=l2, builds=names,
+                                                                     fa4=fa4 is not None)),
           flush=True)
     bench = Bench(args, libs, timer, l2, builds=names)
     done = []

@@ -8,12 +8,16 @@ columns, ratios and place in the rotated rounds, main() on the CPU; and a single
 against what decode.py wrote before it took several (tests/python/data/decode_single_build.json).
 e4m3 caches (--kv-dtypes): their rows, bytes and draws, the quantisation against the package's
 rounding, rows measured on the CPU backend (a wrong descale flagged), their markdown, and main()
-with one build and with two."""
+with one build and with two. FlashAttention-4 (flash_attn.cute, stood in for by a
+flash_attn_varlen_func over the package's op): its column, ratios and checks on decode and prefill
+rows, paged and contiguous, in the rotated rounds; skipped on e4m3 rows and for append; its columns
+omitted when it does not import; n/a when it raises; flagged when it is wrong."""
 import functools
 import json
 import math
 import shutil
 import os
+import sys
 import types
 
 import pytest
@@ -660,10 +664,14 @@ CPU_ARGV = ["--sha", "abc1234", "--name", "run", "--no-plot", "--hdim", "32", "-
             "--prefill-pages", "0,16", "--rounds", "3"]
 
 
-def run_main_on_cpu(decode, monkeypatch, out, argv):
+FA4_MISSING = "flash_attn.cute: No module named 'flash_attn'"
+
+
+def run_main_on_cpu(decode, monkeypatch, out, argv, fa4=None):
     """decode.main(CPU_ARGV + argv) with the GPU's pieces stood in for: rows on the CPU backend, a
-    timer that calls once and returns a made-up time, an "FA3" that refuses pages of 16 keys.
-    Returns the result (JSON) and the markdown."""
+    timer that calls once and returns a made-up time, an "FA3" that refuses pages of 16 keys, and
+    FA4's flash_attn_varlen_func fa4 (None: FA4 does not import, FA4_MISSING). Returns the result
+    (JSON) and the markdown."""
     import fa4cpp
     from fa4cpp import _library
 
@@ -689,6 +697,8 @@ def run_main_on_cpu(decode, monkeypatch, out, argv):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(decode.sweep, "gpu_facts", lambda: {"name": "CPU stand-in"})
     monkeypatch.setattr(decode, "find_fa3", lambda: (fa3_standin, "3.0.0b1"))
+    monkeypatch.setattr(decode, "find_fa4", lambda: (fa4, "4.0.0b36") if fa4 else
+                        (None, FA4_MISSING))
     monkeypatch.setattr(decode, "Timer", Timer)
     monkeypatch.setattr(decode, "Bench", functools.partial(decode.Bench, device="cpu"))
     decode.main(CPU_ARGV + ["--out", str(out)] + list(argv))
@@ -719,6 +729,18 @@ def without_kv_dtype_keys(keys):
                       for row, libs in keys["rows"]])
 
 
+# What FA4's columns add to a run where FA4 does not import, which the golden file predates: the
+# result's fa4 entry (available: False, and why) and two options.
+FA4_TOP_KEYS = ("fa4",)
+FA4_OPTIONS = ("fa4_version", "fa4_num_splits")
+
+
+def without_fa4_keys(keys):
+    """result_keys' keys less those FA4_TOP_KEYS and FA4_OPTIONS name."""
+    return dict(keys, top=[k for k in keys["top"] if k not in FA4_TOP_KEYS],
+                options=[k for k in keys["options"] if k not in FA4_OPTIONS])
+
+
 def single_build_outputs(decode, monkeypatch, out, argv):
     """What tests/python/data/decode_single_build.json holds: the markdown of the fabricated
     results and the keys of a single-build run on the CPU (made by bench/decode.py before it
@@ -729,7 +751,7 @@ def single_build_outputs(decode, monkeypatch, out, argv):
     return {"markdown_fa3": decode.markdown(fabricated()),
             "markdown_no_fa3": decode.markdown(fabricated(fa3=False)),
             "markdown_partial_host_bound": decode.markdown(dict(r, complete=False)),
-            "keys": without_kv_dtype_keys(result_keys(result))}
+            "keys": without_fa4_keys(without_kv_dtype_keys(result_keys(result)))}
 
 
 @pytest.mark.parametrize("lib", [False, True])
@@ -749,6 +771,9 @@ def test_single_build_output_unchanged(decode, monkeypatch, tmp_path, lib):
     # The keys --kv-dtypes adds: its options, and every decode row's (bf16) cache dtype.
     assert set(KV_DTYPE_OPTIONS) <= set(result["options"])
     assert result["options"]["kv_dtypes"] == ["bf16"] and "fp8" not in result
+    # FA4's: not importable here (run_main_on_cpu's default), its splits option.
+    assert result["fa4"] == {"available": False, "missing": FA4_MISSING}
+    assert result["options"]["fa4_num_splits"] == 1 and result["options"]["fa4_version"] is None
     assert [r.get("kv_dtype") for r in result["rows"]] == ["bf16", "bf16", None, None]
     assert result["fa4cpp_ops"] in ("native torch ops",
                                     "the package's Python implementation of the ops")
@@ -1006,3 +1031,257 @@ def test_e4m3_rows_through_main(decode, monkeypatch, tmp_path, two_libraries):
         rows = table(md, "## Decode, GQA 4/2, d32")
         assert rows[0][3] == "kv" and [x[3] for x in rows[2:]] == ["bf16", "e4m3"] * 2
         assert "e4m3/bf16 time: %s" % builds[0] in rows[0]
+
+
+# -- FlashAttention-4 (flash_attn.cute) ---------------------------------------------------------
+
+def fa4_standin(seen=None, refuse_page=None, shift=0.0):
+    """A stand-in for flash_attn.cute.flash_attn_varlen_func over the package's op: it checks what
+    bench/decode.py passes (FA4's keywords, int32 seqused_k and page table, num_splits=1 as FA4's
+    sm90 forward needs, no descales or appended keys), notes each call's (dtype, page size) in seen,
+    raises a two-line error on pages of refuse_page keys (as FA4 on sm90 refuses a split), adds
+    shift to its output (a wrong FA4) and returns (out, lse) as FA4 does (lse None unless asked
+    for)."""
+    import fa4cpp
+
+    def flash_attn_varlen_func(q, k, v, seqused_k=None, page_table=None, causal=False,
+                               num_splits=1, **rest):
+        assert not rest and num_splits == 1, (rest, num_splits)
+        assert q.dtype == k.dtype == v.dtype == torch.bfloat16  # never an e4m3 row
+        assert seqused_k.dtype == torch.int32 and seqused_k.shape == (q.shape[0],)
+        if page_table is not None:
+            assert page_table.dtype == torch.int32 and page_table.shape[0] == q.shape[0]
+            assert page_table.stride(-1) == 1
+        if seen is not None:
+            seen.append((q.dtype, k.shape[1] if page_table is not None else 0))
+        if refuse_page and page_table is not None and k.shape[1] == refuse_page:
+            raise AssertionError("SplitKV not supported on SM 9.0\nsecond line")
+        out = fa4cpp.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k,
+                                             page_table=page_table, causal=causal)
+        return out + shift, None
+    return flash_attn_varlen_func
+
+
+def fa4_bench(decode, timer, fa4, argv=()):
+    """A Bench on the CPU backend of fa4cpp, an FA3 (the package's op) and FA4 (fa4: a
+    flash_attn_varlen_func, through decode.fa4_kvcache), each call logged."""
+    import fa4cpp
+    log = []
+    libs = {"fa4cpp": logged(log, "fa4cpp", fa4cpp.flash_attn_with_kvcache),
+            "FA3": logged(log, "FA3", fa4cpp.flash_attn_with_kvcache),
+            "FA4": logged(log, "FA4", decode.fa4_kvcache(fa4))}
+    args = decode.parse_args(["--dry-run", "--rounds", "2", "--hdim", "32"] + list(argv))
+    return decode.Bench(args, libs, timer, l2_bytes=1 << 16, device="cpu"), log
+
+
+FA4_BASE = {"heads_q": 4, "heads_kv": 2, "head_dim": 32, "batch": 2, "cache_len": 40}
+
+
+def test_fa4_column_on_decode_and_prefill_rows(decode):
+    """(a) FA4 gets its column on decode rows, contiguous and paged, and on prefill rows: timed in
+    the rotated rounds with the others (its plain call only), checked against the reference and
+    fa4cpp's output, a ratio of fa4cpp to it; its append recorded as not run."""
+    seen, timed = [], []
+
+    def timer(fn):
+        fn()
+        timed.append(log[-1])
+        ms = {"fa4cpp": 0.010, "FA3": 0.020, "FA4": 0.016}[log[-1][0]]
+        return ms, {"host_us": 3.0, "calls_per_window": 2, "windows": 5}
+
+    bench, log = fa4_bench(decode, timer, fa4_standin(seen))
+    for page, ragged, index in ((0, False, 0), (16, True, 1)):
+        timed.clear()
+        row = bench.measure(dict(FA4_BASE, kind="decode", seqlen_q=1, page_size=page,
+                                 ragged=ragged), index)
+        e = row["libs"]
+        # Rotated rounds over every (library, call) pair, FA4's plain call among them.
+        keys = [("fa4cpp", "plain"), ("fa4cpp", "append"), ("FA3", "plain"), ("FA3", "append"),
+                ("FA4", "plain")]
+        assert timed == [k for r in range(2) for k in keys[r:] + keys[:r]]
+        fa4 = e["FA4"]
+        assert fa4["append_skipped"] == decode.FA4_APPEND
+        assert "append_ms" not in fa4 and "append_max_abs_diff_vs_ref" not in fa4
+        assert len(fa4["ms_rounds"]) == 2 and fa4["ms"] == pytest.approx(0.016)
+        assert fa4["gbps"] == pytest.approx(row["kv_bytes"] / (fa4["ms"] * 1e-3) / 1e9)
+        assert fa4["max_abs_diff_vs_ref"] < 2e-2 and fa4["max_abs_diff_vs_fa4cpp"] == 0.0
+        assert row["fa4cpp_vs_fa4"] == pytest.approx(e["fa4cpp"]["gbps"] / fa4["gbps"])
+        assert row["fa4cpp_vs_fa4"] == pytest.approx(1.6)
+        assert row["fa4cpp_vs_fa3"] == pytest.approx(2.0) and row["flagged"] == []
+        json.dumps(row)
+    assert {p for _, p in seen} == {0, 16}
+    rows = [bench.measure(dict(FA4_BASE, kind="prefill", seqlen_q=8, page_size=p, causal=True),
+                          2 + i) for i, p in enumerate((0, 16))]
+    decode.prefill_ratios(rows)
+    for row in rows:  # causal, bottom-right: the reference agrees
+        fa4 = row["libs"]["FA4"]
+        assert fa4["max_abs_diff_vs_ref"] < 2e-2 and "tflops" in fa4
+        assert row["fa4cpp_vs_fa4"] == pytest.approx(row["libs"]["fa4cpp"]["tflops"]
+                                                     / fa4["tflops"])
+        assert "append_skipped" not in fa4
+    assert rows[1]["libs"]["FA4"]["vs_contiguous"] == pytest.approx(1.0)
+    row = {"kind": "decode", "page_size": 0, "ragged": False}
+    assert decode.timed_calls(row, ["decode", "append"], fa4=True) == [
+        ("fa4cpp", "plain"), ("FA3", "plain"), ("FA4", "plain"), ("cuDNN", "plain"),
+        ("fa4cpp", "append"), ("FA3", "append")]
+    args = decode.parse_args(["--dry-run", "--smoke"])
+    rows, _ = decode.plan(args)
+    assert decode.estimate_seconds(rows, args, fa4=True) > decode.estimate_seconds(rows, args)
+
+
+def test_fa4_through_main(decode, monkeypatch, tmp_path):
+    """(a) FA4's columns, ratios and header line in the result files of a run."""
+    result, md = run_main_on_cpu(decode, monkeypatch, tmp_path, [], fa4=fa4_standin())
+    assert result["fa4"] == {"available": True, "version": "4.0.0b36",
+                             "function": "flash_attn.cute.flash_attn_varlen_func",
+                             "num_splits": 1, "fp8": decode.FA4_FP8,
+                             "append": decode.FA4_APPEND}
+    head = md.splitlines()[2]
+    assert ("; FA4 = flash_attn.cute.flash_attn_varlen_func (num_splits=1), version 4.0.0b36; "
+            "cuDNN = SDPA") in head
+    assert decode.FA4_APPEND in md and decode.FA4_FP8 in md and "has no split-KV" in md
+    for row in result["rows"]:
+        e = row["libs"]["FA4"]
+        assert e["max_abs_diff_vs_ref"] < 2e-2 and len(e["ms_rounds"]) == 3
+        assert "fa4cpp_vs_fa4" in row
+    rows = table(md, "## Decode, GQA 4/2, d32")
+    assert rows[0] == ["b", "cache", "layout", "fa4cpp GB/s (µs)", "FA3 GB/s (µs)",
+                       "FA4 GB/s (µs)", "cuDNN GB/s (µs)", "fa4cpp/cuDNN", "fa4cpp/FA3",
+                       "fa4cpp/FA4", "append+rotary µs over plain: fa4cpp",
+                       "append+rotary µs over plain: FA3",
+                       "max abs diff vs ref (fa4cpp / FA3 / FA4 / cuDNN)", "check"]
+    assert [x[9] for x in rows[2:]] == ["%.2f" % x["fa4cpp_vs_fa4"] for x in result["rows"][:2]]
+    assert all(len(x) == len(rows[0]) for x in rows[2:])
+    pre = table(md, "## Chunked prefill: 8 queries against 40 keys, causal (bottom-right), "
+                    "GQA 4/2, b 2, d32")
+    assert pre[0] == ["layout", "fa4cpp TFLOP/s (µs)", "FA3 TFLOP/s (µs)", "FA4 TFLOP/s (µs)",
+                      "fa4cpp/FA3", "fa4cpp/FA4", "fa4cpp paged/contiguous",
+                      "FA3 paged/contiguous", "FA4 paged/contiguous",
+                      "max abs diff vs ref (fa4cpp / FA3 / FA4)", "check"]
+    assert pre[3][5] == "%.2f" % result["rows"][3]["fa4cpp_vs_fa4"]
+    # --fa4-num-splits and --fa4-version reach the call and the header.
+    calls = []
+
+    def splits_seen(q, k, v, num_splits=1, **kw):
+        calls.append(num_splits)
+        return fa4_standin()(q, k, v, num_splits=1, **kw)
+    result, md = run_main_on_cpu(decode, monkeypatch, tmp_path / "one", [
+        "--fa4-num-splits", "0", "--fa4-version", "abc123", "--parts", "decode"],
+        fa4=splits_seen)
+    assert set(calls) == {0} and result["fa4"]["num_splits"] == 0
+    assert "FA4 = flash_attn.cute.flash_attn_varlen_func (num_splits=0), version abc123" in md
+    assert "FA4's own split heuristic" in md
+
+
+def test_fa4_skips_e4m3_rows(decode, monkeypatch, tmp_path):
+    """(b) e4m3 rows do not call FA4 (no FP8 on sm90): its cell says why, in the row and the
+    markdown; the shape's bf16 row times it."""
+    import fa4cpp
+    seen, calls = [], []
+
+    def timer(fn):
+        calls.append(fn)
+        fn()
+        return 0.001 * len(calls), {"host_us": 3.0, "calls_per_window": 2, "windows": 5}
+
+    bench = e4m3_bench(decode, {"fa4cpp": fa4cpp.flash_attn_with_kvcache,
+                                "FA4": decode.fa4_kvcache(fa4_standin(seen))}, timer)
+    base = {"kind": "decode", "heads_q": 8, "heads_kv": 2, "head_dim": 32, "batch": 3,
+            "seqlen_q": 1, "cache_len": 60, "ragged": False}
+    rows = [dict(base, page_size=p, kv_dtype=dt) for p in (0, 16) for dt in ("bf16", "e4m3")]
+    for index, row in zip(decode.seed_indices(rows), rows):
+        bench.measure(row, index)
+    decode.kv_dtype_ratios(rows)
+    assert set(seen) == {(torch.bfloat16, 0), (torch.bfloat16, 16)}  # the bf16 rows' calls
+    for bf, e8 in (rows[0:2], rows[2:4]):
+        assert e8["libs"]["FA4"] == {"skipped": decode.FA4_FP8}
+        assert "fa4cpp_vs_fa4" not in e8 and e8["flagged"] == []
+        assert bf["libs"]["FA4"]["max_abs_diff_vs_ref"] < 2e-2 and "fa4cpp_vs_fa4" in bf
+        assert "time_vs_bf16" in e8["libs"]["fa4cpp"]
+    row = {"kind": "decode", "page_size": 0, "ragged": False, "kv_dtype": "e4m3"}
+    assert decode.timed_calls(row, ["decode"], fa4=True) == [("fa4cpp", "plain"),
+                                                             ("FA3", "plain")]
+    result, md = run_main_on_cpu(decode, monkeypatch, tmp_path, [
+        "--kv-dtypes", "bf16,e4m3", "--parts", "decode"], fa4=fa4_standin())
+    note = next(x for x in md.splitlines() if x.startswith("e4m3 rows"))
+    assert "FA4: — (%s)" % decode.FA4_FP8 in note and "(fa4cpp / FA3)" in note
+    rows = table(md, "## Decode, GQA 4/2, d32")
+    assert "e4m3/bf16 time: FA4" not in rows[0] and "e4m3/bf16 time: FA3" in rows[0]
+    fa4_col = rows[0].index("FA4 GB/s (µs)")
+    assert [x[3] for x in rows[2:]] == ["bf16", "e4m3"] * 2
+    assert [x[fa4_col] == "—" for x in rows[2:]] == [False, True] * 2
+    assert [x[rows[0].index("fa4cpp/FA4")] == "—" for x in rows[2:]] == [False, True] * 2
+
+
+def test_fa4_absent_omits_its_columns(decode, monkeypatch, tmp_path):
+    """(c) flash_attn.cute that does not import: no FA4 columns, the reason in the header (as
+    FA3's); find_fa4 reads the import's error, and the version where the module has one."""
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    func, why = decode.find_fa4()
+    assert func is None and why.startswith("flash_attn.cute: ") and "halted" in why
+    module = types.ModuleType("flash_attn.cute")
+    module.flash_attn_func = lambda *a, **kw: None  # what sweep.find_others imports it for
+    module.flash_attn_varlen_func = fa4_standin()
+    module.__version__ = "4.0.0b36"
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", module)
+    assert decode.find_fa4() == (module.flash_attn_varlen_func, "4.0.0b36")
+
+    def no_dist(name):
+        raise decode.importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(decode.importlib.metadata, "version", no_dist)
+    module.__version__ = "0.0.0"  # flash_attn.cute's placeholder without a "fa4" distribution
+    assert decode.find_fa4() == (module.flash_attn_varlen_func, "unknown")
+    del module.flash_attn_varlen_func
+    assert decode.find_fa4() == (None, "flash_attn.cute has no flash_attn_varlen_func")
+
+    result, md = run_main_on_cpu(decode, monkeypatch, tmp_path, [])
+    assert result["fa4"] == {"available": False, "missing": FA4_MISSING}
+    assert ("FA4 not importable here (%s): its columns are omitted; cuDNN = SDPA" % FA4_MISSING
+            in md.splitlines()[2])
+    assert "FA4" not in "\n".join(md.splitlines()[3:])
+    assert not any("FA4" in row["libs"] or "fa4cpp_vs_fa4" in row for row in result["rows"])
+    rows = table(md, "## Decode, GQA 4/2, d32")
+    assert rows[0][3:6] == ["fa4cpp GB/s (µs)", "FA3 GB/s (µs)", "cuDNN GB/s (µs)"]
+
+
+def test_fa4_that_raises_reads_na(decode, monkeypatch, tmp_path):
+    """(d) FA4 refusing a row (pages of 16 keys here): n/a with its error's first line, in the row,
+    the cell and the notes; the other rows go on."""
+    def timer(fn):
+        fn()
+        return 0.01, {"host_us": 3.0, "calls_per_window": 2, "windows": 5}
+
+    bench, _ = fa4_bench(decode, timer, fa4_standin(refuse_page=16), ["--parts", "decode"])
+    row = bench.measure(dict(FA4_BASE, kind="decode", seqlen_q=1, page_size=16, ragged=False), 0)
+    assert row["libs"]["FA4"] == {"refused": "SplitKV not supported on SM 9.0"}
+    assert "fa4cpp_vs_fa4" not in row and row["flagged"] == []
+    assert "ms" in row["libs"]["fa4cpp"] and "ms" in row["libs"]["FA3"]
+    result, md = run_main_on_cpu(decode, monkeypatch, tmp_path, [],
+                                 fa4=fa4_standin(refuse_page=16))
+    assert [("refused" in x["libs"]["FA4"]) for x in result["rows"]] == [False, True, False, True]
+    rows = table(md, "## Decode, GQA 4/2, d32")
+    col = rows[0].index("FA4 GB/s (µs)")
+    assert rows[2][col] != "n/a" and rows[3][col] == "n/a"
+    assert "- n/a: FA4 (plain, 1 row): SplitKV not supported on SM 9.0" in md
+
+
+def test_fa4_with_wrong_values_is_flagged(decode):
+    """(e) An FA4 whose output is off by 0.1 is flagged against the reference and fa4cpp's output
+    at --tol 2e-2, and not at --tol 0.5."""
+    def timer(fn):
+        fn()
+        return 0.01, {"host_us": 3.0, "calls_per_window": 2, "windows": 5}
+
+    for tol, flagged in (("2e-2", True), ("0.5", False)):
+        bench, _ = fa4_bench(decode, timer, fa4_standin(shift=0.1), ["--tol", tol])
+        for page in (0, 16):
+            row = bench.measure(dict(FA4_BASE, kind="decode", seqlen_q=1, page_size=page,
+                                     ragged=False), page)
+            assert row["libs"]["FA4"]["max_abs_diff_vs_ref"] == pytest.approx(0.1, abs=1e-2)
+            assert row["libs"]["FA4"]["max_abs_diff_vs_fa4cpp"] == pytest.approx(0.1, abs=1e-2)
+            if flagged:
+                assert [f.split()[:2] for f in row["flagged"]] == [
+                    ["FA4", "max_abs_diff_vs_ref"], ["FA4", "max_abs_diff_vs_fa4cpp"]]
+                assert decode.check_cell(row).startswith("**over tol**: FA4 max_abs_diff_vs_ref")
+            else:
+                assert row["flagged"] == [] and decode.check_cell(row) == "ok"
