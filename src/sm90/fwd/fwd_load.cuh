@@ -398,7 +398,8 @@ struct FwdLoad {
                                        group_modes<0, 2>(gK)));
     Tensor tVsV = get<1>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                        group_modes<0, 2>(gV)));
-    // The rings as pieces, for pages of whole pieces (the e4m3 kernels: kPieceWarps).
+    // The rings as pieces, for pages of whole pieces (issued here in the e4m3 kernels only:
+    // kPieceWarps).
     const auto ring_kp = piece_ring<false>(p, kv_head, seq, smem_k);
     const auto ring_vp = piece_ring<true>(p, kv_head, seq, smem_v);
     // With pieces, K's load of tile n fetches tile n - 1's entries (the work's first K tile its
