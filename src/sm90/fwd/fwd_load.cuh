@@ -263,27 +263,23 @@ struct FwdLoad {
     return cute::min(n * BlockN::value + i * kKeyPieceRows, last);
   }
 
-  // Key tile n in pieces into the ring slot `state` names, once the consumers have released it:
-  // `s` is the ring as (piece rows, cols, piece, 1, stage) and `dst` its TMA partition. The
-  // pieces' entries are in their set of `entries` (fetch_entries); `wait`: they may still be in
-  // flight (K's load, the first to use them; V's finds them landed). Then tile `next`'s entries
-  // are fetched (-1: none). The slot's full barrier expects the whole tile's bytes, which the
-  // boxes complete (rows past the sequence's end arrive as zeros and count).
-  template <class Tma, class SmemTensor, class Dst, class Box>
-  CUTE_DEVICE static void load_pieces(Params const& p, Tma const& tma, GmemShape const& shape,
-                                      int head, Sequence const& seq, int n, bool wait, int next,
-                                      int32_t* entries, Pipeline& pipeline, PipelineState& state,
-                                      SmemTensor const& s, Dst const& dst, Box box) {
+  // Key tile n of K or V (kValues) in pieces into the ring slot `state` names, once the consumers
+  // have released it (`ring`: piece_ring). The pieces' entries are in their set of `entries`
+  // (fetch_entries); `wait`: they may still be in flight (K's load, the first to use them; V's
+  // finds them landed). Then tile `next`'s entries are fetched (-1: none). The slot's full
+  // barrier expects the whole tile's bytes, which the boxes complete (rows past the sequence's end
+  // arrive as zeros and count).
+  template <bool kValues, class Ring>
+  CUTE_DEVICE static void load_pieces(Params const& p, int head, Sequence const& seq, int n,
+                                      bool wait, int next, int32_t* entries, Pipeline& pipeline,
+                                      PipelineState& state, Ring const& ring) {
     pipeline.producer_acquire(state);
     if (wait) asm volatile("cp.async.wait_all;\n" ::: "memory");
     int32_t const* set = entries + (n & (kEntrySets - 1)) * kPieces;
     CUTE_UNROLL
-    for (int i = 0; i < kPieces; ++i) {
-      const int32_t key = piece_key(seq, n, i);
-      auto src = key_box(tma, shape, head, piece_rows(p, seq, key, set[i]), s, box);
-      copy(tma.with(*pipeline.producer_get_barrier(state)), src(_, 0, 0),
-           dst(_, i, 0, state.index()));
-    }
+    for (int i = 0; i < kPieces; ++i)
+      issue_piece<kValues>(p, seq, head, n, i, set[i], ring, state.index(),
+                           pipeline.producer_get_barrier(state));
     ++state;
     if (next >= 0) fetch_entries(p, seq, next, entries);
   }
@@ -325,18 +321,22 @@ struct FwdLoad {
   CUTE_DEVICE static void issue_pieces(Params const& p, Sequence const& seq, int head, int n,
                                        int32_t entry, Ring const& ring, int stage,
                                        uint64_t* bar) {
-    using PieceBox = std::conditional_t<kValues, VPieceBox, KPieceBox>;
     const bool issuer = cutlass::canonical_lane_idx() == 0;
     CUTE_UNROLL
     for (int i = 0; i < kPieces; ++i) {
       const int32_t page = __shfl_sync(0xffffffffu, entry, i);
-      if (issuer) {
-        const int32_t key = piece_key(seq, n, i);
-        auto src = key_box(piece_tma<kValues>(p), kValues ? p.shape_v : p.shape_k, head,
-                           piece_rows(p, seq, key, page), get<0>(ring), PieceBox{});
-        copy(piece_tma<kValues>(p).with(*bar), src(_, 0, 0), get<1>(ring)(_, i, 0, stage));
-      }
+      if (issuer) issue_piece<kValues>(p, seq, head, n, i, page, ring, stage, bar);
     }
+  }
+  // Piece i of key tile n, in the page whose table entry is `page`, as one TMA box into ring slot
+  // `stage` (`ring`: piece_ring), completing the full barrier `bar`.
+  template <bool kValues, class Ring>
+  CUTE_DEVICE static void issue_piece(Params const& p, Sequence const& seq, int head, int n, int i,
+                                      int32_t page, Ring const& ring, int stage, uint64_t* bar) {
+    using PieceBox = std::conditional_t<kValues, VPieceBox, KPieceBox>;
+    auto src = key_box(piece_tma<kValues>(p), kValues ? p.shape_v : p.shape_k, head,
+                       piece_rows(p, seq, piece_key(seq, n, i), page), get<0>(ring), PieceBox{});
+    copy(piece_tma<kValues>(p).with(*bar), src(_, 0, 0), get<1>(ring)(_, i, 0, stage));
   }
 
   // The tile's Q box and Q's buffer, TMA-partitioned: the box starts at the tile's row 0
@@ -408,9 +408,8 @@ struct FwdLoad {
     auto load_k = [&](int n) {
       if (kKvPieces && !kPieceWarps && p.pieces) {
         if (n == keys.end - 1) fetch_entries(p, seq, n, piece_entries);
-        load_pieces(p, p.tma_k_piece, p.shape_k, kv_head, seq, n, true,
-                    n > keys.begin ? n - 1 : -1, piece_entries, pipeline_k, write_k,
-                    get<0>(ring_kp), get<1>(ring_kp), KPieceBox{});
+        load_pieces<false>(p, kv_head, seq, n, true, n > keys.begin ? n - 1 : -1,
+                           piece_entries, pipeline_k, write_k, ring_kp);
         return;
       }
       load_stage(p.tma_k, pipeline_k, write_k,
@@ -420,8 +419,8 @@ struct FwdLoad {
     };
     auto load_v = [&](int n) {
       if (kKvPieces && !kPieceWarps && p.pieces) {
-        load_pieces(p, p.tma_v_piece, p.shape_v, kv_head, seq, n, false, -1, piece_entries,
-                    pipeline_v, write_v, get<0>(ring_vp), get<1>(ring_vp), VPieceBox{});
+        load_pieces<true>(p, kv_head, seq, n, false, -1, piece_entries, pipeline_v, write_v,
+                          ring_vp);
         return;
       }
       load_stage(p.tma_v, pipeline_v, write_v,

@@ -29,7 +29,7 @@ struct FwdTileShape {
   // see fewer than its tile: +3-5 % at d64 causal 512-2k, +2-4 % at d192; at d128 every slice sees
   // the tile's key tiles and the extra steps cost 2-3 % at causal 512-1k.
   bool own_key_tiles = false;
-  // Pages of whole 16-key pieces load as one TMA box per piece (FwdLoad::load_pieces), else row by
+  // Pages of whole 16-key pieces load as one TMA box per piece (FwdLoad::issue_piece), else row by
   // row (the gather). On where the KV-cache GPU tests run at the row's head dims (d192 × 128 has
   // no such case: its value dim differs); d256's load thread (24 registers) spills with them.
   bool kv_pieces = false;
