@@ -1231,18 +1231,24 @@ def plot(result, path):
 
 # -- main -----------------------------------------------------------------------------------------
 
-def find_fa3():
-    """(flash_attn_with_kvcache, version) of FlashAttention-3 through sweep's OTHERS import, or
-    (None, why not)."""
+def find_peer(name, func_name, dists, placeholders=()):
+    """(the function, version) of peer `name` of sweep.OTHERS (FA3, FA4) through sweep's import,
+    or (None, why not); the version as module_version reads it from the module or dists."""
     found, missing = sweep.find_others()
-    if "FA3" not in found:
-        return None, missing.get("FA3", "flash_attn_interface: not found")
-    module_name = next(m for n, m, _ in sweep.OTHERS if n == "FA3")
+    module_name = next(m for n, m, _ in sweep.OTHERS if n == name)
+    if name not in found:
+        return None, missing.get(name, "%s: not found" % module_name)
     module = importlib.import_module(module_name)
-    func = getattr(module, "flash_attn_with_kvcache", None)
+    func = getattr(module, func_name, None)
     if func is None:
-        return None, "%s has no flash_attn_with_kvcache" % module_name
-    return func, module_version(module, ("flash_attn_3", "flash-attn-3", "flashattn-hopper"))
+        return None, "%s has no %s" % (module_name, func_name)
+    return func, module_version(module, dists, placeholders)
+
+
+def find_fa3():
+    """FlashAttention-3's flash_attn_with_kvcache and version (find_peer)."""
+    return find_peer("FA3", "flash_attn_with_kvcache",
+                     ("flash_attn_3", "flash-attn-3", "flashattn-hopper"))
 
 
 def module_version(module, dists, placeholders=()):
@@ -1262,19 +1268,12 @@ def module_version(module, dists, placeholders=()):
 
 
 def find_fa4():
-    """(flash_attn_varlen_func, version) of FlashAttention-4 through sweep's OTHERS import
-    (flash_attn.cute), or (None, why not). flash_attn.cute sets __version__ from a distribution
-    named fa4 and to "0.0.0" without one (the flash-attn-4 wheel is not so named): that
-    placeholder reads as no version, and the wheel's own is looked up instead."""
-    found, missing = sweep.find_others()
-    if "FA4" not in found:
-        return None, missing.get("FA4", "%s: not found" % FA4_MODULE)
-    module = importlib.import_module(FA4_MODULE)
-    func = getattr(module, FA4_FUNC, None)
-    if func is None:
-        return None, "%s has no %s" % (FA4_MODULE, FA4_FUNC)
-    return func, module_version(module, ("flash-attn-4", "flash_attn_4", "fa4"),
-                                placeholders=("0.0.0",))
+    """FlashAttention-4's (flash_attn.cute) flash_attn_varlen_func and version (find_peer).
+    flash_attn.cute sets __version__ from a distribution named fa4 and to "0.0.0" without one (the
+    flash-attn-4 wheel is not so named): that placeholder reads as no version, and the wheel's own
+    is looked up instead."""
+    return find_peer("FA4", FA4_FUNC, ("flash-attn-4", "flash_attn_4", "fa4"),
+                     placeholders=("0.0.0",))
 
 
 def fa4_kvcache(func, num_splits=FA4_NUM_SPLITS):
@@ -1282,7 +1281,7 @@ def fa4_kvcache(func, num_splits=FA4_NUM_SPLITS):
     flash_attn_varlen_func (func): q (b, sq, hq, d) and the caches as they are, contiguous (b,
     capacity, hkv, d) or paged (pages, page size, hkv, d) with page_table (b, pages) int32;
     cache_seqlens (int32, (b,)) as seqused_k, the keys each sequence reads. FA4's causal mask is
-    aligned bottom-right, as FlashAttention-3's. num_splits: FA4_NUM_SPLITS says why 0. It
+    aligned bottom-right, as FlashAttention-3's. num_splits: FA4_NUM_SPLITS says why 1. It
     returns (out, lse) (lse None unless asked for), which Bench's call reduces to out. No
     descales and no append (not_run keeps those rows and calls from it)."""
     def call(q, k_cache, v_cache, cache_seqlens=None, page_table=None, causal=False):
