@@ -554,9 +554,14 @@ struct FwdLoad {
   }
 
   // Pack-GQA: one warp gathers the tile's Q rows (rows.locate) into Q's buffer, 16 bytes per
-  // cp.async, zeros for rows past the sequence; called once per tile like run, whose Q barrier
-  // protocol it follows. cp.async writes through the generic proxy and the wgmmas read through
-  // the async one: the warp waits for its copies and fences before it signals q_full.
+  // cp.async, and zeros the rows past the sequence that a consumer warpgroup still computes: those
+  // of a 64-row slice with a row of the tile (FwdKernel::own_key_tiles), or every row in the
+  // chunked kernel, whose warpgroups compute their slices alike. Called once per tile like run,
+  // whose Q barrier protocol it follows. No other row is written: a decode tile has a few rows,
+  // and a walk over all BlockM rows by this warp of few registers (a row locate per 16 bytes)
+  // costs microseconds at the head of the tile's critical path. cp.async and the zeros' stores
+  // write through the generic proxy and the wgmmas read through the async one: the warp waits for
+  // its copies and fences before it signals q_full.
   CUTE_DEVICE static void load_packed_q(Params const& p, QueryRows const& rows, TileCoord tile,
                                         int first_row, Sequence const& seq, int q_tile,
                                         Element* smem_q,
@@ -567,22 +572,46 @@ struct FwdLoad {
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});
     // 32 bits: packed rows stay below 2³⁰ (QueryRows::make), and this warp has few registers.
     const int count = int(rows.count(seq.len_q));
+    const int loaded = cute::min(int(BlockM::value), count - first_row);  // >= 1: a tile has rows
     Element const* q = p.q + seq.batch * p.q_batch_stride + int64_t(seq.start_q) * p.q_row_stride;
+    // The 16 bytes at column col of tile row r (r < loaded).
+    auto source = [&](int r, int col) {
+      const QueryRows::Row row = rows.locate(first_row + r, tile.head);
+      return reinterpret_cast<uint128_t const*>(q + row.position * p.q_row_stride +
+                                                row.head * p.q_head_stride + col);
+    };
+    auto target = [&](int r, int col) {
+      return reinterpret_cast<uint128_t*>(raw_pointer_cast(&sQ(r, col)));
+    };
     if (q_tile > 0) cutlass::arch::ClusterBarrier::wait(&q_empty, (q_tile - 1) & 1);
-    CUTE_NO_UNROLL
-    for (int c = lane; c < BlockM::value * kRowChunks; c += 32) {
-      const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
-      const bool exists = first_row + r < count;
-      Element const* src = p.q;  // not read when the row does not exist (zero fill)
-      if (exists) {
-        const QueryRows::Row row = rows.locate(first_row + r, tile.head);
-        src = q + row.position * p.q_row_stride + row.head * p.q_head_stride + col;
+    if constexpr (Config::kChunked) {
+      // Every row, by zero-filling copies: the chunked kernel's producer warps have no registers
+      // for the two loops below (they spill), and it runs long sequences, whose tiles are full.
+      CUTE_NO_UNROLL
+      for (int c = lane; c < BlockM::value * kRowChunks; c += 32) {
+        const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
+        const bool exists = r < loaded;
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+            *(exists ? source(r, col) : reinterpret_cast<uint128_t const*>(p.q)),
+            *target(r, col), exists);
       }
-      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-          *reinterpret_cast<uint128_t const*>(src),
-          *reinterpret_cast<uint128_t*>(raw_pointer_cast(&sQ(r, col))), exists);
+      cp_async_fence();
+    } else {
+      // The rows with a query, then zeros for the rest of their 64-row slices, stored while the
+      // copies fly.
+      CUTE_NO_UNROLL
+      for (int c = lane; c < loaded * kRowChunks; c += 32) {
+        const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(*source(r, col), *target(r, col));
+      }
+      cp_async_fence();
+      const int computed = cute::min(int(BlockM::value), (loaded + 63) / 64 * 64);
+      CUTE_NO_UNROLL
+      for (int c = loaded * kRowChunks + lane; c < computed * kRowChunks; c += 32) {
+        const int r = c / kRowChunks, col = c % kRowChunks * kChunkElems;
+        *reinterpret_cast<uint4*>(target(r, col)) = make_uint4(0u, 0u, 0u, 0u);
+      }
     }
-    cp_async_fence();
     cp_async_wait<0>();
     cutlass::arch::fence_view_async_shared();
     __syncwarp();

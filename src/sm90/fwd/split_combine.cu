@@ -94,10 +94,12 @@ int warps_per_row(int splits) {
 }
 
 // A warp per (query row, head); blocks_per_sequence CTAs per batch entry, one after another (a 1-D
-// grid: no 65535 limit).
+// grid: no 65535 limit). Launched dependent on the forward kernel (which lets it start once all its
+// CTAs have), it waits for it before reading anything.
 template <class Element>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits(CombineParams p, int blocks_per_sequence) {
+  cutlass::arch::wait_on_dependent_grids();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int b = int(blockIdx.x) / blocks_per_sequence;
   const Sequence seq = load_sequence(p.sequences, b);
@@ -133,8 +135,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // kWarps / row_warps (query row, head) pairs per CTA, row_warps warps each (warps_per_row > 1),
 // the splits shared out among them (s ≡ part mod row_warps), their sums meeting in shared memory;
-// blocks_per_sequence CTAs per batch entry. Launched dependent on the forward kernel, it waits for
-// it before reading anything.
+// blocks_per_sequence CTAs per batch entry. Launched dependent on the forward kernel, as
+// combine_splits, it waits for it before reading anything.
 template <class Element>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits_wide(CombineParams p, int blocks_per_sequence, int row_warps) {
@@ -192,10 +194,10 @@ cudaError_t launch_combine_splits(CombineParams const& p, DType dtype, int64_t b
   const dim3 block{unsigned(kWarps * 32)};
   if (warps == 1)
     return dtype == DType::kFP16
-               ? launch_kernel(combine_splits<cutlass::half_t>, grid, block, 0, stream, p,
-                               per_sequence)
-               : launch_kernel(combine_splits<cutlass::bfloat16_t>, grid, block, 0, stream, p,
-                               per_sequence);
+               ? launch_kernel_dependent(combine_splits<cutlass::half_t>, grid, block, 0, stream,
+                                         p, per_sequence)
+               : launch_kernel_dependent(combine_splits<cutlass::bfloat16_t>, grid, block, 0,
+                                         stream, p, per_sequence);
   if (p.head_dim_v > kMaxHeadDim) return cudaErrorInvalidValue;
   return dtype == DType::kFP16
              ? launch_kernel_dependent(combine_splits_wide<cutlass::half_t>, grid, block, 0,
