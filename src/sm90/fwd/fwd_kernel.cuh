@@ -391,15 +391,11 @@ struct FwdKernel {
 
   // Launched after the tile order or a KV cache's prepare kernel (launch_kernel_dependent), the
   // prologue overlapped it; no global memory is read before this wait. Otherwise the wait returns
-  // at once. With splits the combine, launched dependent on this kernel, may start once every CTA
-  // is here: its CTAs then wait for this grid's end (griddepcontrol.wait) on the SMs this grid
-  // leaves idle, so that their launch overlaps this kernel instead of following it. No CTA of this
-  // grid waits for an SM then: each has started.
-  CUTE_DEVICE static void end_prologue(Params const& p) {
+  // at once.
+  CUTE_DEVICE static void end_prologue() {
     cutlass::arch::fence_barrier_init();
     __syncthreads();
     cutlass::arch::wait_on_dependent_grids();
-    if (p.split.enabled()) cutlass::arch::launch_dependent_grids();
   }
 
   // f(work, q_tile) for each tile this CTA runs, in order; q_tile counts them (Q's barriers'
@@ -533,7 +529,7 @@ struct FwdKernel {
                            pipeline_params<ChunkPipeline>(warpgroup, leader, Config::kBytesChunk),
                            Shape<_1, _1, _1>{});
     Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
-    end_prologue(p);
+    end_prologue();
     if (warpgroup == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
       if (warp == 1 && p.rows.packed()) gather_packed_q(p, smem);
@@ -575,7 +571,7 @@ struct FwdKernel {
         Shape<_1, _1, _1>{});
     auto pipeline_vt = Values::make_vt_pipeline(smem.kv, warpgroup);
     Tiles tiles(smem.tiles, warpgroup == 0, 128 * Config::kConsumerWarpgroups);
-    end_prologue(p);
+    end_prologue();
 
     // The K / V ring states and the Q barriers' phases carry over from tile to tile.
     if (warpgroup == 0) {
