@@ -94,8 +94,8 @@ int warps_per_row(int splits) {
 }
 
 // A warp per (query row, head); blocks_per_sequence CTAs per batch entry, one after another (a 1-D
-// grid: no 65535 limit). Launched dependent on the forward kernel (which lets it start once all its
-// CTAs have), it waits for it before reading anything.
+// grid: no 65535 limit). Launched dependent on the forward kernel (its launch overlaps the
+// forward's tail), it waits for it before reading anything.
 template <class Element>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits(CombineParams p, int blocks_per_sequence) {
