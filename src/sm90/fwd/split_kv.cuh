@@ -48,9 +48,10 @@ struct SplitPartials {
 };
 
 // Key tiles of split `split` of `splits`: an even share of `keys`, in order (possibly none). In
-// 32 bits where the products fit (any sequence under 2^24 key tiles, with the at most kMaxSplits
-// splits the plan takes): a 64-bit division is a called routine of ~100 dependent instructions,
-// and every producer warp's tile walk runs it at the head of the tile's critical path.
+// 32 bits where the products fit: n · splits < 2^32 for n < 2^24 key tiles and splits ≤ 256 (the
+// plan takes at most kMaxSplits). A 64-bit division is a called routine of ~100 dependent
+// instructions, and every producer warp's tile walk runs it at the head of the tile's critical
+// path.
 CUTE_HOST_DEVICE KeyTiles split_share(KeyTiles keys, int split, int splits) {
   const int64_t n = keys.empty() ? 0 : keys.count();
   if (n < (int64_t(1) << 24) && splits <= 256) {
