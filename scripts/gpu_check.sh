@@ -15,7 +15,7 @@
 #          FA4_SHARD_TIMEOUT=s limits each of a set's eight shards (default 480: the whole suite's
 #          slowest shards take ~450 s on an H100);
 #          FA4_CUDA_FLAGS (with `build`): extra CUDA defines for the kernels, e.g. a compile-time
-#          variant's ("-DFA4_SM90_ALIBI_LINEAR=1"), so that every step after it runs on that build
+#          variant's ("-DFA4_SM90_WARP_ARRIVALS=1"), so that every step after it runs on that build
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -330,7 +330,9 @@ TEST(Sm90ForwardPlan, DecodeSplits) {
   struct Shape {
     int64_t batch, seqlen_k;
     int expected;  // on 132 SMs, packed: batch · 8 one-tile kv heads
-  } shapes[] = {{1, 262144, 16}, {4, 65536, 4}, {8, 32768, 2}, {64, 4096, 1}};
+  } shapes[] = {{1, 262144, 16}, {4, 65536, 4}, {8, 32768, 2}, {64, 4096, 1},
+                // 8 key tiles: a split each (one key tile per split is the floor)
+                {1, 1024, 8}};
   for (const Shape& s : shapes) {
     Problem p = fixed(s.batch, 1, 32, 8, 128);
     p.seqlen_k = s.seqlen_k;

@@ -1,7 +1,8 @@
 // ALiBi's bias on a thread's tile of scores in the forward: the full form of one row (the score
-// step's, score_variants.cuh), and the linear form, a compile-time variant (FA4_SM90_ALIBI_LINEAR,
-// off until its GPU tests and A/B have run). Host-device code, so that the CPU tests check it on
-// the kernel's own accumulator partition (tests/cpu/test_alibi_linear.cpp).
+// step's, score_variants.cuh), and the linear form, which the kernels launched for calls with
+// slopes use where they have registers for it (FwdConfig::kAlibiLinearFits). Host-device code, so
+// that the CPU tests check it on the kernel's own accumulator partition
+// (tests/cpu/test_alibi_linear.cpp).
 #pragma once
 
 #include <cmath>
@@ -9,10 +10,6 @@
 #include <cute/tensor.hpp>
 
 #include "sm90/common/row_shift.hpp"
-
-#ifndef FA4_SM90_ALIBI_LINEAR
-#define FA4_SM90_ALIBI_LINEAR 0
-#endif
 
 namespace fa4::sm90 {
 
@@ -30,7 +27,7 @@ CUTE_HOST_DEVICE void add_alibi_row(Scores& scores, Coords const& coords, int i,
   }
 }
 
-// ALiBi's linear form (FA4_SM90_ALIBI_LINEAR). On a key tile that lies on one side of a row's
+// ALiBi's linear form. On a key tile that lies on one side of a row's
 // diagonal, −slope·|center − j| is ±slope·(j − key0) ± slope·(key0 − center) for the thread's
 // first key key0 of the tile: a compile-time column offset times the slope, one FFMA with an
 // immediate per score (add_alibi_row takes an FADD and an FFMA), and a per-row term that the

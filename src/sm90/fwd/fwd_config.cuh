@@ -137,6 +137,12 @@ struct FwdConfig {
   // most of it (O = Σ r(P)·V / Σ r(P)), at one more operation per score. bench/rescale_emulation.py
   // emulates both against the test rule; off until measured on the device.
   static constexpr bool kRoundedRowSum = FA4_SM90_ROUNDED_ROW_SUM != 0;
+  // ALiBi's linear form (fwd/alibi_linear.hpp) holds each row's slope and diagonal through the
+  // tile loop, two registers per row, which the kernels of two consumer warpgroups below d256 have
+  // to spare; these compile a kernel of their own for calls that pass slopes (FwdKernel's
+  // kAlibiLinear), so that calls without ALiBi keep a kernel without it. e4m3 takes no ALiBi.
+  static constexpr bool kAlibiLinearFits =
+      kConsumerWarpgroups == 2 && kHeadDimQK < 256 && !kChunked && !kFp8;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;

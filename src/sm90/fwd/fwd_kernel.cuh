@@ -53,7 +53,10 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-template <class Config>
+// kAlibiLinear_: the kernel for calls that pass ALiBi slopes, with the bias's linear form
+// (Config::kAlibiLinearFits); the other kernels add ALiBi's full bias per key tile where a call
+// passes slopes.
+template <class Config, bool kAlibiLinear_ = false>
 struct FwdKernel {
   using Element = typename Config::Element;
   using BlockM = typename Config::BlockM;
@@ -188,10 +191,10 @@ struct FwdKernel {
                                 std::conditional_t<Config::kRoundedRowSum, Element, float>,
                                 Config::kPLog2Offset>;
 
-  // ALiBi's linear form (fwd/alibi_linear.hpp), where the kernel has registers for its rows.
-  static constexpr bool kAlibiLinear = FA4_SM90_ALIBI_LINEAR != 0 &&
-                                       Config::kConsumerWarpgroups == 2 &&
-                                       Config::kHeadDimQK < 256 && !Config::kChunked;
+  // ALiBi's linear form (fwd/alibi_linear.hpp): launched only where the call passes slopes.
+  static constexpr bool kAlibiLinear = kAlibiLinear_;
+  static_assert(!kAlibiLinear || Config::kAlibiLinearFits,
+                "ALiBi's linear form needs registers for its rows' slopes and diagonals");
 
   // The score step, in the kernel's score units (see SoftcapScores): softcap (the tile's:
   // tile_softcap), ALiBi's bias, then the mask. `coords` and `row_keys` are this thread's
@@ -206,13 +209,8 @@ struct FwdKernel {
     if (softcap.enabled()) softcap.apply(scores);
     auto shift = [&] {
       if constexpr (kAlibiLinear) {
-        RowShift<decltype(cute::size<0>(coords))::value> linear{};
-        if (p.variants.alibi != nullptr) {
-          auto rc = rowcol_view(scores);
-          linear = apply_alibi_linear<Config::kBlockN>(rc, coords, alibi, n_block,
-                                                       w.seq.len_k - 1);
-        }
-        return linear;
+        auto rc = rowcol_view(scores);
+        return apply_alibi_linear<Config::kBlockN>(rc, coords, alibi, n_block, w.seq.len_k - 1);
       } else {
         // The rows' slopes and diagonals are made afresh per key tile: held through the tile
         // loop, they would take registers the three-warpgroup kernel (d64) does not have.
@@ -239,11 +237,8 @@ struct FwdKernel {
     constexpr int kRows = decltype(cute::size<0>(coords))::value;
     auto alibi = [&] {
       if constexpr (kAlibiLinear) {
-        AlibiRows<kRows> a{};
-        if (p.variants.alibi != nullptr)
-          a = alibi_rows<kRows>(p.variants, p.rows, w.seq, w.tile.batch, w.tile.head,
-                                w.rows.first, coords);
-        return a;
+        return alibi_rows<kRows>(p.variants, p.rows, w.seq, w.tile.batch, w.tile.head,
+                                 w.rows.first, coords);
       } else {
         return NoRowShift{};  // unused
       }
@@ -391,7 +386,8 @@ struct FwdKernel {
 
   // Launched after the tile order or a KV cache's prepare kernel (launch_kernel_dependent), the
   // prologue overlapped it; no global memory is read before this wait. Otherwise the wait returns
-  // at once.
+  // at once. The kernel never lets its own dependents (split-KV's combine) start before its CTAs
+  // exit: the combine reads its sequences before its wait (split_combine.cu).
   CUTE_DEVICE static void end_prologue() {
     cutlass::arch::fence_barrier_init();
     __syncthreads();

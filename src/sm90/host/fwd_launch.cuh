@@ -51,10 +51,10 @@ inline cudaError_t prepare_cache(const FwdPlan& plan, const Problem& p, const Fo
   return launch_kv_prepare(prepare, p, stream);
 }
 
-template <class Config, DType kDType>
+template <class Config, DType kDType, bool kAlibiLinear = false>
 Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
                       Workspace workspace, void* stream) {
-  using Kernel = FwdKernel<Config>;
+  using Kernel = FwdKernel<Config, kAlibiLinear>;
   constexpr int kHeadDimQK = Config::kHeadDimQK;
   constexpr int kHeadDimV = Config::kHeadDimV;
   if (plan.block_m != Config::kBlockM || plan.block_n != Config::kBlockN)
@@ -134,7 +134,8 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
 }
 
 // The plan's kernel: the chunked variant (fwd_config.cuh) where it chose one; with e4m3 operands,
-// the one that writes O in the problem's output dtype.
+// the one that writes O in the problem's output dtype; with ALiBi slopes, the kernel of ALiBi's
+// linear form where the head dims have one.
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
                    Workspace workspace, void* stream) {
@@ -164,8 +165,12 @@ Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& 
         return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>, kDType>(
             plan, p, t, workspace, stream);
     }
-    return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element>, kDType>(plan, p, t,
-                                                                             workspace, stream);
+    using Config = FwdConfig<kHeadDimQK, kHeadDimV, Element>;
+    if constexpr (Config::kAlibiLinearFits) {
+      if (p.alibi.data != nullptr)
+        return launch_forward<Config, kDType, true>(plan, p, t, workspace, stream);
+    }
+    return launch_forward<Config, kDType>(plan, p, t, workspace, stream);
   }
 }
 

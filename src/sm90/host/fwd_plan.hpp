@@ -66,7 +66,7 @@ constexpr int64_t kMinSplitKeys = 512;
 // Splits pay off only when the unsplit tiles leave SMs idle; no Hopper GPU has more SMs than this.
 constexpr int64_t kMaxSms = 256;
 // A split's fewest key tiles when the plan chooses.
-constexpr int64_t kMinKeyTilesPerSplit = 2;
+constexpr int64_t kMinKeyTilesPerSplit = 1;
 
 // Whether the chunked variant runs (min_keys: the row's; 0: none exists).
 bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice forced);
