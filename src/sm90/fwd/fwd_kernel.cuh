@@ -386,8 +386,7 @@ struct FwdKernel {
 
   // Launched after the tile order or a KV cache's prepare kernel (launch_kernel_dependent), the
   // prologue overlapped it; no global memory is read before this wait. Otherwise the wait returns
-  // at once. The kernel never lets its own dependents (split-KV's combine) start before its CTAs
-  // exit: the combine reads its sequences before its wait (split_combine.cu).
+  // at once.
   CUTE_DEVICE static void end_prologue() {
     cutlass::arch::fence_barrier_init();
     __syncthreads();

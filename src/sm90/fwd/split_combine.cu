@@ -93,21 +93,16 @@ int warps_per_row(int splits) {
   return w;
 }
 
-// Launched dependent on the forward kernel, a combine waits for it (griddepcontrol.wait) before it
-// reads the partials, but reads its sequence before: the lengths (the caller's, or those a KV
-// cache's prepare kernel wrote) are final when this grid starts, because it starts only as the
-// forward's CTAs exit (the forward never lets its dependents start early) and each of those has
-// waited for the prepare kernel. So the sequence's load overlaps the wait.
-
 // A warp per (query row, head); blocks_per_sequence CTAs per batch entry, one after another (a 1-D
-// grid: no 65535 limit).
+// grid: no 65535 limit). Launched dependent on the forward kernel (its launch overlaps the
+// forward's tail), it waits for it before reading anything.
 template <class Element>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits(CombineParams p, int blocks_per_sequence) {
+  cutlass::arch::wait_on_dependent_grids();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int b = int(blockIdx.x) / blocks_per_sequence;
   const Sequence seq = load_sequence(p.sequences, b);
-  cutlass::arch::wait_on_dependent_grids();
   if (!seq.valid) return;
   const int64_t t = int64_t(blockIdx.x % blocks_per_sequence) * kWarps + warp;
   if (t >= int64_t(seq.len_q) * p.partials.heads) return;
@@ -140,16 +135,17 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // kWarps / row_warps (query row, head) pairs per CTA, row_warps warps each (warps_per_row > 1),
 // the splits shared out among them (s ≡ part mod row_warps), their sums meeting in shared memory;
-// blocks_per_sequence CTAs per batch entry.
+// blocks_per_sequence CTAs per batch entry. Launched dependent on the forward kernel, as
+// combine_splits, it waits for it before reading anything.
 template <class Element>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits_wide(CombineParams p, int blocks_per_sequence, int row_warps) {
   __shared__ float4 sums[kWarps][kMaxHeadDim / 4];  // each warp's weighted sum of its splits' O
+  cutlass::arch::wait_on_dependent_grids();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int part = warp % row_warps;
   const int b = int(blockIdx.x) / blocks_per_sequence;
   const Sequence seq = load_sequence(p.sequences, b);
-  cutlass::arch::wait_on_dependent_grids();
   if (!seq.valid) return;  // the whole CTA
   const int64_t t =
       int64_t(blockIdx.x % blocks_per_sequence) * (kWarps / row_warps) + warp / row_warps;
