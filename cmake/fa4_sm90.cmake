@@ -1,8 +1,9 @@
 # sm_90a (Hopper) kernels, generated from one table.
 #
 # FA4_SM90_TABLE lists every kernel instance that exists, as head_dim:dtype, or
-# head_dim_qk x head_dim_v:dtype where the two differ; each has a forward and, except e4m3 (FP8,
-# forward only), a backward. Each selected entry becomes one .cu file per pass
+# head_dim_qk x head_dim_v:dtype where the two differ; each has a forward (with a second forward
+# kernel for calls with ALiBi slopes at the 16-bit d96-d192 entries: FwdConfig::kAlibiLinearFits)
+# and, except e4m3 (FP8, forward only), a backward. Each selected entry becomes one .cu file per pass
 # (src/sm90/host/fwd_instance.cu.in, bwd_instance.cu.in) and one line of sm90_kernels.inc, the
 # kernel table that src/sm90/host/backend.cpp dispatches on. FA4_SM90_KERNELS selects a subset (CI
 # on two cores builds just "128:bf16"); problems without a built kernel get kNotSupported. The
