@@ -13,6 +13,13 @@ Causal attention with `load_balance` (the default under a causal mask) cuts the 
 work (the standard zig-zag layout); `shard_sequence` / `unshard_sequence` make and undo it.
 Without load balancing rank r holds the r-th contiguous slice.
 
+A sliding window (window_size) turns each pair of a query chunk and a key chunk into one call of
+the library on the rows and keys the window joins, under that block's own window.
+
+Attention sinks (gpt-oss's learnable sinks: one logit per query head that joins every row's
+softmax denominator without a value) join once, after the last step's merge; their gradient is
+this rank's rows' share (sum it over the group, as for any parameter the ranks replicate).
+
 Precision: each ring step's partial O and gradients come back from the library in the inputs'
 dtype and are merged in fp32, so bf16 / fp16 results carry one rounding per step more than a
 single-device call (fp32 inputs: none that shows)."""
@@ -79,81 +86,120 @@ class _Ring:
         return wait
 
 
-def _steps(ring, causal, load_balance):
-    """Per ring step: which rows of this rank's queries meet which keys of the shard it holds,
-    and whether under a causal mask. Step s holds rank (rank − s)'s keys. Entries are
-    (query_half, key_half, causal): a half of None is the whole shard, 0 / 1 its first / second
-    chunk (load_balance); None for a step with nothing to compute."""
+_FAR = 1 << 62  # an unbounded window side, as a key offset
+
+
+def _steps(ring, rows, causal, load_balance):
+    """Per ring step (step s holds rank (rank − s)'s keys): the blocks to compute, each
+    (q0, q1, k0, k1, window_left, window_right): rows [q0, q1) of this rank's queries against
+    rows [k0, k1) of the shard held, under the library's window (−1: unbounded; causal is
+    (−1, 0)). A step without blocks computes nothing."""
     steps = []
+    half = rows // 2
     for s in range(ring.size):
         src = (ring.rank - s) % ring.size
         if not causal:
-            steps.append((None, None, False))
+            steps.append([(0, rows, 0, rows, -1, -1)])
         elif s == 0:
             # This rank's own chunks (load_balance: r and 2W − 1 − r, in order) under the causal
             # mask, aligned on their common diagonal: exactly the pairs the full mask allows.
-            steps.append((None, None, True))
+            steps.append([(0, rows, 0, rows, -1, 0)])
         elif not load_balance:
-            steps.append((None, None, False) if src < ring.rank else None)
+            steps.append([(0, rows, 0, rows, -1, -1)] if src < ring.rank else [])
         elif src < ring.rank:
             # The shard's first chunk (src) precedes both of ours; its second follows both.
-            steps.append((None, 0, False))
+            steps.append([(0, rows, 0, half, -1, -1)])
         else:
             # Both of the shard's chunks precede our second chunk and follow our first.
-            steps.append((1, None, False))
+            steps.append([(half, rows, 0, rows, -1, -1)])
     return steps
 
 
-def _half(x, half, seq_dim):
-    return x if half is None else x.chunk(2, dim=seq_dim)[half]
+def _window_steps(ring, rows, load_balance, left, right):
+    """_steps for a sliding window: key j_g visible to query i_g when i_g − left ≤ j_g ≤
+    i_g + right (global positions; −1: that side unbounded). Each pair of a query chunk and a key
+    chunk becomes one block, cut to the rows that see a key and the keys some row sees, so that
+    the band is the library's window of that block (both sides ≥ 0 or unbounded)."""
+    chunks = 2 if load_balance else 1
+    size = rows // chunks
+
+    def chunk_ids(rank):
+        return (rank, 2 * ring.size - 1 - rank) if load_balance else (rank,)
+
+    steps = []
+    for s in range(ring.size):
+        src = (ring.rank - s) % ring.size
+        blocks = []
+        for qi, cq in enumerate(chunk_ids(ring.rank)):
+            for ki, ck in enumerate(chunk_ids(src)):
+                # Within the pair, key j is visible to row i when i + lo ≤ j ≤ i + hi.
+                d = (cq - ck) * size
+                lo = d - left if left >= 0 else -_FAR
+                hi = d + right if right >= 0 else _FAR
+                r0, r1 = max(0, -hi), min(size, size - lo)
+                k0, k1 = max(0, lo), min(size, size + hi)
+                if r0 >= r1 or k0 >= k1:
+                    continue
+                # The block's diagonal offset is (k1 − k0) − (r1 − r0): its window sides are the
+                # band's edges from there.
+                diag = (k1 - k0) - (r1 - r0)
+                wl = diag - (lo + r0 - k0) if left >= 0 else -1
+                wr = (hi + r0 - k0) - diag if right >= 0 else -1
+                blocks.append((qi * size + r0, qi * size + r1, ki * size + k0, ki * size + k1,
+                               wl, wr))
+        steps.append(blocks)
+    return steps
 
 
 def _merge(out, lse, part_out, part_lse):
     """(out, lse) and a partial (out, lse) merged by their log-sum-exps; out fp32 (batch, rows,
-    heads, dim), lse (batch, heads, rows). A row without keys has LSE +inf in the library's
-    convention and weighs nothing here."""
+    heads, dim), lse (batch, heads, rows), −inf for rows nothing has reached. A row without keys
+    has LSE +inf in the library's convention and weighs nothing here."""
     part_lse = torch.where(torch.isinf(part_lse) & (part_lse > 0),
                            torch.full_like(part_lse, float("-inf")), part_lse)
-    part_out = part_out.float()
-    if out is None:
-        return part_out, part_lse
     new = torch.logaddexp(lse, part_lse)
     # exp(−inf − (−inf)) would be NaN for rows no shard has reached yet: both weights are 0 then.
     safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
     w_old = torch.exp(lse - safe).transpose(1, 2).unsqueeze(-1)
     w_part = torch.exp(part_lse - safe).transpose(1, 2).unsqueeze(-1)
-    return out * w_old + part_out * w_part, new
+    return out * w_old + part_out.float() * w_part, new
 
 
-def _ring_forward(q, k, v, ring, steps, scale, softcap, deterministic):
-    out = lse = None
+def _join_sinks(out, lse, sinks):
+    """The sinks' logits (fp32, heads_q) joined to a merged (out fp32, lse): each row's
+    denominator gains exp(sinks[h]) and O shrinks by the keys' share of it. A row no key reached
+    (LSE −inf here) gets LSE = sinks[h] and keeps O = 0."""
+    total = torch.logaddexp(lse, sinks.view(1, -1, 1).to(lse.dtype))
+    return out * torch.exp(lse - total).transpose(1, 2).unsqueeze(-1), total
+
+
+def _ring_forward(q, k, v, ring, steps, scale, softcap, deterministic, sinks=None):
+    out = q.new_zeros(q.shape[:3] + (v.shape[-1],), dtype=torch.float32)
+    lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=torch.float32)
     kv = (k, v)
-    for s, step in enumerate(steps):
+    for s, blocks in enumerate(steps):
         wait = ring.start_pass(kv) if s + 1 < len(steps) else None
-        if step is not None:
-            q_half, k_half, causal = step
+        for q0, q1, k0, k1, wl, wr in blocks:
             part_out, part_lse = torch.ops.fa4cpp.fwd(
-                _half(q, q_half, 1).contiguous(), _half(kv[0], k_half, 1).contiguous(),
-                _half(kv[1], k_half, 1).contiguous(), scale, causal, -1, -1, softcap,
-                deterministic)
-            if q_half is None:
-                out, lse = _merge(out, lse, part_out, part_lse)
-            else:
-                # Only our second chunk: its rows of (out, lse), the first chunk's unchanged.
-                rows = q.shape[1] // 2
-                if out is None:
-                    out = q.new_zeros(q.shape[:3] + (v.shape[-1],), dtype=torch.float32)
-                    lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"),
-                                     dtype=torch.float32)
-                merged_out, merged_lse = _merge(out[:, rows:], lse[..., rows:], part_out,
-                                                part_lse)
-                out = torch.cat([out[:, :rows], merged_out], dim=1)
-                lse = torch.cat([lse[..., :rows], merged_lse], dim=-1)
+                q[:, q0:q1].contiguous(), kv[0][:, k0:k1].contiguous(),
+                kv[1][:, k0:k1].contiguous(), scale, False, wl, wr, softcap, deterministic)
+            out[:, q0:q1], lse[..., q0:q1] = _merge(out[:, q0:q1], lse[..., q0:q1], part_out,
+                                                    part_lse)
         if wait is not None:
             kv = tuple(wait())
+    if sinks is not None:
+        return _join_sinks(out, lse, sinks)
     # Rows no key reached keep the library's convention: O = 0, LSE = +inf.
     lse = torch.where(torch.isinf(lse) & (lse < 0), torch.full_like(lse, float("inf")), lse)
     return out, lse
+
+
+def _sinks_grad(dout, out, lse, sinks):
+    """d(sinks) of this rank's rows: −Σ over a head's rows of exp(sinks[h] − LSE)·rowsum(dO ∘ O)
+    (the sink's probability times D, as the library's backward defines it)."""
+    d = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (batch, heads, rows)
+    share = torch.exp(sinks.view(1, -1, 1) - lse)
+    return -(share * d).sum(dim=(0, 2))
 
 
 def _ring_backward(dout, q, k, v, out, lse, ring, steps, scale, softcap, deterministic):
@@ -161,24 +207,20 @@ def _ring_backward(dout, q, k, v, out, lse, ring, steps, scale, softcap, determi
     dk = torch.zeros_like(k, dtype=torch.float32)
     dv = torch.zeros_like(v, dtype=torch.float32)
     held = (k, v, dk, dv)  # a shard and its gradients' accumulators, travelling together
-    for s, step in enumerate(steps):
+    for s, blocks in enumerate(steps):
         k_held, v_held, dk_held, dv_held = held
-        if step is not None:
-            q_half, k_half, causal = step
-            rows = slice(None) if q_half is None else slice(q.shape[1] // 2, None)
-            lse_rows = lse if q_half is None else lse[..., q.shape[1] // 2:]
-            dq_p, dk_p, dv_p = torch.ops.fa4cpp.bwd(
-                dout[:, rows].contiguous(), q[:, rows].contiguous(),
-                _half(k_held, k_half, 1).contiguous(), _half(v_held, k_half, 1).contiguous(),
-                out[:, rows].contiguous(), lse_rows.contiguous(), scale, causal, -1, -1, softcap,
-                deterministic)
-            dq[:, rows] += dq_p.float()
-            keys = slice(None) if k_half is None else (
-                slice(None, k.shape[1] // 2) if k_half == 0 else slice(k.shape[1] // 2, None))
+        if blocks:
             dk_held = dk_held.clone()
             dv_held = dv_held.clone()
-            dk_held[:, keys] += dk_p.float()
-            dv_held[:, keys] += dv_p.float()
+        for q0, q1, k0, k1, wl, wr in blocks:
+            dq_p, dk_p, dv_p = torch.ops.fa4cpp.bwd(
+                dout[:, q0:q1].contiguous(), q[:, q0:q1].contiguous(),
+                k_held[:, k0:k1].contiguous(), v_held[:, k0:k1].contiguous(),
+                out[:, q0:q1].contiguous(), lse[..., q0:q1].contiguous(), scale, False, wl, wr,
+                softcap, deterministic)
+            dq[:, q0:q1] += dq_p.float()
+            dk_held[:, k0:k1] += dk_p.float()
+            dv_held[:, k0:k1] += dv_p.float()
         # The next step's shard arrives with its accumulators; after the last step only the
         # accumulators move, one rank on, to the shard's owner.
         if s + 1 < len(steps):
@@ -190,31 +232,62 @@ def _ring_backward(dout, q, k, v, out, lse, ring, steps, scale, softcap, determi
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, scale, softcap, load_balance, deterministic):
+    def forward(ctx, q, k, v, sinks, group, causal, window, scale, softcap, load_balance,
+                deterministic):
         ring = _Ring(group)
-        steps = _steps(ring, causal, load_balance)
-        out, lse = _ring_forward(q, k, v, ring, steps, scale, softcap, deterministic)
+        rows = q.shape[1]
+        steps = (_window_steps(ring, rows, load_balance, *window) if window is not None
+                 else _steps(ring, rows, causal, load_balance))
+        out, lse = _ring_forward(q, k, v, ring, steps, scale, softcap, deterministic, sinks)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.args = (ring, steps, scale, softcap, deterministic)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dout = dout.contiguous()
+        # With sinks the LSE holds the sink's share, so each step's P = exp(s − LSE) is the
+        # whole softmax's and the library's backward needs no sinks of its own.
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, *ctx.args)
+        dsinks = _sinks_grad(dout, out, lse, sinks) if sinks is not None else None
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
 
 
-def ring_flash_attn_func(q, k, v, *, group=None, causal=False, softmax_scale=None, softcap=0.0,
-                         load_balance=None, deterministic=False, return_lse=False):
+def _check_sinks(q, sinks):
+    if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[2],)
+                              or sinks.device != q.device):
+        raise ValueError("sinks must be a float32 tensor of shape (heads_q,) = (%d,) on %s (got %s "
+                         "%s on %s)" % (q.shape[2], q.device, sinks.dtype, tuple(sinks.shape),
+                                        sinks.device))
+
+
+def _window(causal, window_size):
+    """The window's (left, right) for _window_steps, or None for the plain full or causal ring."""
+    left, right = (int(x) for x in window_size)
+    if left < -1 or right < -1:
+        raise ValueError("window_size sides must be -1 (unbounded) or >= 0 (got %r)"
+                         % (tuple(window_size),))
+    if causal:
+        right = 0
+    # A causal mask without a left side is the plain causal ring.
+    return None if left < 0 and (right < 0 or causal) else (left, right)
+
+
+def ring_flash_attn_func(q, k, v, *, group=None, causal=False, softmax_scale=None,
+                         window_size=(-1, -1), softcap=0.0, load_balance=None,
+                         deterministic=False, return_lse=False, sinks=None):
     """Attention of this rank's queries against the whole sequence's keys and values, every rank
     of `group` (default: the default group) calling it together with its own shards.
 
     q: (batch, rows, heads_q, dim); k, v: (batch, rows, heads_kv, dim), rows the same on every
-    rank (the shards of shard_sequence). Returns this rank's rows of the output (and, with
-    return_lse, their fp32 LSE (batch, heads_q, rows)). Differentiable in q, k and v."""
+    rank (the shards of shard_sequence). window_size: (left, right) as flash_attn's, over the
+    whole sequence's positions (−1: unbounded; causal makes right 0). sinks: optional fp32
+    (heads_q,) attention-sink logits, the same on every rank. Returns this rank's rows of the output (and, with return_lse, their
+    fp32 LSE (batch, heads_q, rows), the sinks' share included). Differentiable in q, k, v and
+    sinks (this rank's rows' share of d(sinks))."""
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("ring_flash_attn_func needs an initialised torch.distributed group")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -226,7 +299,9 @@ def ring_flash_attn_func(q, k, v, *, group=None, causal=False, softmax_scale=Non
     if load_balance and q.shape[1] % 2 != 0:
         raise ValueError("with load_balance each shard holds two equal chunks: its rows (%d) must "
                          "be even" % q.shape[1])
+    _check_sinks(q, sinks)
+    window = _window(causal, window_size)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    out, lse = _RingAttention.apply(q, k, v, group, bool(causal), scale, float(softcap),
-                                    load_balance, bool(deterministic))
+    out, lse = _RingAttention.apply(q, k, v, sinks, group, bool(causal), window, scale,
+                                    float(softcap), load_balance, bool(deterministic))
     return (out, lse) if return_lse else out

@@ -22,13 +22,18 @@ def main():
 
     dtype = getattr(torch, case["dtype"])
     full = draw(case, seed, dtype)
+    sinks = full.pop("sinks", None)
+    if sinks is not None:
+        sinks.requires_grad_()
     lb = case["load_balance"]
     shards = {name: shard_sequence(t, rank, world, load_balance=lb) for name, t in full.items()}
     q, k, v = (shards[n].clone().requires_grad_() for n in ("q", "k", "v"))
     out, lse = ring_flash_attn_func(q, k, v, causal=case["causal"], softcap=case["softcap"],
-                                    load_balance=lb, return_lse=True)
+                                    window_size=tuple(case.get("window", (-1, -1))),
+                                    load_balance=lb, return_lse=True, sinks=sinks)
     out.backward(shards["dout"])
-    torch.save({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad},
+    torch.save({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
+                "dsinks": sinks.grad if sinks is not None else None},
                os.path.join(out_dir, "rank%d.pt" % rank))
     dist.barrier()
     dist.destroy_process_group()
@@ -38,10 +43,14 @@ def draw(case, seed, dtype):
     """The full inputs every rank (and the test) draws alike."""
     g = torch.Generator().manual_seed(seed)
     b, s, hq, hkv, d = case["batch"], case["seqlen"], case["heads_q"], case["heads_kv"], case["dim"]
-    return {"q": torch.randn(b, s, hq, d, generator=g).to(dtype),
+    full = {"q": torch.randn(b, s, hq, d, generator=g).to(dtype),
             "k": torch.randn(b, s, hkv, d, generator=g).to(dtype),
             "v": torch.randn(b, s, hkv, d, generator=g).to(dtype),
             "dout": torch.randn(b, s, hq, d, generator=g).to(dtype)}
+    if case.get("sinks"):
+        # Logits about the size of a row's log-sum-exp, so that the sink's share is sizeable.
+        full["sinks"] = (2.0 * torch.randn(hq, generator=g) + 2.0).float()
+    return full
 
 
 if __name__ == "__main__":

@@ -42,29 +42,45 @@ def run_ranks(world, case, tmp_path):
     return [torch.load(os.path.join(tmp_path, "rank%d.pt" % r)) for r in range(world)]
 
 
-def reference(q, k, v, dout, causal, softcap):
-    """Attention in fp64 with its gradients (GQA by repeating K / V heads)."""
-    q, k, v, dout = (t.double().requires_grad_() if t is not dout else t.double()
-                     for t in (q, k, v, dout))
+def reference(q, k, v, dout, causal, softcap, sinks=None, window=(-1, -1)):
+    """Attention in fp64 with its gradients (GQA by repeating K / V heads; a sliding window over
+    positions, flash_attn's (left, right); sinks as one more logit per row without a value,
+    gpt-oss's definition)."""
+    q, k, v = (t.double().requires_grad_() for t in (q, k, v))
+    dout = dout.double()
+    sinks = sinks.double().requires_grad_() if sinks is not None else None
     group = q.shape[2] // k.shape[2]
     kk, vv = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * q.shape[-1] ** -0.5
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    if causal:
-        n = q.shape[1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    n = q.shape[1]
+    left, right = window[0], 0 if causal else window[1]
+    offset = torch.arange(n).view(1, n) - torch.arange(n).view(n, 1)  # j − i
+    hidden = torch.zeros(n, n, dtype=torch.bool)
+    if left >= 0:
+        hidden |= offset < -left
+    if right >= 0:
+        hidden |= offset > right
+    s = s.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
     lse = torch.logsumexp(s, dim=-1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vv)
+    p = torch.softmax(s, dim=-1)[..., :kk.shape[1]]
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vv)
     out.backward(dout)
-    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+    return (out.detach(), lse.detach(), q.grad, k.grad, v.grad,
+            sinks.grad if sinks is not None else None)
 
 
-def single(q, k, v, dout, causal, softcap):
+def single(q, k, v, dout, causal, softcap, sinks=None, window=(-1, -1)):
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out, lse = torch.ops.fa4cpp.fwd(q, k, v, q.shape[-1] ** -0.5, causal, -1, -1, softcap, False)
+    sinks = sinks.clone().requires_grad_() if sinks is not None else None
+    out, lse = torch.ops.fa4cpp.fwd(q, k, v, q.shape[-1] ** -0.5, causal, window[0],
+                                    0 if causal else window[1], softcap, False, sinks=sinks)
     out.backward(dout)
-    return out.detach(), lse, q.grad, k.grad, v.grad
+    return (out.detach(), lse, q.grad, k.grad, v.grad,
+            sinks.grad if sinks is not None else None)
 
 
 def check(name, got, ref, lp, atol):
@@ -75,31 +91,68 @@ def check(name, got, ref, lp, atol):
 
 
 CASES = [
-    # world, causal, load_balance, heads q / kv, softcap
-    (2, True, True, 4, 2, 0.0),
-    (4, True, True, 4, 1, 0.0),
-    (2, True, False, 2, 2, 0.0),
-    (4, False, False, 8, 2, 5.0),
+    # world, causal, load_balance, heads q / kv, softcap, sinks, window (chunks of 8 or 16 rows)
+    (2, True, True, 4, 2, 0.0, False, (-1, -1)),
+    (4, True, True, 4, 1, 0.0, False, (-1, -1)),
+    (2, True, False, 2, 2, 0.0, False, (-1, -1)),
+    (4, False, False, 8, 2, 5.0, False, (-1, -1)),
+    (2, True, True, 8, 1, 0.0, True, (-1, -1)),
+    (4, False, False, 4, 2, 0.0, True, (-1, -1)),
+    # Windows narrower and wider than a chunk, across chunk and shard boundaries.
+    (2, True, True, 4, 2, 0.0, False, (5, -1)),
+    (4, True, True, 4, 1, 0.0, False, (19, -1)),
+    (2, False, False, 2, 2, 0.0, False, (3, 6)),
+    (4, False, True, 4, 2, 0.0, False, (-1, 4)),
+    # gpt-oss's layers: sinks with a sliding window, GQA 8.
+    (2, True, True, 8, 1, 0.0, True, (7, -1)),
 ]
 
 
-@pytest.mark.parametrize("world,causal,load_balance,heads_q,heads_kv,softcap", CASES,
+@pytest.mark.parametrize("world,causal,load_balance,heads_q,heads_kv,softcap,sinks,window", CASES,
                          ids=["w2_causal_lb_gqa2", "w4_causal_lb_gqa4", "w2_causal_contiguous",
-                              "w4_full_softcap_gqa4"])
+                              "w4_full_softcap_gqa4", "w2_causal_lb_sinks_gqa8",
+                              "w4_full_sinks_gqa2", "w2_causal_lb_window5",
+                              "w4_causal_lb_window19_gqa4", "w2_window3_6_contiguous",
+                              "w4_window_right4_lb", "w2_causal_lb_window7_sinks_gqa8"])
 def test_ring_attention_matches_one_device(world, causal, load_balance, heads_q, heads_kv, softcap,
-                                           tmp_path):
+                                           sinks, window, tmp_path):
     case = {"batch": 2, "seqlen": 16 * world, "heads_q": heads_q, "heads_kv": heads_kv, "dim": 32,
             "dtype": "float32", "causal": causal, "load_balance": load_balance,
-            "softcap": softcap}
+            "softcap": softcap, "sinks": sinks, "window": window}
     shards = run_ranks(world, case, tmp_path)
     full = cp_worker.draw(case, SEED, torch.float32)
     got = {n: unshard_sequence([s[n] for s in shards], load_balance=load_balance)
            for n in ("out", "dq", "dk", "dv")}
     got["lse"] = unshard_sequence([s["lse"] for s in shards], seq_dim=2, load_balance=load_balance)
-    ref = reference(full["q"], full["k"], full["v"], full["dout"], causal, softcap)
-    one = single(full["q"], full["k"], full["v"], full["dout"], causal, softcap)
-    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+    inputs = (full["q"], full["k"], full["v"], full["dout"], causal, softcap, full.get("sinks"),
+              window)
+    ref, one = reference(*inputs), single(*inputs)
+    names = ("out", "lse", "dq", "dk", "dv")
+    for i, name in enumerate(names):
         check(name, got[name], ref[i], one[i], 1e-5 if i < 2 else 1e-4)
+    if sinks:
+        # Each rank's d(sinks) is its rows' share: the group's sum is the whole gradient.
+        check("dsinks", sum(s["dsinks"] for s in shards), ref[5], one[5], 1e-4)
+    else:
+        assert all(s["dsinks"] is None for s in shards)
+
+
+def test_window_sizes():
+    from fa4cpp.context_parallel import _window
+    assert _window(False, (-1, -1)) is None and _window(True, (-1, -1)) is None
+    assert _window(True, (5, 3)) == (5, 0)  # causal: the right side is 0
+    assert _window(False, (-1, 4)) == (-1, 4)
+    with pytest.raises(ValueError, match="window_size"):
+        _window(False, (-2, 0))
+
+
+def test_refuses_malformed_sinks():
+    from fa4cpp import context_parallel
+    q = torch.randn(1, 4, 2, 16)
+    bad = [torch.zeros(2, dtype=torch.float64), torch.zeros(3), torch.zeros(1, 2)]
+    for sinks in bad:
+        with pytest.raises(ValueError, match="sinks must be a float32 tensor"):
+            context_parallel._check_sinks(q, sinks)
 
 
 def test_sharding_round_trips():
