@@ -13,6 +13,9 @@ Causal attention with `load_balance` (the default under a causal mask) cuts the 
 work (the standard zig-zag layout); `shard_sequence` / `unshard_sequence` make and undo it.
 Without load balancing rank r holds the r-th contiguous slice.
 
+A packed batch (ring_flash_attn_varlen_func) shards every sequence the same way
+(shard_varlen); each ring step is then one varlen call over every sequence's share.
+
 A sliding window (window_size) turns each pair of a query chunk and a key chunk into one call of
 the library on the rows and keys the window joins, under that block's own window.
 
@@ -26,7 +29,8 @@ single-device call (fp32 inputs: none that shows)."""
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_flash_attn_func", "shard_sequence", "unshard_sequence"]
+__all__ = ["ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard_sequence",
+           "unshard_sequence", "shard_varlen", "unshard_varlen"]
 
 
 def _chunks(x, parts, seq_dim):
@@ -55,6 +59,28 @@ def unshard_sequence(shards, *, seq_dim=1, load_balance=True):
         first, second = shard.chunk(2, dim=seq_dim)
         parts[rank], parts[2 * world - 1 - rank] = first, second
     return torch.cat(parts, dim=seq_dim)
+
+
+def shard_varlen(x, cu_seqlens, rank, world_size, *, load_balance=True, seq_dim=0):
+    """This rank's shard of a packed batch (sequences one after another along seq_dim, where
+    cu_seqlens says): every sequence cut as shard_sequence cuts one, the shards packed in turn.
+    Returns (shard, the shards' cu_seqlens), the latter the same on every rank."""
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    parts = [shard_sequence(x.narrow(seq_dim, a, b - a), rank, world_size, seq_dim=seq_dim,
+                            load_balance=load_balance) for a, b in zip(cu[:-1], cu[1:])]
+    local = [0]
+    for part in parts:
+        local.append(local[-1] + part.shape[seq_dim])
+    return (torch.cat(parts, dim=seq_dim),
+            torch.tensor(local, dtype=torch.int32, device=cu_seqlens.device))
+
+
+def unshard_varlen(shards, cu_seqlens, *, load_balance=True, seq_dim=0):
+    """The packed batch from every rank's shard (shard_varlen undone); cu_seqlens: the shards'."""
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    return torch.cat([unshard_sequence([t.narrow(seq_dim, a, b - a) for t in shards],
+                                       seq_dim=seq_dim, load_balance=load_balance)
+                      for a, b in zip(cu[:-1], cu[1:])], dim=seq_dim)
 
 
 class _Ring:
@@ -173,18 +199,91 @@ def _join_sinks(out, lse, sinks):
     return out * torch.exp(lse - total).transpose(1, 2).unsqueeze(-1), total
 
 
-def _ring_forward(q, k, v, ring, steps, scale, softcap, deterministic, sinks=None):
+class _Dense:
+    """Shards of one length per batch entry, (batch, rows, heads, dim): a block's rows are a slice
+    of dim 1, and each block is one call of the library's fixed-length ops."""
+
+    def __init__(self, scale, softcap, deterministic):
+        self.args = (scale, softcap, deterministic)
+
+    @staticmethod
+    def rows(lo, hi, query):
+        return slice(lo, hi)
+
+    def fwd(self, q, k, v, q_rows, k_rows, wl, wr):
+        scale, softcap, deterministic = self.args
+        return torch.ops.fa4cpp.fwd(q[:, q_rows].contiguous(), k[:, k_rows].contiguous(),
+                                    v[:, k_rows].contiguous(), scale, False, wl, wr, softcap,
+                                    deterministic)
+
+    def bwd(self, dout, q, k, v, out, lse, q_rows, k_rows, wl, wr):
+        scale, softcap, deterministic = self.args
+        take = (lambda x, r: x[:, r].contiguous())
+        return torch.ops.fa4cpp.bwd(take(dout, q_rows), take(q, q_rows), take(k, k_rows),
+                                    take(v, k_rows), take(out, q_rows),
+                                    lse[..., q_rows].contiguous(), scale, False, wl, wr, softcap,
+                                    deterministic)
+
+
+class _Packed(_Dense):
+    """Varlen shards: every sequence's shard packed, (1, total, heads, dim) here (the library's
+    (total, heads, dim) with a batch of one in front, so that the ring's merges and accumulators
+    are the dense ones). Blocks come from _steps over rows 2 (halves), and a block's rows are
+    each sequence's same share of its own rows: an index over the packed rows, with the block's
+    cu_seqlens."""
+
+    def __init__(self, cu_seqlens, scale, softcap, deterministic):
+        super().__init__(scale, softcap, deterministic)
+        self.cu = [int(x) for x in cu_seqlens.tolist()]
+        self.device = cu_seqlens.device
+        self._blocks = {}
+
+    def rows(self, lo, hi, query):
+        key = (lo, hi)
+        if key not in self._blocks:
+            index, cu = [], [0]
+            for start, end in zip(self.cu[:-1], self.cu[1:]):
+                n = end - start
+                index.append(torch.arange(start + n * lo // 2, start + n * hi // 2))
+                cu.append(cu[-1] + n * (hi - lo) // 2)
+            longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0)
+            self._blocks[key] = (torch.cat(index).to(self.device),
+                                 torch.tensor(cu, dtype=torch.int32, device=self.device), longest)
+        return self._blocks[key]
+
+    def fwd(self, q, k, v, q_rows, k_rows, wl, wr):
+        scale, softcap, deterministic = self.args
+        (qi, cu_q, max_q), (ki, cu_k, max_k) = q_rows, k_rows
+        out, lse = torch.ops.fa4cpp.varlen_fwd(q[0, qi], k[0, ki], v[0, ki], cu_q, cu_k, max_q,
+                                               max_k, None, scale, False, wl, wr, softcap,
+                                               deterministic)
+        return out.unsqueeze(0), lse.unsqueeze(0)
+
+    def bwd(self, dout, q, k, v, out, lse, q_rows, k_rows, wl, wr):
+        scale, softcap, deterministic = self.args
+        (qi, cu_q, max_q), (ki, cu_k, max_k) = q_rows, k_rows
+        grads = torch.ops.fa4cpp.varlen_bwd(dout[0, qi], q[0, qi], k[0, ki], v[0, ki], out[0, qi],
+                                            lse[0][:, qi].contiguous(), cu_q, cu_k, max_q, max_k,
+                                            None, scale, False, wl, wr, softcap, deterministic)
+        return tuple(g.unsqueeze(0) for g in grads)
+
+
+def _selector(rows):
+    """The accumulators' rows of a block's selector (a slice, or _Packed's index)."""
+    return rows[0] if isinstance(rows, tuple) else rows
+
+
+def _ring_forward(q, k, v, ring, steps, layout, sinks=None):
     out = q.new_zeros(q.shape[:3] + (v.shape[-1],), dtype=torch.float32)
     lse = q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=torch.float32)
     kv = (k, v)
     for s, blocks in enumerate(steps):
         wait = ring.start_pass(kv) if s + 1 < len(steps) else None
         for q0, q1, k0, k1, wl, wr in blocks:
-            part_out, part_lse = torch.ops.fa4cpp.fwd(
-                q[:, q0:q1].contiguous(), kv[0][:, k0:k1].contiguous(),
-                kv[1][:, k0:k1].contiguous(), scale, False, wl, wr, softcap, deterministic)
-            out[:, q0:q1], lse[..., q0:q1] = _merge(out[:, q0:q1], lse[..., q0:q1], part_out,
-                                                    part_lse)
+            q_rows, k_rows = layout.rows(q0, q1, True), layout.rows(k0, k1, False)
+            part_out, part_lse = layout.fwd(q, kv[0], kv[1], q_rows, k_rows, wl, wr)
+            r = _selector(q_rows)
+            out[:, r], lse[..., r] = _merge(out[:, r], lse[..., r], part_out, part_lse)
         if wait is not None:
             kv = tuple(wait())
     if sinks is not None:
@@ -202,7 +301,7 @@ def _sinks_grad(dout, out, lse, sinks):
     return -(share * d).sum(dim=(0, 2))
 
 
-def _ring_backward(dout, q, k, v, out, lse, ring, steps, scale, softcap, deterministic):
+def _ring_backward(dout, q, k, v, out, lse, ring, steps, layout):
     dq = torch.zeros_like(q, dtype=torch.float32)
     dk = torch.zeros_like(k, dtype=torch.float32)
     dv = torch.zeros_like(v, dtype=torch.float32)
@@ -213,14 +312,13 @@ def _ring_backward(dout, q, k, v, out, lse, ring, steps, scale, softcap, determi
             dk_held = dk_held.clone()
             dv_held = dv_held.clone()
         for q0, q1, k0, k1, wl, wr in blocks:
-            dq_p, dk_p, dv_p = torch.ops.fa4cpp.bwd(
-                dout[:, q0:q1].contiguous(), q[:, q0:q1].contiguous(),
-                k_held[:, k0:k1].contiguous(), v_held[:, k0:k1].contiguous(),
-                out[:, q0:q1].contiguous(), lse[..., q0:q1].contiguous(), scale, False, wl, wr,
-                softcap, deterministic)
-            dq[:, q0:q1] += dq_p.float()
-            dk_held[:, k0:k1] += dk_p.float()
-            dv_held[:, k0:k1] += dv_p.float()
+            q_rows, k_rows = layout.rows(q0, q1, True), layout.rows(k0, k1, False)
+            dq_p, dk_p, dv_p = layout.bwd(dout, q, k_held, v_held, out, lse, q_rows, k_rows, wl,
+                                          wr)
+            r, c = _selector(q_rows), _selector(k_rows)
+            dq[:, r] += dq_p.float()
+            dk_held[:, c] += dk_p.float()
+            dv_held[:, c] += dv_p.float()
         # The next step's shard arrives with its accumulators; after the last step only the
         # accumulators move, one rank on, to the shard's owner.
         if s + 1 < len(steps):
@@ -232,16 +330,16 @@ def _ring_backward(dout, q, k, v, out, lse, ring, steps, scale, softcap, determi
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, group, causal, window, scale, softcap, load_balance,
-                deterministic):
+    def forward(ctx, q, k, v, sinks, group, causal, window, layout, load_balance):
         ring = _Ring(group)
-        rows = q.shape[1]
+        # Packed shards take their blocks in halves of every sequence (_Packed.rows).
+        rows = 2 if isinstance(layout, _Packed) else q.shape[1]
         steps = (_window_steps(ring, rows, load_balance, *window) if window is not None
                  else _steps(ring, rows, causal, load_balance))
-        out, lse = _ring_forward(q, k, v, ring, steps, scale, softcap, deterministic, sinks)
+        out, lse = _ring_forward(q, k, v, ring, steps, layout, sinks)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.args = (ring, steps, scale, softcap, deterministic)
+        ctx.args = (ring, steps, layout)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -253,14 +351,22 @@ class _RingAttention(torch.autograd.Function):
         # whole softmax's and the library's backward needs no sinks of its own.
         dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, *ctx.args)
         dsinks = _sinks_grad(dout, out, lse, sinks) if sinks is not None else None
-        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None
+
+
+def _check_group(q, k, v, dims):
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("ring attention needs an initialised torch.distributed group")
+    if q.dim() != dims or k.dim() != dims or v.dim() != dims:
+        raise ValueError("q, k and v must be %d-D shards" % dims)
 
 
 def _check_sinks(q, sinks):
-    if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[2],)
+    heads = q.shape[-2]  # (batch, rows, heads, dim) or packed (total, heads, dim)
+    if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (heads,)
                               or sinks.device != q.device):
         raise ValueError("sinks must be a float32 tensor of shape (heads_q,) = (%d,) on %s (got %s "
-                         "%s on %s)" % (q.shape[2], q.device, sinks.dtype, tuple(sinks.shape),
+                         "%s on %s)" % (heads, q.device, sinks.dtype, tuple(sinks.shape),
                                         sinks.device))
 
 
@@ -285,13 +391,10 @@ def ring_flash_attn_func(q, k, v, *, group=None, causal=False, softmax_scale=Non
     q: (batch, rows, heads_q, dim); k, v: (batch, rows, heads_kv, dim), rows the same on every
     rank (the shards of shard_sequence). window_size: (left, right) as flash_attn's, over the
     whole sequence's positions (−1: unbounded; causal makes right 0). sinks: optional fp32
-    (heads_q,) attention-sink logits, the same on every rank. Returns this rank's rows of the output (and, with return_lse, their
-    fp32 LSE (batch, heads_q, rows), the sinks' share included). Differentiable in q, k, v and
-    sinks (this rank's rows' share of d(sinks))."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError("ring_flash_attn_func needs an initialised torch.distributed group")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("q, k and v must be 4-D (batch, rows, heads, dim) shards")
+    (heads_q,) attention-sink logits, the same on every rank. Returns this rank's rows of the
+    output (and, with return_lse, their fp32 LSE (batch, heads_q, rows), the sinks' share
+    included). Differentiable in q, k, v and sinks (this rank's rows' share of d(sinks))."""
+    _check_group(q, k, v, 4)
     if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
         raise ValueError("q, k and v shards must have the same rows (self-attention of one "
                          "sharded sequence)")
@@ -302,6 +405,38 @@ def ring_flash_attn_func(q, k, v, *, group=None, causal=False, softmax_scale=Non
     _check_sinks(q, sinks)
     window = _window(causal, window_size)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    out, lse = _RingAttention.apply(q, k, v, sinks, group, bool(causal), window, scale,
-                                    float(softcap), load_balance, bool(deterministic))
+    layout = _Dense(scale, float(softcap), bool(deterministic))
+    out, lse = _RingAttention.apply(q, k, v, sinks, group, bool(causal), window, layout,
+                                    load_balance)
+    return (out, lse) if return_lse else out
+
+
+def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, *, group=None, causal=False,
+                                softmax_scale=None, softcap=0.0, load_balance=None,
+                                deterministic=False, return_lse=False, sinks=None):
+    """ring_flash_attn_func for a packed batch of sequences, each sharded over the group as
+    shard_varlen cuts it: q (total, heads_q, dim), k, v (total, heads_kv, dim) this rank's
+    shards packed, cu_seqlens (int32, batch + 1) their offsets, the same on every rank. Returns
+    this rank's rows of the output (total, heads_q, dim_v) (and, with return_lse, their fp32 LSE
+    (heads_q, total)). Each ring step is one varlen call of the library over every sequence's
+    share of its rows. Sliding windows are not taken with packed batches."""
+    _check_group(q, k, v, 3)
+    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError("q, k and v shards must have the same rows (self-attention of the packed "
+                         "sequences)")
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or \
+            int(cu_seqlens[-1]) != q.shape[0]:
+        raise ValueError("cu_seqlens must be int32 (batch + 1) offsets ending at the shards' rows "
+                         "(%d)" % q.shape[0])
+    load_balance = causal if load_balance is None else bool(load_balance)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    if load_balance and any(n % 2 for n in lengths):
+        raise ValueError("with load_balance each sequence's shard holds two equal chunks: its rows "
+                         "must be even (got %s)" % lengths)
+    _check_sinks(q, sinks)
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    layout = _Packed(cu_seqlens, scale, float(softcap), bool(deterministic))
+    out, lse = _RingAttention.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sinks, group,
+                                    bool(causal), None, layout, load_balance)
+    out, lse = out[0], lse[0]
     return (out, lse) if return_lse else out

@@ -22,6 +22,8 @@ def main():
 
     dtype = getattr(torch, case["dtype"])
     full = draw(case, seed, dtype)
+    if "lengths" in case:
+        return packed(case, full, rank, world, out_dir)
     sinks = full.pop("sinks", None)
     if sinks is not None:
         sinks.requires_grad_()
@@ -39,14 +41,45 @@ def main():
     dist.destroy_process_group()
 
 
+def packed(case, full, rank, world, out_dir):
+    """The packed batch's run: every sequence sharded, ring_flash_attn_varlen_func."""
+    from fa4cpp.context_parallel import ring_flash_attn_varlen_func, shard_varlen
+
+    lb = case["load_balance"]
+    sinks = full.pop("sinks", None)
+    if sinks is not None:
+        sinks.requires_grad_()
+    cu = cu_seqlens(case)
+    shards = {}
+    for name, t in full.items():
+        shards[name], local_cu = shard_varlen(t, cu, rank, world, load_balance=lb)
+    q, k, v = (shards[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    out, lse = ring_flash_attn_varlen_func(q, k, v, local_cu, causal=case["causal"],
+                                           softcap=case["softcap"], load_balance=lb,
+                                           return_lse=True, sinks=sinks)
+    out.backward(shards["dout"])
+    torch.save({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
+                "dsinks": sinks.grad if sinks is not None else None, "cu": local_cu},
+               os.path.join(out_dir, "rank%d.pt" % rank))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def cu_seqlens(case):
+    lengths = torch.tensor([0] + list(case["lengths"]), dtype=torch.int32)
+    return lengths.cumsum(0).to(torch.int32)
+
+
 def draw(case, seed, dtype):
     """The full inputs every rank (and the test) draws alike."""
     g = torch.Generator().manual_seed(seed)
     b, s, hq, hkv, d = case["batch"], case["seqlen"], case["heads_q"], case["heads_kv"], case["dim"]
-    full = {"q": torch.randn(b, s, hq, d, generator=g).to(dtype),
-            "k": torch.randn(b, s, hkv, d, generator=g).to(dtype),
-            "v": torch.randn(b, s, hkv, d, generator=g).to(dtype),
-            "dout": torch.randn(b, s, hq, d, generator=g).to(dtype)}
+    # A packed batch: (total, heads, dim), its sequences' lengths in case["lengths"].
+    lead = (sum(case["lengths"]),) if "lengths" in case else (b, s)
+    full = {"q": torch.randn(*lead, hq, d, generator=g).to(dtype),
+            "k": torch.randn(*lead, hkv, d, generator=g).to(dtype),
+            "v": torch.randn(*lead, hkv, d, generator=g).to(dtype),
+            "dout": torch.randn(*lead, hq, d, generator=g).to(dtype)}
     if case.get("sinks"):
         # Logits about the size of a row's log-sum-exp, so that the sink's share is sizeable.
         full["sinks"] = (2.0 * torch.randn(hq, generator=g) + 2.0).float()

@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from fa4cpp.context_parallel import shard_sequence, unshard_sequence
+from fa4cpp.context_parallel import (shard_sequence, shard_varlen, unshard_sequence,
+                                     unshard_varlen)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -135,6 +136,58 @@ def test_ring_attention_matches_one_device(world, causal, load_balance, heads_q,
         check("dsinks", sum(s["dsinks"] for s in shards), ref[5], one[5], 1e-4)
     else:
         assert all(s["dsinks"] is None for s in shards)
+
+
+PACKED = [
+    # world, causal, load_balance, heads q / kv, sinks; sequences of 4·world·m rows
+    (2, True, True, 4, 2, False),
+    (4, True, True, 4, 1, True),
+    (2, False, False, 2, 2, False),
+]
+
+
+@pytest.mark.parametrize("world,causal,load_balance,heads_q,heads_kv,sinks", PACKED,
+                         ids=["w2_causal_lb_gqa2", "w4_causal_lb_sinks_gqa4", "w2_full_contiguous"])
+def test_packed_ring_attention_matches_one_device(world, causal, load_balance, heads_q, heads_kv,
+                                                  sinks, tmp_path):
+    lengths = [4 * world * m for m in (3, 1, 5)]
+    case = {"batch": len(lengths), "seqlen": 0, "lengths": lengths, "heads_q": heads_q,
+            "heads_kv": heads_kv, "dim": 32, "dtype": "float32", "causal": causal,
+            "load_balance": load_balance, "softcap": 0.0, "sinks": sinks}
+    shards = run_ranks(world, case, tmp_path)
+    full = cp_worker.draw(case, SEED, torch.float32)
+    local_cu = shards[0]["cu"]
+    got = {n: unshard_varlen([s[n] for s in shards], local_cu, load_balance=load_balance)
+           for n in ("out", "dq", "dk", "dv")}
+    got["lse"] = unshard_varlen([s["lse"] for s in shards], local_cu, seq_dim=1,
+                                load_balance=load_balance)
+    cu = cp_worker.cu_seqlens(case)
+    # The reference per sequence, put together; the single-process call is one varlen call.
+    parts = [reference(*(full[n][a:b].unsqueeze(0) for n in ("q", "k", "v", "dout")), causal, 0.0,
+                       full.get("sinks"))
+             for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+    ref = [torch.cat([p[i][0] for p in parts], dim=1 if i == 1 else 0) for i in range(5)]
+    ref.append(sum(p[5] for p in parts) if sinks else None)
+    q, k, v = (full[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    s_ = full["sinks"].clone().requires_grad_() if sinks else None
+    out, lse = torch.ops.fa4cpp.varlen_fwd(q, k, v, cu, cu, max(lengths), max(lengths), None,
+                                           q.shape[-1] ** -0.5, causal, -1, -1, 0.0, False,
+                                           sinks=s_)
+    out.backward(full["dout"])
+    one = (out.detach(), lse, q.grad, k.grad, v.grad, s_.grad if sinks else None)
+    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+        check(name, got[name], ref[i], one[i], 1e-5 if i < 2 else 1e-4)
+    if sinks:
+        check("dsinks", sum(s["dsinks"] for s in shards), ref[5], one[5], 1e-4)
+
+
+def test_packed_sharding_round_trips():
+    cu = torch.tensor([0, 8, 12, 28], dtype=torch.int32)
+    x = torch.arange(28 * 3).reshape(28, 3)
+    for lb in (False, True):
+        shards = [shard_varlen(x, cu, r, 2, load_balance=lb) for r in range(2)]
+        assert all(torch.equal(local, shards[0][1]) for _, local in shards)
+        assert torch.equal(unshard_varlen([t for t, _ in shards], shards[0][1], load_balance=lb), x)
 
 
 def test_window_sizes():
