@@ -201,28 +201,35 @@ def _join_sinks(out, lse, sinks):
 
 class _Dense:
     """Shards of one length per batch entry, (batch, rows, heads, dim): a block's rows are a slice
-    of dim 1, and each block is one call of the library's fixed-length ops."""
+    of dim 1, and each block is one call of the library's fixed-length ops. rows() gives a
+    block's (selector of the accumulators' rows, what the call needs besides)."""
 
     def __init__(self, scale, softcap, deterministic):
         self.args = (scale, softcap, deterministic)
 
     @staticmethod
-    def rows(lo, hi, query):
-        return slice(lo, hi)
+    def step_rows(q):
+        """The rows _steps and _window_steps cut into blocks."""
+        return q.shape[1]
+
+    @staticmethod
+    def rows(lo, hi):
+        return slice(lo, hi), None
 
     def fwd(self, q, k, v, q_rows, k_rows, wl, wr):
         scale, softcap, deterministic = self.args
-        return torch.ops.fa4cpp.fwd(q[:, q_rows].contiguous(), k[:, k_rows].contiguous(),
-                                    v[:, k_rows].contiguous(), scale, False, wl, wr, softcap,
+        qr, kr = q_rows[0], k_rows[0]
+        return torch.ops.fa4cpp.fwd(q[:, qr].contiguous(), k[:, kr].contiguous(),
+                                    v[:, kr].contiguous(), scale, False, wl, wr, softcap,
                                     deterministic)
 
     def bwd(self, dout, q, k, v, out, lse, q_rows, k_rows, wl, wr):
         scale, softcap, deterministic = self.args
+        qr, kr = q_rows[0], k_rows[0]
         take = (lambda x, r: x[:, r].contiguous())
-        return torch.ops.fa4cpp.bwd(take(dout, q_rows), take(q, q_rows), take(k, k_rows),
-                                    take(v, k_rows), take(out, q_rows),
-                                    lse[..., q_rows].contiguous(), scale, False, wl, wr, softcap,
-                                    deterministic)
+        return torch.ops.fa4cpp.bwd(take(dout, qr), take(q, qr), take(k, kr), take(v, kr),
+                                    take(out, qr), lse[..., qr].contiguous(), scale, False, wl,
+                                    wr, softcap, deterministic)
 
 
 class _Packed(_Dense):
@@ -230,15 +237,19 @@ class _Packed(_Dense):
     (total, heads, dim) with a batch of one in front, so that the ring's merges and accumulators
     are the dense ones). Blocks come from _steps over rows 2 (halves), and a block's rows are
     each sequence's same share of its own rows: an index over the packed rows, with the block's
-    cu_seqlens."""
+    cu_seqlens and longest share. cu: the shards' offsets as a list (read from the device once)."""
 
-    def __init__(self, cu_seqlens, scale, softcap, deterministic):
+    def __init__(self, cu, device, scale, softcap, deterministic):
         super().__init__(scale, softcap, deterministic)
-        self.cu = [int(x) for x in cu_seqlens.tolist()]
-        self.device = cu_seqlens.device
+        self.cu = cu
+        self.device = device
         self._blocks = {}
 
-    def rows(self, lo, hi, query):
+    @staticmethod
+    def step_rows(q):
+        return 2  # halves of every sequence
+
+    def rows(self, lo, hi):
         key = (lo, hi)
         if key not in self._blocks:
             index, cu = [], [0]
@@ -248,12 +259,13 @@ class _Packed(_Dense):
                 cu.append(cu[-1] + n * (hi - lo) // 2)
             longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0)
             self._blocks[key] = (torch.cat(index).to(self.device),
-                                 torch.tensor(cu, dtype=torch.int32, device=self.device), longest)
+                                 (torch.tensor(cu, dtype=torch.int32, device=self.device),
+                                  longest))
         return self._blocks[key]
 
     def fwd(self, q, k, v, q_rows, k_rows, wl, wr):
         scale, softcap, deterministic = self.args
-        (qi, cu_q, max_q), (ki, cu_k, max_k) = q_rows, k_rows
+        (qi, (cu_q, max_q)), (ki, (cu_k, max_k)) = q_rows, k_rows
         out, lse = torch.ops.fa4cpp.varlen_fwd(q[0, qi], k[0, ki], v[0, ki], cu_q, cu_k, max_q,
                                                max_k, None, scale, False, wl, wr, softcap,
                                                deterministic)
@@ -261,16 +273,11 @@ class _Packed(_Dense):
 
     def bwd(self, dout, q, k, v, out, lse, q_rows, k_rows, wl, wr):
         scale, softcap, deterministic = self.args
-        (qi, cu_q, max_q), (ki, cu_k, max_k) = q_rows, k_rows
+        (qi, (cu_q, max_q)), (ki, (cu_k, max_k)) = q_rows, k_rows
         grads = torch.ops.fa4cpp.varlen_bwd(dout[0, qi], q[0, qi], k[0, ki], v[0, ki], out[0, qi],
                                             lse[0][:, qi].contiguous(), cu_q, cu_k, max_q, max_k,
                                             None, scale, False, wl, wr, softcap, deterministic)
         return tuple(g.unsqueeze(0) for g in grads)
-
-
-def _selector(rows):
-    """The accumulators' rows of a block's selector (a slice, or _Packed's index)."""
-    return rows[0] if isinstance(rows, tuple) else rows
 
 
 def _ring_forward(q, k, v, ring, steps, layout, sinks=None):
@@ -280,9 +287,9 @@ def _ring_forward(q, k, v, ring, steps, layout, sinks=None):
     for s, blocks in enumerate(steps):
         wait = ring.start_pass(kv) if s + 1 < len(steps) else None
         for q0, q1, k0, k1, wl, wr in blocks:
-            q_rows, k_rows = layout.rows(q0, q1, True), layout.rows(k0, k1, False)
+            q_rows, k_rows = layout.rows(q0, q1), layout.rows(k0, k1)
             part_out, part_lse = layout.fwd(q, kv[0], kv[1], q_rows, k_rows, wl, wr)
-            r = _selector(q_rows)
+            r = q_rows[0]
             out[:, r], lse[..., r] = _merge(out[:, r], lse[..., r], part_out, part_lse)
         if wait is not None:
             kv = tuple(wait())
@@ -312,10 +319,10 @@ def _ring_backward(dout, q, k, v, out, lse, ring, steps, layout):
             dk_held = dk_held.clone()
             dv_held = dv_held.clone()
         for q0, q1, k0, k1, wl, wr in blocks:
-            q_rows, k_rows = layout.rows(q0, q1, True), layout.rows(k0, k1, False)
+            q_rows, k_rows = layout.rows(q0, q1), layout.rows(k0, k1)
             dq_p, dk_p, dv_p = layout.bwd(dout, q, k_held, v_held, out, lse, q_rows, k_rows, wl,
                                           wr)
-            r, c = _selector(q_rows), _selector(k_rows)
+            r, c = q_rows[0], k_rows[0]
             dq[:, r] += dq_p.float()
             dk_held[:, c] += dk_p.float()
             dv_held[:, c] += dv_p.float()
@@ -332,8 +339,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, group, causal, window, layout, load_balance):
         ring = _Ring(group)
-        # Packed shards take their blocks in halves of every sequence (_Packed.rows).
-        rows = 2 if isinstance(layout, _Packed) else q.shape[1]
+        rows = layout.step_rows(q)
         steps = (_window_steps(ring, rows, load_balance, *window) if window is not None
                  else _steps(ring, rows, causal, load_balance))
         out, lse = _ring_forward(q, k, v, ring, steps, layout, sinks)
@@ -424,18 +430,18 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, *, group=None, causal=False
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
         raise ValueError("q, k and v shards must have the same rows (self-attention of the packed "
                          "sequences)")
-    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or \
-            int(cu_seqlens[-1]) != q.shape[0]:
+    cu = [int(c) for c in cu_seqlens.tolist()] if cu_seqlens.dim() == 1 else []
+    if cu_seqlens.dtype != torch.int32 or not cu or cu[-1] != q.shape[0]:
         raise ValueError("cu_seqlens must be int32 (batch + 1) offsets ending at the shards' rows "
                          "(%d)" % q.shape[0])
     load_balance = causal if load_balance is None else bool(load_balance)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
     if load_balance and any(n % 2 for n in lengths):
         raise ValueError("with load_balance each sequence's shard holds two equal chunks: its rows "
                          "must be even (got %s)" % lengths)
     _check_sinks(q, sinks)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    layout = _Packed(cu_seqlens, scale, float(softcap), bool(deterministic))
+    layout = _Packed(cu, cu_seqlens.device, scale, float(softcap), bool(deterministic))
     out, lse = _RingAttention.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sinks, group,
                                     bool(causal), None, layout, load_balance)
     out, lse = out[0], lse[0]

@@ -22,33 +22,36 @@ def main():
 
     dtype = getattr(torch, case["dtype"])
     full = draw(case, seed, dtype)
-    if "lengths" in case:
-        return packed(case, full, rank, world, out_dir)
     sinks = full.pop("sinks", None)
     if sinks is not None:
         sinks.requires_grad_()
+    if "lengths" in case:
+        return packed(case, full, sinks, rank, world, out_dir)
     lb = case["load_balance"]
     shards = {name: shard_sequence(t, rank, world, load_balance=lb) for name, t in full.items()}
     q, k, v = (shards[n].clone().requires_grad_() for n in ("q", "k", "v"))
     out, lse = ring_flash_attn_func(q, k, v, causal=case["causal"], softcap=case["softcap"],
                                     window_size=tuple(case.get("window", (-1, -1))),
                                     load_balance=lb, return_lse=True, sinks=sinks)
-    out.backward(shards["dout"])
+    finish(out, lse, shards["dout"], (q, k, v), sinks, {}, rank, out_dir)
+
+
+def finish(out, lse, dout, qkv, sinks, extra, rank, out_dir):
+    """The backward, then this rank's results saved for the test, and the group left."""
+    out.backward(dout)
+    q, k, v = qkv
     torch.save({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
-                "dsinks": sinks.grad if sinks is not None else None},
+                "dsinks": sinks.grad if sinks is not None else None, **extra},
                os.path.join(out_dir, "rank%d.pt" % rank))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def packed(case, full, rank, world, out_dir):
+def packed(case, full, sinks, rank, world, out_dir):
     """The packed batch's run: every sequence sharded, ring_flash_attn_varlen_func."""
     from fa4cpp.context_parallel import ring_flash_attn_varlen_func, shard_varlen
 
     lb = case["load_balance"]
-    sinks = full.pop("sinks", None)
-    if sinks is not None:
-        sinks.requires_grad_()
     cu = cu_seqlens(case)
     shards = {}
     for name, t in full.items():
@@ -57,12 +60,7 @@ def packed(case, full, rank, world, out_dir):
     out, lse = ring_flash_attn_varlen_func(q, k, v, local_cu, causal=case["causal"],
                                            softcap=case["softcap"], load_balance=lb,
                                            return_lse=True, sinks=sinks)
-    out.backward(shards["dout"])
-    torch.save({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
-                "dsinks": sinks.grad if sinks is not None else None, "cu": local_cu},
-               os.path.join(out_dir, "rank%d.pt" % rank))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(out, lse, shards["dout"], (q, k, v), sinks, {"cu": local_cu}, rank, out_dir)
 
 
 def cu_seqlens(case):
