@@ -11,8 +11,10 @@ ops SDPA's flash backend calls) are replaced by the functions below: a call whos
 library accepts runs torch.ops.fa4cpp.fwd / bwd; any other call runs the stock FlashAttention-2
 kernels (aten::_flash_attention_forward / _backward, which stay untouched), exactly as if fa4cpp
 were not active. Both write the log-sum-exp as (batch, heads, seqlen_q) fp32 in natural log, so a
-forward by one and a backward by the other combine correctly — today every CUDA backward goes to
-FlashAttention-2, the sm90 backend having no backward yet. `calls` counts where each call went.
+forward by one and a backward by the other combine correctly. `calls` counts where each call went.
+
+torch's context parallelism (torch.distributed.tensor.experimental.context_parallel) calls the
+same op for each ring step on the local shards, so it runs fa4cpp's kernels too while active.
 """
 import collections
 import logging

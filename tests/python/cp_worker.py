@@ -27,6 +27,8 @@ def main():
         sinks.requires_grad_()
     if "lengths" in case:
         return packed(case, full, sinks, rank, world, out_dir)
+    if case.get("route") == "torch":
+        return torch_route(case, full, rank, world, out_dir)
     lb = case["load_balance"]
     shards = {name: shard_sequence(t, rank, world, load_balance=lb) for name, t in full.items()}
     q, k, v = (shards[n].clone().requires_grad_() for n in ("q", "k", "v"))
@@ -37,12 +39,16 @@ def main():
 
 
 def finish(out, lse, dout, qkv, sinks, extra, rank, out_dir):
-    """The backward, then this rank's results saved for the test, and the group left."""
+    """The backward, then leave()."""
     out.backward(dout)
     q, k, v = qkv
-    torch.save({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
-                "dsinks": sinks.grad if sinks is not None else None, **extra},
-               os.path.join(out_dir, "rank%d.pt" % rank))
+    leave({"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
+           "dsinks": sinks.grad if sinks is not None else None, **extra}, rank, out_dir)
+
+
+def leave(results, rank, out_dir):
+    """This rank's results saved for the test, and the group left."""
+    torch.save(results, os.path.join(out_dir, "rank%d.pt" % rank))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -61,6 +67,39 @@ def packed(case, full, sinks, rank, world, out_dir):
                                            softcap=case["softcap"], load_balance=lb,
                                            return_lse=True, sinks=sinks)
     finish(out, lse, shards["dout"], (q, k, v), sinks, {"cu": local_cu}, rank, out_dir)
+
+
+def torch_route(case, full, rank, world, out_dir):
+    """torch's own context parallelism with fa4cpp as SDPA's flash attention: context_parallel
+    shards the (batch, heads, seq, dim) buffers (head-tail load balance under a causal mask) and
+    routes aten::_scaled_dot_product_flash_attention on sequence-sharded DTensors to its ring, whose
+    every step's forward and backward run fa4cpp's override. On CUDA, SDPA's flash backend calls
+    that op; on the CPU, SDPA picks its own CPU kernel, so the worker calls the op itself, with the
+    override registered for the CPU key."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
+
+    from fa4cpp import sdpa
+
+    mesh = init_device_mesh("cpu", (world,))
+    handle = sdpa.register_kernels("CPU")
+    _cp_options.enable_load_balance = case["load_balance"]
+    set_rotate_method(case["rotate"])
+    q, k, v, dout = (full[n].transpose(1, 2).contiguous() for n in ("q", "k", "v", "dout"))
+    with context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2] * 4):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        dq, dk, dv = (DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in leaves)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            dq, dk, dv, 0.0, case["causal"], scale=case["dim"] ** -0.5)[:2]
+        out.backward(DTensor.from_local(dout, mesh, [Shard(2)], run_check=False))
+        out, lse = out.to_local().detach(), lse.to_local()
+    handle.remove()
+    # Back to the (batch, seq, heads, dim) layout the test's references use.
+    out, dq, dk, dv = (t.transpose(1, 2) for t in (out, *(t.grad for t in leaves)))
+    leave({"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv, "dsinks": None,
+           "calls": dict(sdpa.calls)}, rank, out_dir)
 
 
 def cu_seqlens(case):

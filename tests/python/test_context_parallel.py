@@ -138,6 +138,41 @@ def test_ring_attention_matches_one_device(world, causal, load_balance, heads_q,
         assert all(s["dsinks"] is None for s in shards)
 
 
+TORCH_ROUTE = [
+    # world, causal, load_balance, heads q / kv, torch's rotate method
+    (2, True, True, 4, 4, "alltoall"),
+    (4, True, True, 4, 2, "allgather"),
+    (2, True, False, 2, 2, "alltoall"),
+    (4, False, False, 4, 1, "alltoall"),
+]
+
+
+@pytest.mark.parametrize("world,causal,load_balance,heads_q,heads_kv,rotate", TORCH_ROUTE,
+                         ids=["w2_causal_lb", "w4_causal_lb_gqa2_allgather", "w2_causal_contiguous",
+                              "w4_full_gqa4"])
+def test_torch_context_parallel_runs_fa4cpp(world, causal, load_balance, heads_q, heads_kv, rotate,
+                                            tmp_path):
+    """torch's context_parallel with fa4cpp as SDPA's flash attention: every ring step, forward
+    and backward, runs fa4cpp (none falls back to the stock kernel), and the assembled results
+    meet the rule as ring_flash_attn_func's do."""
+    case = {"batch": 2, "seqlen": 16 * world, "heads_q": heads_q, "heads_kv": heads_kv, "dim": 32,
+            "dtype": "float32", "causal": causal, "load_balance": load_balance, "softcap": 0.0,
+            "route": "torch", "rotate": rotate}
+    shards = run_ranks(world, case, tmp_path)
+    for rank, s in enumerate(shards):
+        # Under a causal mask without load balance, rank r's queries see r + 1 shards.
+        steps = rank + 1 if causal and not load_balance else world
+        assert s["calls"] == {("fwd", "fa4cpp"): steps, ("bwd", "fa4cpp"): steps}, (rank, s["calls"])
+    full = cp_worker.draw(case, SEED, torch.float32)
+    got = {n: unshard_sequence([s[n] for s in shards], load_balance=load_balance)
+           for n in ("out", "dq", "dk", "dv")}
+    got["lse"] = unshard_sequence([s["lse"] for s in shards], seq_dim=2, load_balance=load_balance)
+    inputs = (full["q"], full["k"], full["v"], full["dout"], causal, 0.0)
+    ref, one = reference(*inputs), single(*inputs)
+    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+        check(name, got[name], ref[i], one[i], 1e-5 if i < 2 else 1e-4)
+
+
 PACKED = [
     # world, causal, load_balance, heads q / kv, sinks; sequences of 4·world·m rows
     (2, True, True, 4, 2, False),
