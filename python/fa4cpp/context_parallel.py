@@ -199,13 +199,26 @@ def _join_sinks(out, lse, sinks):
     return out * torch.exp(lse - total).transpose(1, 2).unsqueeze(-1), total
 
 
+def _cut(ring, rows, causal, window, load_balance):
+    """The blocks of every ring step over shards of `rows` rows: _window_steps under a window,
+    else _steps."""
+    if window is not None:
+        return _window_steps(ring, rows, load_balance, *window)
+    return _steps(ring, rows, causal, load_balance)
+
+
 class _Dense:
     """Shards of one length per batch entry, (batch, rows, heads, dim): a block's rows are a slice
-    of dim 1, and each block is one call of the library's fixed-length ops. rows() gives a
-    block's (selector of the accumulators' rows, what the call needs besides)."""
+    of dim 1, and each block is one call of the library's fixed-length ops. plan() gives every
+    ring step's blocks as (query rows, key rows, window left, window right), each rows a
+    (selector of the accumulators' rows, what the call needs besides)."""
 
     def __init__(self, scale, softcap, deterministic):
         self.args = (scale, softcap, deterministic)
+
+    def plan(self, ring, q, causal, window, load_balance):
+        return [[(self.rows(q0, q1), self.rows(k0, k1), wl, wr) for q0, q1, k0, k1, wl, wr in step]
+                for step in _cut(ring, self.step_rows(q), causal, window, load_balance)]
 
     @staticmethod
     def step_rows(q):
@@ -235,33 +248,56 @@ class _Dense:
 class _Packed(_Dense):
     """Varlen shards: every sequence's shard packed, (1, total, heads, dim) here (the library's
     (total, heads, dim) with a batch of one in front, so that the ring's merges and accumulators
-    are the dense ones). Blocks come from _steps over rows 2 (halves), and a block's rows are
-    each sequence's same share of its own rows: an index over the packed rows, with the block's
-    cu_seqlens and longest share. cu: the shards' offsets as a list (read from the device once)."""
+    are the dense ones). A block's rows are row ranges of several sequences: an index over the
+    packed rows, with the block's cu_seqlens and longest range. Without a window, blocks come
+    from _steps over rows 2 (halves), each sequence's same share of its own rows, so a step is
+    one varlen call. With one, each sequence's chunks are cut by _window_steps over its own rows;
+    a block's window depends on the sequence's chunk length, so a step makes one varlen call per
+    window and pair of chunks among the batch's sequences (a pair's ranges never share a row, so
+    the merge and the accumulators see each row once per call). cu: the shards' offsets as a list
+    (read from the device once)."""
 
     def __init__(self, cu, device, scale, softcap, deterministic):
         super().__init__(scale, softcap, deterministic)
         self.cu = cu
         self.device = device
-        self._blocks = {}
+
+    def plan(self, ring, q, causal, window, load_balance):
+        if window is None:
+            return super().plan(ring, q, causal, window, load_balance)
+        chunks = 2 if load_balance else 1
+        bounds = list(zip(self.cu[:-1], self.cu[1:]))
+        cut = [_window_steps(ring, end - start, load_balance, *window) for start, end in bounds]
+        steps = []
+        for s in range(ring.size):
+            calls = {}  # (window left, window right, query chunk, key chunk) -> the ranges
+            for (start, end), seq in zip(bounds, cut):
+                size = (end - start) // chunks
+                for q0, q1, k0, k1, wl, wr in seq[s]:
+                    ranges = calls.setdefault((wl, wr, q0 // size, k0 // size), ([], []))
+                    ranges[0].append((start + q0, start + q1))
+                    ranges[1].append((start + k0, start + k1))
+            steps.append([(self._select(qr), self._select(kr), wl, wr)
+                          for (wl, wr, _, _), (qr, kr) in calls.items()])
+        return steps
 
     @staticmethod
     def step_rows(q):
         return 2  # halves of every sequence
 
     def rows(self, lo, hi):
-        key = (lo, hi)
-        if key not in self._blocks:
-            index, cu = [], [0]
-            for start, end in zip(self.cu[:-1], self.cu[1:]):
-                n = end - start
-                index.append(torch.arange(start + n * lo // 2, start + n * hi // 2))
-                cu.append(cu[-1] + n * (hi - lo) // 2)
-            longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0)
-            self._blocks[key] = (torch.cat(index).to(self.device),
-                                 (torch.tensor(cu, dtype=torch.int32, device=self.device),
-                                  longest))
-        return self._blocks[key]
+        return self._select([(start + (end - start) * lo // 2, start + (end - start) * hi // 2)
+                             for start, end in zip(self.cu[:-1], self.cu[1:])])
+
+    def _select(self, ranges):
+        """Row ranges [a, b) of the packed rows as (their index, (their cu_seqlens, longest))."""
+        cu = [0]
+        for a, b in ranges:
+            cu.append(cu[-1] + b - a)
+        index = torch.cat([torch.arange(a, b) for a, b in ranges])
+        longest = max(b - a for a, b in ranges)
+        return (index.to(self.device),
+                (torch.tensor(cu, dtype=torch.int32, device=self.device), longest))
 
     def fwd(self, q, k, v, q_rows, k_rows, wl, wr):
         scale, softcap, deterministic = self.args
@@ -286,8 +322,7 @@ def _ring_forward(q, k, v, ring, steps, layout, sinks=None):
     kv = (k, v)
     for s, blocks in enumerate(steps):
         wait = ring.start_pass(kv) if s + 1 < len(steps) else None
-        for q0, q1, k0, k1, wl, wr in blocks:
-            q_rows, k_rows = layout.rows(q0, q1), layout.rows(k0, k1)
+        for q_rows, k_rows, wl, wr in blocks:
             part_out, part_lse = layout.fwd(q, kv[0], kv[1], q_rows, k_rows, wl, wr)
             r = q_rows[0]
             out[:, r], lse[..., r] = _merge(out[:, r], lse[..., r], part_out, part_lse)
@@ -318,8 +353,7 @@ def _ring_backward(dout, q, k, v, out, lse, ring, steps, layout):
         if blocks:
             dk_held = dk_held.clone()
             dv_held = dv_held.clone()
-        for q0, q1, k0, k1, wl, wr in blocks:
-            q_rows, k_rows = layout.rows(q0, q1), layout.rows(k0, k1)
+        for q_rows, k_rows, wl, wr in blocks:
             dq_p, dk_p, dv_p = layout.bwd(dout, q, k_held, v_held, out, lse, q_rows, k_rows, wl,
                                           wr)
             r, c = q_rows[0], k_rows[0]
@@ -339,9 +373,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, group, causal, window, layout, load_balance):
         ring = _Ring(group)
-        rows = layout.step_rows(q)
-        steps = (_window_steps(ring, rows, load_balance, *window) if window is not None
-                 else _steps(ring, rows, causal, load_balance))
+        steps = layout.plan(ring, q, causal, window, load_balance)
         out, lse = _ring_forward(q, k, v, ring, steps, layout, sinks)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
@@ -418,14 +450,16 @@ def ring_flash_attn_func(q, k, v, *, group=None, causal=False, softmax_scale=Non
 
 
 def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, *, group=None, causal=False,
-                                softmax_scale=None, softcap=0.0, load_balance=None,
-                                deterministic=False, return_lse=False, sinks=None):
+                                softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                                load_balance=None, deterministic=False, return_lse=False,
+                                sinks=None):
     """ring_flash_attn_func for a packed batch of sequences, each sharded over the group as
     shard_varlen cuts it: q (total, heads_q, dim), k, v (total, heads_kv, dim) this rank's
     shards packed, cu_seqlens (int32, batch + 1) their offsets, the same on every rank. Returns
     this rank's rows of the output (total, heads_q, dim_v) (and, with return_lse, their fp32 LSE
-    (heads_q, total)). Each ring step is one varlen call of the library over every sequence's
-    share of its rows. Sliding windows are not taken with packed batches."""
+    (heads_q, total)). window_size: as ring_flash_attn_func's, over each sequence's own
+    positions. Each ring step is one varlen call of the library over every sequence's share of
+    its rows (under a window, one per distinct block window among the sequences)."""
     _check_group(q, k, v, 3)
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
         raise ValueError("q, k and v shards must have the same rows (self-attention of the packed "
@@ -440,9 +474,10 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, *, group=None, causal=False
         raise ValueError("with load_balance each sequence's shard holds two equal chunks: its rows "
                          "must be even (got %s)" % lengths)
     _check_sinks(q, sinks)
+    window = _window(causal, window_size)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     layout = _Packed(cu, cu_seqlens.device, scale, float(softcap), bool(deterministic))
     out, lse = _RingAttention.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sinks, group,
-                                    bool(causal), None, layout, load_balance)
+                                    bool(causal), window, layout, load_balance)
     out, lse = out[0], lse[0]
     return (out, lse) if return_lse else out

@@ -64,6 +64,7 @@ def packed(case, full, sinks, rank, world, out_dir):
         shards[name], local_cu = shard_varlen(t, cu, rank, world, load_balance=lb)
     q, k, v = (shards[n].clone().requires_grad_() for n in ("q", "k", "v"))
     out, lse = ring_flash_attn_varlen_func(q, k, v, local_cu, causal=case["causal"],
+                                           window_size=tuple(case.get("window", (-1, -1))),
                                            softcap=case["softcap"], load_balance=lb,
                                            return_lse=True, sinks=sinks)
     finish(out, lse, shards["dout"], (q, k, v), sinks, {"cu": local_cu}, rank, out_dir)

@@ -174,21 +174,30 @@ def test_torch_context_parallel_runs_fa4cpp(world, causal, load_balance, heads_q
 
 
 PACKED = [
-    # world, causal, load_balance, heads q / kv, sinks; sequences of 4·world·m rows
-    (2, True, True, 4, 2, False),
-    (4, True, True, 4, 1, True),
-    (2, False, False, 2, 2, False),
+    # world, causal, load_balance, heads q / kv, sinks, window; sequences of 4·world·m rows
+    (2, True, True, 4, 2, False, (-1, -1)),
+    (4, True, True, 4, 1, True, (-1, -1)),
+    (2, False, False, 2, 2, False, (-1, -1)),
+    # Windows across the sequences' chunks (2, 6 and 10 rows with load balance, 4, 12 and 20
+    # without): narrower than some chunks and wider than others, so that the blocks' windows
+    # differ between the sequences.
+    (2, True, True, 4, 2, False, (6, -1)),
+    (4, True, True, 8, 1, True, (9, -1)),
+    (2, False, False, 2, 2, False, (5, 3)),
+    (4, False, True, 4, 2, False, (-1, 7)),
 ]
 
 
-@pytest.mark.parametrize("world,causal,load_balance,heads_q,heads_kv,sinks", PACKED,
-                         ids=["w2_causal_lb_gqa2", "w4_causal_lb_sinks_gqa4", "w2_full_contiguous"])
+@pytest.mark.parametrize("world,causal,load_balance,heads_q,heads_kv,sinks,window", PACKED,
+                         ids=["w2_causal_lb_gqa2", "w4_causal_lb_sinks_gqa4", "w2_full_contiguous",
+                              "w2_causal_lb_window6", "w4_causal_lb_window9_sinks_gqa8",
+                              "w2_window5_3_contiguous", "w4_window_right7_lb"])
 def test_packed_ring_attention_matches_one_device(world, causal, load_balance, heads_q, heads_kv,
-                                                  sinks, tmp_path):
+                                                  sinks, window, tmp_path):
     lengths = [4 * world * m for m in (3, 1, 5)]
     case = {"batch": len(lengths), "seqlen": 0, "lengths": lengths, "heads_q": heads_q,
             "heads_kv": heads_kv, "dim": 32, "dtype": "float32", "causal": causal,
-            "load_balance": load_balance, "softcap": 0.0, "sinks": sinks}
+            "load_balance": load_balance, "softcap": 0.0, "sinks": sinks, "window": window}
     shards = run_ranks(world, case, tmp_path)
     full = cp_worker.draw(case, SEED, torch.float32)
     local_cu = shards[0]["cu"]
@@ -199,15 +208,15 @@ def test_packed_ring_attention_matches_one_device(world, causal, load_balance, h
     cu = cp_worker.cu_seqlens(case)
     # The reference per sequence, put together; the single-process call is one varlen call.
     parts = [reference(*(full[n][a:b].unsqueeze(0) for n in ("q", "k", "v", "dout")), causal, 0.0,
-                       full.get("sinks"))
+                       full.get("sinks"), window)
              for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
     ref = [torch.cat([p[i][0] for p in parts], dim=1 if i == 1 else 0) for i in range(5)]
     ref.append(sum(p[5] for p in parts) if sinks else None)
     q, k, v = (full[n].clone().requires_grad_() for n in ("q", "k", "v"))
     s_ = full["sinks"].clone().requires_grad_() if sinks else None
     out, lse = torch.ops.fa4cpp.varlen_fwd(q, k, v, cu, cu, max(lengths), max(lengths), None,
-                                           q.shape[-1] ** -0.5, causal, -1, -1, 0.0, False,
-                                           sinks=s_)
+                                           q.shape[-1] ** -0.5, causal, window[0],
+                                           0 if causal else window[1], 0.0, False, sinks=s_)
     out.backward(full["dout"])
     one = (out.detach(), lse, q.grad, k.grad, v.grad, s_.grad if sinks else None)
     for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
