@@ -10,13 +10,16 @@
 // prefill at d128 with 32 / 8 heads and a 3000-key cache, and two of the CPU cases at d128 and
 // d256.
 // Around each call: outputs and workspace poisoned, every device buffer guarded, the inputs
-// (queries, new rows, rotary tables, arrays) compared byte for byte afterwards.
+// (queries, new rows, rotary tables, arrays) compared byte for byte afterwards. Bad entries in
+// device memory (pages, cache lengths, cache rows, left pads) skip their sequence alone: nothing of
+// it written, every other sequence bitwise as a clean call leaves it.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -52,14 +55,20 @@ constexpr double kLseUlps = 4.0;
 // heads, a long cache) on every page size the kernels tile differently, with and without an
 // appended, rotated key; a 200-row chunked prefill; and two CPU cases at the other head dims whose
 // key tiles differ (the CPU cases are d64), one of them in pieces where the tile row has them.
-std::vector<CacheCase> gpu_only_cases() {
-  std::vector<CacheCase> cases;
+// An engine's decode step: 4 sequences of one query, 32 / 8 heads of 128 dims, 3000-key caches.
+CacheCase decode_case() {
   CacheCase decode;
   decode.batch = 4;
   decode.heads_q = 32;
   decode.heads_kv = 8;
   decode.dim = 128;
   decode.capacity = 3000;
+  return decode;
+}
+
+std::vector<CacheCase> gpu_only_cases() {
+  std::vector<CacheCase> cases;
+  const CacheCase decode = decode_case();
   for (int64_t page : {int64_t(16), int64_t(64), int64_t(256), int64_t(0)}) {
     CacheCase c = decode;
     c.page_size = page;
@@ -293,6 +302,24 @@ void expect_nothing_written(DeviceCache& d, CacheSetup& s) {
     ASSERT_TRUE(s.lse.is_poison(i)) << "lse was written at " << i;
 }
 
+// The forward on d's device copies with a poisoned workspace of `bytes`, its status in *st; then the
+// workspace's guards, every device buffer's guards and the inputs checked, and its writes
+// downloaded.
+void run_forward(DeviceCache& d, size_t bytes, const Overrides& overrides, Status* st) {
+  DeviceWorkspace ws;
+  ASSERT_CUDA(ws.allocate(bytes));  // poisoned: 0xFF
+  ASSERT_CUDA(d.upload());
+  *st = forward(d.problem, d.tensors, ws.view(), nullptr, Backend::kSm90, overrides);
+  ASSERT_CUDA(DeviceRun::device_sync());
+  bool intact = false;
+  ASSERT_CUDA(ws.guards_intact(&intact));
+  EXPECT_TRUE(intact) << "workspace: bytes around it were written";
+  std::string written;
+  ASSERT_CUDA(d.untouched(&written));
+  EXPECT_TRUE(written.empty()) << written;
+  ASSERT_CUDA(d.download());
+}
+
 void check_gpu_case(const GpuCacheCase& g) {
   FA4_SKIP_WITHOUT_HOPPER();
   SCOPED_TRACE(seed_note());
@@ -325,21 +352,11 @@ void check_gpu_case(const GpuCacheCase& g) {
     return;
   }
   ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
-  DeviceWorkspace ws;
-  ASSERT_CUDA(ws.allocate(bytes));  // poisoned: 0xFF
-  ASSERT_CUDA(d.upload());
-  const Status st = forward(d.problem, d.tensors, ws.view(), nullptr, Backend::kSm90, overrides);
-  ASSERT_CUDA(DeviceRun::device_sync());
+  Status st;
+  run_forward(d, bytes, overrides, &st);
+  if (::testing::Test::HasFatalFailure()) return;
   if (refused(st)) GTEST_SKIP() << st.message;
   ASSERT_TRUE(st.ok()) << to_string(st.code) << ": " << st.message;
-
-  bool intact = false;
-  ASSERT_CUDA(ws.guards_intact(&intact));
-  EXPECT_TRUE(intact) << "workspace: bytes around it were written";
-  std::string written;
-  ASSERT_CUDA(d.untouched(&written));
-  EXPECT_TRUE(written.empty()) << written;
-  ASSERT_CUDA(d.download());
   for (const CheckResult& r : check_appends(*s)) EXPECT_TRUE(r.ok) << r.message;
   for (const CheckResult& r : check_attention(*s, kLseUlps, /*fp8_mma=*/true)) EXPECT_TRUE(r.ok) << r.message;
 }
@@ -390,6 +407,249 @@ TEST(Sm90KvCacheRefusal, OddRotaryDimWritesNothing) {
   EXPECT_NE(st.message.find("rotary_dim"), std::string::npos) << st.message;
   expect_nothing_written(d, *s);
 }
+
+// Bad entries the host cannot see (they live in device memory): a sequence whose entries are
+// inconsistent is neither appended to nor computed, nothing of it written (the prepare kernel
+// finds it out and marks it for the attention and the combine); every other sequence of the call
+// is computed as if the bad one were sound. An engine's decode step (the GPU-only decode shape,
+// cache rows picked by batch_idx so that a row can be out of range) on pages
+// in pieces, pages of whole key tiles, a contiguous cache with and without left pads, gathered rows
+// past left pads, and with an appended, rotated key (the prepare kernel's appends): each run
+// unsplit (the attention reads the marks), split as the library likes and split three ways (the
+// combine reads them too); clean first, then once per bad entry on a fresh copy of the same
+// inputs.
+std::vector<CacheCase> bad_entry_cases() {
+  CacheCase decode = decode_case();
+  decode.batch_idx = true;
+  std::vector<CacheCase> cases;
+  for (int64_t page : {int64_t(16), int64_t(256), int64_t(0)}) {
+    CacheCase c = decode;
+    c.page_size = page;
+    c.name = "decode_" + (page > 0 ? "page" + std::to_string(page) : std::string("contiguous"));
+    cases.push_back(c);
+  }
+  CacheCase c = decode;
+  c.page_size = 16;
+  c.leftpad = true;
+  c.name = "decode_page16_leftpad";  // gathered rows
+  cases.push_back(c);
+  c.page_size = 0;
+  c.name = "decode_contiguous_leftpad";  // whole key tiles past the pads
+  cases.push_back(c);
+  c = decode;
+  c.page_size = 16;
+  c.append = 1;
+  c.causal = true;
+  c.rotary_dim = 128;
+  c.name = "decode_page16_append1_rotary128";
+  cases.push_back(c);
+  return cases;
+}
+
+// The keys sequence b's attention reads: from its left pad to its last appended row.
+int64_t first_key(const CacheSetup& s, int64_t b) {
+  return s.p.kv_cache.leftpad != nullptr ? s.leftpad[size_t(b)] : 0;
+}
+int64_t end_key(const CacheSetup& s, int64_t b) {
+  return s.cache_len[size_t(b)] + s.new_rows[size_t(b)];
+}
+
+// The page-table entry of a page in the middle of those sequence b reads (neither its first nor
+// its last, so that a split which does not read it sees the sequence rejected all the same); null
+// where b reads fewer than three pages.
+int32_t* middle_page(CacheSetup& s, int64_t b) {
+  const KvCache& kc = s.p.kv_cache;
+  if (end_key(s, b) == 0) return nullptr;
+  const int64_t first = first_key(s, b) / kc.page_size, last = (end_key(s, b) - 1) / kc.page_size;
+  if (last - first < 2) return nullptr;
+  return &s.page_table[size_t(s.batch_idx[size_t(b)] * kc.page_table_stride + (first + last) / 2)];
+}
+
+struct BadEntry {
+  const char* what;
+  bool paged_only, leftpad_only;
+  // Spoils sequence b's entry; false where this draw has no such entry.
+  bool (*spoil)(CacheSetup&, int64_t b);
+};
+const BadEntry kBadEntries[] = {
+    {"a page read out of range", true, false,
+     [](CacheSetup& s, int64_t b) {
+       int32_t* page = middle_page(s, b);
+       if (page != nullptr) *page = int32_t(s.p.kv_cache.num_pages);
+       return page != nullptr;
+     }},
+    {"a negative page read", true, false,
+     [](CacheSetup& s, int64_t b) {
+       int32_t* page = middle_page(s, b);
+       if (page != nullptr) *page = -1;
+       return page != nullptr;
+     }},
+    {"a cache length past the capacity", false, false,
+     [](CacheSetup& s, int64_t b) {
+       s.cache_len[size_t(b)] = int32_t(s.p.seqlen_k + 5);
+       return true;
+     }},
+    // Far out of range: a kernel that took these entries unchecked would read outside the page
+    // table or the cache (the TMA views' bounds do not cover every coordinate they reach).
+    {"a cache length far past the capacity", false, false,
+     [](CacheSetup& s, int64_t b) {
+       s.cache_len[size_t(b)] = int32_t(1) << 28;
+       return true;
+     }},
+    {"a cache row out of range", false, false,
+     [](CacheSetup& s, int64_t b) {
+       s.batch_idx[size_t(b)] = int32_t(s.cache_rows);
+       return true;
+     }},
+    {"a cache row far out of range", false, false,
+     [](CacheSetup& s, int64_t b) {
+       s.batch_idx[size_t(b)] = int32_t(1) << 24;
+       return true;
+     }},
+    {"a left pad past the cache length", false, true,
+     [](CacheSetup& s, int64_t b) {
+       s.leftpad[size_t(b)] = s.cache_len[size_t(b)] + 1;
+       return true;
+     }},
+    {"a negative left pad", false, true,
+     [](CacheSetup& s, int64_t b) {
+       s.leftpad[size_t(b)] = -100;
+       return true;
+     }},
+};
+
+// Elements of sequence b (fixed-length rows): out's dense [b][row][head][dim] and LSE's dense
+// [b][head][row], each read through the host tensor's own strides.
+int64_t out_per_sequence(const CacheSetup& s) { return s.out.size() / s.out.dims().batch; }
+int64_t lse_per_sequence(const CacheSetup& s) { return s.lse.size() / s.lse.batch(); }
+
+// Sequence b's output rows (every head, every dim) and LSE entries still poisoned.
+void expect_sequence_unwritten(const CacheSetup& s, int64_t b) {
+  const int64_t n = out_per_sequence(s), m = lse_per_sequence(s);
+  for (int64_t i = b * n; i < (b + 1) * n; ++i)
+    ASSERT_TRUE(s.out.is_poison(i)) << "out of the bad sequence " << b << " written at " << i;
+  for (int64_t i = b * m; i < (b + 1) * m; ++i)
+    ASSERT_TRUE(s.lse.is_poison(i)) << "lse of the bad sequence " << b << " written at " << i;
+}
+
+// Every sequence but `bad` bitwise as the clean call left it: the plan depends on shapes and
+// overrides only, and the forward is deterministic for a plan.
+void expect_others_as_clean(const CacheSetup& s, const CacheSetup& clean, int64_t bad) {
+  const int64_t n = out_per_sequence(s), m = lse_per_sequence(s);
+  for (int64_t b = 0; b < s.p.batch; ++b) {
+    if (b == bad) continue;
+    int64_t differ = 0, first = -1;
+    for (int64_t i = b * n; i < (b + 1) * n; ++i)
+      if (s.out.bits(i) != clean.out.bits(i) && differ++ == 0) first = i;
+    EXPECT_EQ(differ, 0) << "out of sequence " << b << " differs from the clean call's in "
+                         << differ << " elements, the first at " << first;
+    differ = 0;
+    for (int64_t i = b * m; i < (b + 1) * m; ++i) {
+      const double x = s.lse.get(i), y = clean.lse.get(i);
+      if (std::memcmp(&x, &y, sizeof x) != 0 && differ++ == 0) first = i;
+    }
+    EXPECT_EQ(differ, 0) << "lse of sequence " << b << " differs from the clean call's in "
+                         << differ << " entries, the first at " << first;
+  }
+}
+
+// The cache the spoiled call left: the clean call's, but for the rows the clean call appended to
+// sequence `bad` (placed by the clean arrays), which hold what was drawn.
+void expect_cache_as_clean_but(const CacheSetup& s, const CacheSetup& clean, int64_t bad) {
+  std::vector<int64_t> as_drawn;
+  for (int64_t j = 0; j < clean.new_rows[size_t(bad)]; ++j)
+    for (int64_t h = 0; h < clean.p.heads_kv; ++h)
+      for (int64_t c = 0; c < clean.p.head_dim_qk; ++c)
+        as_drawn.push_back(cache_index(clean, bad, clean.cache_len[size_t(bad)] + j, h, c));
+  std::sort(as_drawn.begin(), as_drawn.end());
+  const struct {
+    const char* name;
+    const HostTensor &got, &want;
+    const std::vector<double>& initial;
+  } caches[] = {{"k", s.k, clean.k, s.k_initial}, {"v", s.v, clean.v, s.v_initial}};
+  for (const auto& t : caches) {
+    int64_t differ = 0, first = -1;
+    size_t next = 0;
+    for (int64_t e = 0; e < t.got.size(); ++e) {
+      const bool kept = next < as_drawn.size() && as_drawn[next] == e;
+      next += kept ? 1 : 0;
+      const bool ok = kept ? t.got.get(e) == t.initial[size_t(e)] : t.got.bits(e) == t.want.bits(e);
+      if (!ok && differ++ == 0) first = e;
+    }
+    EXPECT_EQ(differ, 0) << "the " << t.name << " cache differs in " << differ
+                         << " elements (the bad sequence's appended rows as drawn, every other "
+                            "as the clean call left it), the first at "
+                         << first;
+  }
+}
+
+class Sm90KvCacheBadEntries : public ::testing::TestWithParam<CacheCase> {};
+
+TEST_P(Sm90KvCacheBadEntries, SkipsOnlyTheBadSequence) {
+  const CacheCase& c = GetParam();
+  if (!has_kernel(c)) GTEST_SKIP() << "no d128 bf16 forward kernel in this build";
+  FA4_SKIP_WITHOUT_HOPPER();
+  SCOPED_TRACE(seed_note());
+  SCOPED_TRACE(describe(c));
+  auto setup = [&] {
+    std::mt19937_64 rng = make_rng(c.name);
+    return make_cache_setup(c, rng);
+  };
+  // The forward on a setup's device copies, its writes downloaded: ok (the host sees no device
+  // entry), the workspace's guards and every device buffer's guards and inputs intact.
+  auto run = [](CacheSetup& s, const Overrides& overrides) {
+    DeviceCache d(s);
+    size_t bytes = 0;
+    const Status sized =
+        workspace_size(d.problem, Backend::kSm90, Pass::kForward, overrides, &bytes);
+    ASSERT_TRUE(sized.ok()) << to_string(sized.code) << ": " << sized.message;
+    Status st;
+    run_forward(d, bytes, overrides, &st);
+    ASSERT_TRUE(st.ok()) << to_string(st.code) << ": " << st.message;
+  };
+
+  const struct {
+    const char* name;
+    int splits;  // 0: the library's choice
+  } plans[] = {{"unsplit", 1}, {"splits left to the library", 0}, {"split three ways", 3}};
+  for (const auto& plan : plans) {
+    SCOPED_TRACE(plan.name);
+    Overrides overrides = test_overrides();
+    if (plan.splits > 0) overrides.splits = plan.splits;
+    const std::unique_ptr<CacheSetup> clean = setup();
+    run(*clean, overrides);
+    if (HasFatalFailure()) return;
+    for (const CheckResult& r : check_appends(*clean)) EXPECT_TRUE(r.ok) << r.message;
+    for (const CheckResult& r : check_attention(*clean, kLseUlps)) EXPECT_TRUE(r.ok) << r.message;
+    // The bad sequence: past the first (whose cache is empty), the one that reads the most keys,
+    // so that it has a middle page (the same in every setup: they are drawn alike).
+    int64_t bad = 1;
+    for (int64_t b = 2; b < c.batch; ++b)
+      if (end_key(*clean, b) - first_key(*clean, b) > end_key(*clean, bad) - first_key(*clean, bad))
+        bad = b;
+    for (const BadEntry& e : kBadEntries) {
+      if ((e.paged_only && c.page_size == 0) || (e.leftpad_only && !c.leftpad)) continue;
+      SCOPED_TRACE(std::string(e.what) + " in sequence " + std::to_string(bad));
+      const std::unique_ptr<CacheSetup> s = setup();
+      if (!e.spoil(*s, bad)) {
+        std::cout << "[          ] " << c.name << ": sequence " << bad
+                  << " reads fewer than three pages: not spoiled by " << e.what << "\n";
+        continue;
+      }
+      run(*s, overrides);
+      if (HasFatalFailure()) return;
+      expect_sequence_unwritten(*s, bad);
+      if (HasFatalFailure()) return;
+      expect_others_as_clean(*s, *clean, bad);
+      if (c.append > 0) expect_cache_as_clean_but(*s, *clean, bad);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90KvCacheBadEntries, ::testing::ValuesIn(bad_entry_cases()),
+                         [](const ::testing::TestParamInfo<CacheCase>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace fa4::test
