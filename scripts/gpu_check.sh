@@ -212,6 +212,14 @@ run_tests() {
   want tests_chunked_all && sharded tests_chunked_all "fwd chunked, 3 splits, packed, 3 CTAs" FA4_SM90_CHUNKED_KV=on \
     FA4_SM90_SPLITS=3 FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=3 \
     -- --gtest_filter='*Sm90Forward*d256*-*Refuses*'
+  # The narrow forward (fwd_tile_shape.hpp: d128 with one consumer warpgroup, by default only for
+  # decode grids that leave SMs idle) on every d128 forward and KV-cache test, masks and prefill
+  # included; then with 3 splits, pack-GQA and 3 persistent CTAs on top.
+  want tests_narrow && sharded tests_narrow "fwd narrow" FA4_SM90_NARROW=on \
+    -- --gtest_filter='*Sm90Forward*d128*:*KvCache*'
+  want tests_narrow_all && sharded tests_narrow_all "fwd narrow, 3 splits, packed, 3 CTAs" \
+    FA4_SM90_NARROW=on FA4_SM90_SPLITS=3 FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
+    FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*d128*-*_gqa1:*_gqa1_*:*Refuses*'
   # Every forward test through split-KV (split_kv.cuh; by default only problems of few tiles and
   # many keys split): 3 splits wherever the partials fit, empty shares included; then with the
   # varlen order, pack-GQA and 3 persistent CTAs on top.

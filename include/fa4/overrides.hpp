@@ -27,6 +27,7 @@ struct Overrides {
   int splits = 0;                     // > 0: each tile's keys split this many ways (1: never split)
   Choice longest_first = Choice::kAuto;  // a varlen batch's tiles ordered longest-first
   Choice chunked_kv = Choice::kAuto;     // the chunked kernel, where the head dims have one
+  Choice narrow = Choice::kAuto;  // the narrow (one consumer warpgroup) kernel, where there is one
   // sm90 backward.
   int bwd_group = 0;                  // > 0: CTAs of this many (head, batch) pairs run together
   Choice bwd_rotate = Choice::kAuto;  // kOff: key tiles walk the query tiles from the first
@@ -38,8 +39,8 @@ struct Overrides {
 // The overrides named by environment variables (docs/developing.md lists them):
 // FA4_SM90_SCHEDULE=persistent|per_tile, FA4_SM90_PERSISTENT_CTAS=n, FA4_SM90_ZIGZAG_GROUP=g,
 // FA4_SM90_PACK_GQA=1|0, FA4_SM90_SPLITS=n, FA4_SM90_TILE_ORDER=longest|input,
-// FA4_SM90_CHUNKED_KV=on|off, FA4_SM90_BWD_GROUP=n, FA4_SM90_BWD_ROTATE=on|off,
-// FA4_SM90_BWD_PAIRS=on|off, FA4_CPU_THREADS=n. Unset variables leave their choice to the library;
+// FA4_SM90_CHUNKED_KV=on|off, FA4_SM90_NARROW=on|off, FA4_SM90_BWD_GROUP=n,
+// FA4_SM90_BWD_ROTATE=on|off, FA4_SM90_BWD_PAIRS=on|off, FA4_CPU_THREADS=n. Unset variables leave their choice to the library;
 // a value outside these is kInvalidArgument naming the variable, and *overrides is left unchanged.
 FA4_API Status overrides_from_env(Overrides* overrides);
 

@@ -35,6 +35,8 @@ template <>
 constexpr size_t kEarlierSizes<fa4_backward_tensors>[] = {offsetof(fa4_backward_tensors,
                                                                     dsinks)};  // 1 and 2
 template <>
+constexpr size_t kEarlierSizes<fa4_overrides>[] = {offsetof(fa4_overrides, narrow)};  // 1 to 3
+template <>
 constexpr size_t kEarlierSizes<fa4_forward_tensors>[] = {
     offsetof(fa4_forward_tensors, k_new),       // 1
     offsetof(fa4_forward_tensors, q_descale)};  // 2
@@ -117,9 +119,11 @@ fa4::DescaleView to_cpp(const fa4_descale& d) { return {d.data, d.batch_stride, 
 
 // Null: every choice the library's. A choice outside -1 / 0 / 1 is refused here, before the C++
 // enum could wrap it.
-fa4::Status to_cpp(const fa4_overrides* c, fa4::Overrides* o) {
+fa4::Status to_cpp(const fa4_overrides* given, fa4::Overrides* o) {
   *o = fa4::Overrides{};
-  if (c == nullptr) return fa4::Status::success();
+  if (given == nullptr) return fa4::Status::success();
+  const fa4_overrides full = current(*given, fa4_overrides_init);
+  const fa4_overrides* c = &full;
   for (const fa4::detail::ChoiceField& f : fa4::detail::kChoiceFields) {
     const int32_t v = c->*f.c_member;
     if (v < -1 || v > 1)
@@ -208,7 +212,14 @@ fa4_status fa4_overrides_from_env(fa4_overrides* o) {
   FA4_CHECK_STRUCT(o, "fa4_overrides");
   fa4::Overrides cpp;
   const fa4::Status s = fa4::overrides_from_env(&cpp);
-  if (s.ok()) to_c(cpp, o);
+  if (s.ok()) {
+    // Written through this version's struct, copied back as far as the caller's reaches.
+    const uint32_t size = o->struct_size;
+    fa4_overrides full = current(*o, fa4_overrides_init);
+    to_c(cpp, &full);
+    full.struct_size = size;
+    std::memcpy(o, &full, size);
+  }
   return record(s);
 }
 

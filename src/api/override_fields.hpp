@@ -35,6 +35,7 @@ inline constexpr ChoiceField kChoiceFields[] = {
      &fa4_overrides::longest_first},
     {"chunked_kv", "FA4_SM90_CHUNKED_KV", "on", "off", &Overrides::chunked_kv,
      &fa4_overrides::chunked_kv},
+    {"narrow", "FA4_SM90_NARROW", "on", "off", &Overrides::narrow, &fa4_overrides::narrow},
     {"bwd_rotate", "FA4_SM90_BWD_ROTATE", "on", "off", &Overrides::bwd_rotate,
      &fa4_overrides::bwd_rotate},
     {"bwd_pairs", "FA4_SM90_BWD_PAIRS", "on", "off", &Overrides::bwd_pairs,

@@ -21,7 +21,7 @@ struct FwdRow {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   bool causal;
   struct {
-    int chunked, pack_group, splits, persistent, ctas, group;
+    int variant, pack_group, splits, persistent, ctas, group;  // variant: FwdVariant
   } plan;
 };
 
@@ -97,10 +97,10 @@ const FwdRow kFwdRows[] = {
     {1, 16384, 16384, 64, 8, 128, false, {0, 1, 1, 1, 132, 1}},
     {1, 16384, 16384, 64, 8, 128, true, {0, 1, 1, 1, 132, 1}},
     {64, 1, 4096, 32, 8, 128, false, {0, 4, 1, 1, 132, 1}},
-    {8, 1, 32768, 32, 8, 128, false, {0, 4, 2, 0, 128, 1}},
-    {1, 1, 262144, 32, 8, 128, false, {0, 4, 16, 0, 128, 1}},
-    {4, 1, 65536, 32, 8, 128, false, {0, 4, 4, 0, 128, 1}},
-    {8, 4, 8192, 32, 8, 128, false, {0, 4, 2, 0, 128, 1}},
+    {8, 1, 32768, 32, 8, 128, false, {2, 4, 2, 0, 128, 1}},
+    {1, 1, 262144, 32, 8, 128, false, {2, 4, 16, 0, 128, 1}},
+    {4, 1, 65536, 32, 8, 128, false, {2, 4, 4, 0, 128, 1}},
+    {8, 4, 8192, 32, 8, 128, false, {2, 4, 2, 0, 128, 1}},
     {8, 64, 8192, 32, 8, 128, false, {0, 4, 1, 0, 128, 1}},
     {2, 1, 131072, 32, 8, 256, false, {1, 4, 8, 0, 128, 1}},
 };
@@ -119,7 +119,7 @@ TEST(Sm90BenchmarkPlans, Forward) {
                                     << r.seqlen_k << " h " << r.heads_q << "/" << r.heads_kv
                                     << " d " << r.head_dim << (r.causal ? " causal" : ""));
     const FwdPlan plan = plan_forward(p, kH200, {});
-    EXPECT_EQ(int(plan.chunked), r.plan.chunked);
+    EXPECT_EQ(int(plan.variant), r.plan.variant);
     EXPECT_EQ(plan.pack_group, r.plan.pack_group);
     EXPECT_EQ(plan.splits, r.plan.splits);
     EXPECT_EQ(int(plan.ctas < plan.entries), r.plan.persistent);

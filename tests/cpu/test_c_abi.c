@@ -355,7 +355,7 @@ static void test_overrides(void) {
   check(o.struct_size == sizeof(fa4_overrides) && o.persistent == -1 && o.pack_gqa == -1 &&
             o.longest_first == -1 && o.chunked_kv == -1 && o.bwd_rotate == -1 &&
             o.bwd_pairs == -1 && o.persistent_ctas == 0 && o.zigzag_group == 0 &&
-            o.splits == 0 && o.bwd_group == 0 && o.cpu_threads == 0,
+            o.splits == 0 && o.bwd_group == 0 && o.cpu_threads == 0 && o.narrow == -1,
         "fa4_overrides_init: every choice the library's");
 
   setenv("FA4_SM90_SCHEDULE", "per_tile", 1);
@@ -400,6 +400,18 @@ static void test_overrides(void) {
   check(s == FA4_ERROR_INVALID_ARGUMENT && strstr(fa4_last_error_message(), "splits"),
         "a negative count: invalid argument naming it");
   o.splits = 0;
+  /* A version-3 struct (no narrow) is read as far as it reaches, and filled as far. */
+  o.struct_size = (uint32_t)offsetof(fa4_overrides, narrow);
+  o.narrow = 7;
+  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
+  check(s == FA4_SUCCESS, "fa4_overrides of ABI version 3: accepted, the field it lacks unread");
+  setenv("FA4_SM90_NARROW", "on", 1);
+  s = fa4_overrides_from_env(&o);
+  check(s == FA4_SUCCESS && o.narrow == 7 && o.struct_size == offsetof(fa4_overrides, narrow),
+        "... and fa4_overrides_from_env writes nothing past it");
+  unsetenv("FA4_SM90_NARROW");
+  memset(out, kPoisonByte, sizeof out);
+  memset(lse, kPoisonByte, sizeof lse);
   o.struct_size = 4;
   s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
   check(s == FA4_ERROR_INVALID_ARGUMENT,

@@ -69,6 +69,7 @@ Overrides random_overrides(std::mt19937_64& rng) {
   o.splits = rng() % 3 == 0 ? int(1 + rng() % 200) : 0;
   o.longest_first = random_choice(rng);
   o.chunked_kv = random_choice(rng);
+  o.narrow = random_choice(rng);
   return o;
 }
 
@@ -76,7 +77,8 @@ Overrides random_overrides(std::mt19937_64& rng) {
 // its numbers agree with each other and with the tile table.
 TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
   std::mt19937_64 rng(2024);
-  int nonempty = 0, ordered = 0, split = 0, chunked = 0, packed = 0, persistent = 0, grouped = 0;
+  int nonempty = 0, ordered = 0, split = 0, chunked = 0, narrow = 0, packed = 0, persistent = 0,
+      grouped = 0;
   for (int trial = 0; trial < 6000; ++trial) {
     const Problem p = random_problem(rng);
     const Overrides o = random_overrides(rng);
@@ -95,9 +97,12 @@ TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
       }
       ++nonempty;
       const FwdTileShape row = fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v));
-      EXPECT_EQ(plan.block_m, row.block_m());
-      EXPECT_EQ(plan.block_n, plan.chunked ? row.chunked.block_n : row.block_n);
-      EXPECT_TRUE(!plan.chunked || row.has_chunked());
+      const bool is_chunked = plan.variant == FwdVariant::kChunked;
+      const bool is_narrow = plan.variant == FwdVariant::kNarrow;
+      EXPECT_EQ(plan.block_m, is_narrow ? FwdTileShape::kSliceRows : row.block_m());
+      EXPECT_EQ(plan.block_n, is_chunked ? row.chunked.block_n : row.block_n);
+      EXPECT_TRUE(!is_chunked || row.has_chunked());
+      EXPECT_TRUE(!is_narrow || row.has_narrow());
       ASSERT_GE(plan.pack_group, 1);
       EXPECT_EQ(p.heads_q % plan.pack_group, 0);
       EXPECT_EQ(plan.tile_heads * plan.pack_group, p.heads_q);
@@ -124,7 +129,8 @@ TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
       EXPECT_LE(plan.group, plan.tile_heads * p.batch);
       ordered += plan.ordered;
       split += plan.splits > 1;
-      chunked += plan.chunked;
+      chunked += is_chunked;
+      narrow += is_narrow;
       packed += plan.pack_group > 1;
       persistent += plan.persistent && plan.ctas < plan.entries;
       grouped += plan.group > 1;
@@ -135,6 +141,7 @@ TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
   EXPECT_GT(ordered, 100);
   EXPECT_GT(split, 100);
   EXPECT_GT(chunked, 100);
+  EXPECT_GT(narrow, 100);
   EXPECT_GT(packed, 100);
   EXPECT_GT(persistent, 100);
   EXPECT_GT(grouped, 100);
@@ -220,12 +227,58 @@ TEST(Sm90ForwardPlan, ChunkedKvRule) {
   EXPECT_FALSE(takes_chunked_kv(p, false, kMinKeys, Choice::kAuto));
   // Through the plan: the variant's tile.
   const FwdPlan plan = plan_forward(fixed(1, 16384, 8, 8, 256), kH200, {});
-  EXPECT_TRUE(plan.chunked);
+  EXPECT_EQ(plan.variant, FwdVariant::kChunked);
   EXPECT_EQ(plan.block_n, 128);
   Problem causal = fixed(1, 16384, 8, 8, 256);
   causal.causal = true;
-  EXPECT_FALSE(plan_forward(causal, kH200, {}).chunked);
+  EXPECT_EQ(plan_forward(causal, kH200, {}).variant, FwdVariant::kMain);
   EXPECT_EQ(plan_forward(causal, kH200, {}).block_n, 64);
+}
+
+// When the forward takes the narrow kernel (d128's row has one): a tile's rows within one slice and
+// main-kernel tiles for half the SMs at most; forced, wherever the row has it.
+TEST(Sm90ForwardPlan, NarrowRule) {
+  EXPECT_TRUE(fwd_tile_shape(128, 128).has_narrow());
+  EXPECT_FALSE(fwd_tile_shape(64, 64).has_narrow());
+  EXPECT_FALSE(fwd_tile_shape(128, 128, true).has_narrow()) << "e4m3 has no variants";
+  EXPECT_TRUE(takes_narrow(true, 64, 66, 132, Choice::kAuto));
+  EXPECT_FALSE(takes_narrow(true, 65, 1, 132, Choice::kAuto));
+  EXPECT_FALSE(takes_narrow(true, 4, 67, 132, Choice::kAuto));
+  EXPECT_FALSE(takes_narrow(false, 4, 1, 132, Choice::kOn));
+  EXPECT_TRUE(takes_narrow(true, 4096, 5000, 132, Choice::kOn));
+  EXPECT_FALSE(takes_narrow(true, 4, 1, 132, Choice::kOff));
+  // Decode, GQA 32/8 at 8k: 4 packed rows; 4 sequences are 32 tiles (narrow, split), 16 are 128
+  // (main).
+  Problem decode = fixed(4, 1, 32, 8, 128);
+  decode.seqlen_k = 8192;
+  FwdPlan plan = plan_forward(decode, kH200, {});
+  EXPECT_EQ(plan.variant, FwdVariant::kNarrow);
+  EXPECT_EQ(plan.block_m, 64);
+  EXPECT_EQ(plan.block_n, 128);
+  EXPECT_EQ(plan.tiles, 32);
+  EXPECT_GT(plan.splits, 1);
+  decode.batch = 16;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kMain);
+  // Speculative decode, 16 positions × 4 heads fill one slice; 17 do not.
+  decode.batch = 1;
+  decode.seqlen_q = 16;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kNarrow);
+  decode.seqlen_q = 17;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kMain);
+  // Forced onto a prefill: 64-row tiles, twice the main kernel's.
+  Overrides on;
+  on.narrow = Choice::kOn;
+  const Problem prefill = fixed(1, 4096, 16, 16, 128);
+  plan = plan_forward(prefill, kH200, on);
+  EXPECT_EQ(plan.variant, FwdVariant::kNarrow);
+  EXPECT_EQ(plan.m_blocks, 64);
+  EXPECT_EQ(plan_forward(prefill, kH200, {}).m_blocks, 32);
+  // Rows without one: d256 stays chunked, e4m3 d128 decode main.
+  EXPECT_EQ(plan_forward(fixed(1, 16384, 8, 8, 256), kH200, on).variant, FwdVariant::kChunked);
+  Problem fp8 = fixed(1, 1, 32, 8, 128);
+  fp8.seqlen_k = 8192;
+  fp8.dtype = fa4::DType::kE4M3;
+  EXPECT_EQ(plan_forward(fp8, kH200, on).variant, FwdVariant::kMain);
 }
 
 TEST(Sm90ForwardPlan, TileOrder) {

@@ -493,6 +493,15 @@ std::vector<PlanPath> plan_paths() {
       {"ordered", with([](Overrides& o) { o.longest_first = Choice::kOn; })},
       {"split3", with([](Overrides& o) { o.splits = 3; })},
       {"chunked", with([](Overrides& o) { o.chunked_kv = Choice::kOn; })},
+      {"narrow", with([](Overrides& o) { o.narrow = Choice::kOn; })},
+      {"narrow_everything", with([](Overrides& o) {
+         o.persistent = Choice::kOn;
+         o.persistent_ctas = 2;
+         o.pack_gqa = Choice::kOn;
+         o.longest_first = Choice::kOn;
+         o.splits = 3;
+         o.narrow = Choice::kOn;
+       })},
       {"everything", with([](Overrides& o) {
          o.persistent = Choice::kOn;
          o.persistent_ctas = 2;

@@ -50,9 +50,10 @@ struct FwdTileSize {
   static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
   static constexpr bool kOwnKeyTiles = kShape.own_key_tiles;
   static constexpr bool kKvPieces = kShape.kv_pieces;
+  static constexpr int kStages = 2;
 };
 
-// The row's chunked variant (FwdConfig<..., true>), where it has one.
+// The row's chunked variant (FwdConfig<..., FwdVariant::kChunked>), where it has one.
 template <int kHeadDimQK, int kHeadDimV>
 struct FwdChunkedTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
   static constexpr FwdTileShape::Chunked kVariant = fwd_tile_shape(kHeadDimQK, kHeadDimV).chunked;
@@ -62,8 +63,19 @@ struct FwdChunkedTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
   static constexpr int64_t kMinKeys = kVariant.min_keys;
 };
 
-template <int kHeadDimQK_, int kHeadDimV_, class Element_, bool kChunked_ = false,
-          class ElementO_ = Element_>
+// The row's narrow variant (FwdConfig<..., FwdVariant::kNarrow>), where it has one: one consumer
+// warpgroup, the row's key tile, a deeper ring.
+template <int kHeadDimQK, int kHeadDimV>
+struct FwdNarrowTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
+  static constexpr FwdTileShape::Narrow kVariant = fwd_tile_shape(kHeadDimQK, kHeadDimV).narrow;
+  static constexpr bool kExists = kVariant.stages > 0;
+  static constexpr int kConsumerWarpgroups = 1;
+  static constexpr bool kOwnKeyTiles = false;  // one slice: it sees all of its tile's keys
+  static constexpr int kStages = kVariant.stages;
+};
+
+template <int kHeadDimQK_, int kHeadDimV_, class Element_,
+          FwdVariant kVariant_ = FwdVariant::kMain, class ElementO_ = Element_>
 struct FwdConfig {
   using Element = Element_;  // Q, K and V: cutlass::bfloat16_t, cutlass::half_t or float_e4m3_t
   // O as stored: the operands' type, except where the operands are 8-bit (an FP8 forward writes
@@ -78,18 +90,24 @@ struct FwdConfig {
 
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr bool kChunked = kChunked_;
+  static constexpr FwdVariant kVariant = kVariant_;
+  static constexpr bool kChunked = kVariant == FwdVariant::kChunked;
+  static constexpr bool kNarrow = kVariant == FwdVariant::kNarrow;
   static_assert(!kChunked || FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists,
                 "no chunked variant of these head dims");
-  static_assert(!kChunked || !kFp8, "the e4m3 tile table has no chunked variant");
-  using TileSize = std::conditional_t<kChunked, FwdChunkedTileSize<kHeadDimQK, kHeadDimV>,
-                                      FwdTileSize<kHeadDimQK, kHeadDimV, kFp8>>;
+  static_assert(!kNarrow || FwdNarrowTileSize<kHeadDimQK, kHeadDimV>::kExists,
+                "no narrow variant of these head dims");
+  static_assert(kVariant == FwdVariant::kMain || !kFp8, "the e4m3 tile table has no variants");
+  using TileSize = std::conditional_t<
+      kChunked, FwdChunkedTileSize<kHeadDimQK, kHeadDimV>,
+      std::conditional_t<kNarrow, FwdNarrowTileSize<kHeadDimQK, kHeadDimV>,
+                         FwdTileSize<kHeadDimQK, kHeadDimV, kFp8>>>;
   static constexpr int kConsumerWarpgroups = TileSize::kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = TileSize::kBlockN;
   static constexpr bool kOwnKeyTiles = TileSize::kOwnKeyTiles && !kChunked;
   static constexpr bool kKvPieces = TileSize::kKvPieces;
-  static constexpr int kStages = 2;  // K and V ring depth
+  static constexpr int kStages = TileSize::kStages;  // K and V ring depth
   // Chunked: K and V share one ring of kKvChunks chunks of (kBlockN keys, half the head dim),
   // loaded in the order the consumers take them (FwdLoad::run_chunked); else K and V rings of
   // kStages whole tiles.
@@ -99,10 +117,12 @@ struct FwdConfig {
 
   // setmaxnreg budgets: the producer only issues TMA (and, e4m3, transposes V: the routine takes
   // 30-32 registers, its loop over the tiles some more, and spills at 32); the consumers hold S, P
-  // and O.
-  static constexpr int kProducerRegisters = kFp8 ? 40 : kConsumerWarpgroups == 2 ? 24 : 32;
+  // and O. With one consumer warpgroup registers are plentiful: at 24 the producer spills 220
+  // bytes (a 64-bit division routine and the tile walk), at 56 nothing.
+  static constexpr int kProducerRegisters =
+      kConsumerWarpgroups == 1 ? 56 : kFp8 ? 40 : kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters =
-      kConsumerWarpgroups == 2 ? (kFp8 ? 232 : 240) : (kFp8 ? 152 : 160);
+      kConsumerWarpgroups <= 2 ? (kFp8 ? 232 : 240) : (kFp8 ? 152 : 160);
   // The producer warps that transpose V (e4m3): warps 2 and 3, which gather K and V row by row in
   // the 16-bit kernels (the e4m3 kernels take no gathered pages).
   static constexpr int kTransposeWarps = kFp8 ? 2 : 0;
@@ -140,7 +160,8 @@ struct FwdConfig {
   // ALiBi's linear form (fwd/alibi_linear.hpp) holds each row's slope and diagonal through the
   // tile loop, two registers per row, which the kernels of two consumer warpgroups below d256 have
   // to spare; these compile a kernel of their own for calls that pass slopes (FwdKernel's
-  // kAlibiLinear), so that calls without ALiBi keep a kernel without it. e4m3 takes no ALiBi.
+  // kAlibiLinear), so that calls without ALiBi keep a kernel without it. e4m3 takes no ALiBi; the
+  // narrow variant takes the full form (no second kernel for the decode grids it runs).
   static constexpr bool kAlibiLinearFits =
       kConsumerWarpgroups == 2 && kHeadDimQK < 256 && !kChunked && !kFp8;
 
@@ -200,13 +221,15 @@ struct FwdConfig {
   static constexpr int kBytesO = kBlockM * kHeadDimV * int(sizeof(ElementO));
   static constexpr int kBytesVt = kFp8 ? kBytesV : 0;  // one stage of the Vᵀ ring
 
-  // O staged in a buffer of its own where shared memory has room for one beside Q and the rings
-  // (d64, d96, d128; 1 KB left for the barriers): each consumer warpgroup then stages and stores
-  // its own 64 rows, waiting for nobody (FwdEpilogue::store_own_o), and the next tile's V loads
-  // wait for nothing of the epilogue. Elsewhere (d192, 192x128, unchunked d256) O goes through V's
-  // ring (store_o).
+  // O staged in a buffer of its own where shared memory has room for one beside Q, the rings and
+  // the gather's row tables (d64, d96, d128; 2 KB left for the barriers): each consumer warpgroup
+  // then stages and stores its own 64 rows, waiting for nobody (FwdEpilogue::store_own_o), and the
+  // next tile's V loads wait for nothing of the epilogue. Elsewhere (d192, 192x128, unchunked
+  // d256, d128's narrow variant with its third stage) O goes through V's ring (store_o).
+  static constexpr int kBytesGatherRows = 2 * kBlockN * int(sizeof(uintptr_t));
   static constexpr bool kOBuffer =
-      !kChunked && kBytesQ + kStages * (kBytesK + kBytesV + kBytesVt) + kBytesO + 1024 <=
+      !kChunked && kBytesQ + kStages * (kBytesK + kBytesV + kBytesVt) + kBytesO +
+                           kBytesGatherRows + 2048 <=
                        227 * 1024;
   using SmemLayoutOSlice = decltype(tile_to_shape(SmemAtomO<kHeadDimV>{}, Shape<_64, HeadDimV>{}));
   // O's buffer: the warpgroups' slices one after the other.

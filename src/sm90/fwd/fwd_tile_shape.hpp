@@ -41,18 +41,33 @@ struct FwdTileShape {
     int kv_chunks = 0;
     int64_t min_keys = 0;
   } chunked;
+  // The narrow variant (stages 0: none): one consumer warpgroup, so 64-row query tiles, for grids
+  // of few tiles whose rows fit one slice (decode of few sequences, host/fwd_plan.cpp). There each
+  // CTA streams a few key tiles with nothing to hide their latency but the ring: the second
+  // warpgroup's registers and shared memory go to a deeper K / V ring instead.
+  struct Narrow {
+    int stages = 0;  // K and V ring depth
+  } narrow;
 
-  constexpr int block_m() const { return 64 * consumer_warpgroups; }
+  static constexpr int kSliceRows = 64;  // query rows per consumer warpgroup (the narrow tile)
+  constexpr int block_m() const { return kSliceRows * consumer_warpgroups; }
   constexpr bool has_chunked() const { return chunked.block_n > 0; }
+  constexpr bool has_narrow() const { return narrow.stages > 0; }
 };
 
+// The kernel a plan runs of a row: the row itself, or one of its variants.
+enum class FwdVariant : int { kMain = 0, kChunked = 1, kNarrow = 2 };
+
 inline constexpr FwdTileShape kFwdTileShapes[] = {
-    {64, 64, 3, 128, 1, false, true, true, {}},
-    {96, 96, 2, 128, 1, false, false, true, {}},
-    {128, 128, 2, 128, 4, false, false, true, {}},
+    {64, 64, 3, 128, 1, false, true, true, {}, {}},
+    {96, 96, 2, 128, 1, false, false, true, {}, {}},
+    // Narrow: three stages of 128 keys. Against the main kernel (two warpgroups, two stages) at
+    // GQA 32/8 and 8/1 decode: batch 1 and 4, 8k keys +1-10 %; at 128 sequences (a full grid)
+    // -3 % to +1 %, so the plan takes it only for grids that leave SMs idle.
+    {128, 128, 2, 128, 4, false, false, true, {}, {3}},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
-    {192, 192, 2, 96, 1, false, true, true, {}},
-    {192, 128, 2, 128, 1, false, false, false, {}},
+    {192, 192, 2, 96, 1, false, true, true, {}, {}},
+    {192, 128, 2, 128, 1, false, false, false, {}, {}},
     // 80 keys spill 16 bytes with this kernel's register budget; 64 do not. Own key tiles measured
     // +1-2 % at causal 512-4k but spill 12 bytes here. Chunked: 128 keys rather than 64 halve the
     // re-reads of Q per key (17 % fewer shared-memory bytes per FLOP and fewer instructions, so
@@ -60,7 +75,7 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     // stages of K and of V would not fit in shared memory, five 32 KB chunks do. Against the
     // 64-key kernel without a mask: 512 keys -14 %, 1k -4 %, 2k -1 %, 4k +2.6 %, 8k +1.5 %,
     // 16k +3.9 % (a tile's first QKᵀ and last P·V, exposed, are twice as long), hence min_keys.
-    {256, 256, 2, 64, 1, true, false, false, {128, 5, 4096}},
+    {256, 256, 2, 64, 1, true, false, false, {128, 5, 4096}, {}},
 };
 
 // e4m3 operands (fp8/): K and V take half the bytes, but Vᵀ needs a ring of its own (the FP8 P·V
@@ -68,10 +83,10 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
 // registers, which leaves the consumers 232 (152 with three); S, P (N/8 registers) and O still
 // bound the key tile (N a multiple of 32, the e4m3 P·V's k). d128: 192 keys spill 16 bytes at 232.
 inline constexpr FwdTileShape kFwdFp8TileShapes[] = {
-    {64, 64, 3, 128, 1, false, true, true, {}},
-    {128, 128, 2, 160, 2, false, false, true, {}},
+    {64, 64, 3, 128, 1, false, true, true, {}, {}},
+    {128, 128, 2, 160, 2, false, false, true, {}, {}},
     // O alone is 128 registers: 96 keys leave S and P room within 232.
-    {256, 256, 2, 96, 1, true, false, true, {}},
+    {256, 256, 2, 96, 1, true, false, true, {}, {}},
 };
 
 // The row of these head dims (of the e4m3 table with `e4m3`); a row of zeros (block_n 0) where the

@@ -12,8 +12,8 @@ namespace fa4::sm90 {
 // Sequences are sorted in shared memory: larger batches run in input order.
 constexpr int64_t kMaxOrderedBatch = 8192;
 // The forward's query tiles have at least this many rows (fwd_config.cuh: 64 per consumer
-// warpgroup, two or three warpgroups).
-constexpr int64_t kMinQueryTileRows = 128;
+// warpgroup; one warpgroup in the narrow variants).
+constexpr int64_t kMinQueryTileRows = 64;
 
 // Entries of the ordered grid for tiles of `block_m` rows, with `heads` tile heads (query heads,
 // or kv heads holding `group` query heads each when packed): one per query tile of every

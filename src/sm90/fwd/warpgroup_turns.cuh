@@ -14,7 +14,8 @@ namespace fa4::sm90 {
 
 template <int kWarpgroups>
 class WarpgroupTurns {
-  static_assert(kWarpgroups == 2 || kWarpgroups == 3, "one named barrier per warpgroup below");
+  // One warpgroup (the narrow variant) takes every turn itself: the turns are no-ops.
+  static_assert(kWarpgroups >= 1 && kWarpgroups <= 3, "one named barrier per warpgroup below");
 
  public:
   static constexpr uint32_t kThreads = 2 * 128;  // the waiting warpgroup + the arriving one
@@ -22,17 +23,22 @@ class WarpgroupTurns {
   CUTE_DEVICE explicit WarpgroupTurns(int consumer_warpgroup) : wg_(consumer_warpgroup) {}
 
   CUTE_DEVICE void start() const {
-    if (wg_ == 0) cutlass::arch::NamedBarrier::arrive(kThreads, barrier(0));
+    if constexpr (kWarpgroups > 1)
+      if (wg_ == 0) cutlass::arch::NamedBarrier::arrive(kThreads, barrier(0));
   }
-  CUTE_DEVICE void wait() const { cutlass::arch::NamedBarrier::sync(kThreads, barrier(wg_)); }
+  CUTE_DEVICE void wait() const {
+    if constexpr (kWarpgroups > 1) cutlass::arch::NamedBarrier::sync(kThreads, barrier(wg_));
+  }
   CUTE_DEVICE void pass() const {
-    cutlass::arch::NamedBarrier::arrive(kThreads, barrier((wg_ + 1) % kWarpgroups));
+    if constexpr (kWarpgroups > 1)
+      cutlass::arch::NamedBarrier::arrive(kThreads, barrier((wg_ + 1) % kWarpgroups));
   }
   // Turns go on across tiles. Warpgroup 0's barrier ends with one arrival more than it waited for
   // (start's, or the last warpgroup's last pass): consume it, so that no arrival is left pending
   // when the CTA exits.
   CUTE_DEVICE void finish() const {
-    if (wg_ == 0) wait();
+    if constexpr (kWarpgroups > 1)
+      if (wg_ == 0) wait();
   }
 
  private:

@@ -133,9 +133,9 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
   return Status::success();
 }
 
-// The plan's kernel: the chunked variant (fwd_config.cuh) where it chose one; with e4m3 operands,
-// the one that writes O in the problem's output dtype; with ALiBi slopes, the kernel of ALiBi's
-// linear form where the head dims have one.
+// The plan's kernel: the chunked or narrow variant (fwd_config.cuh) where it chose one; with e4m3
+// operands, the one that writes O in the problem's output dtype; with ALiBi slopes, the kernel of
+// ALiBi's linear form where the head dims have one.
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
 Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& t,
                    Workspace workspace, void* stream) {
@@ -155,15 +155,22 @@ Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& 
   }
   if constexpr (kDType == DType::kE4M3) {
     if (p.fp8.out_dtype == DType::kFP16)
-      return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, false, cutlass::half_t>,
-                            kDType>(plan, p, t, workspace, stream);
-    return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, false, cutlass::bfloat16_t>,
-                          kDType>(plan, p, t, workspace, stream);
+      return launch_forward<
+          FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kMain, cutlass::half_t>, kDType>(
+          plan, p, t, workspace, stream);
+    return launch_forward<
+        FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kMain, cutlass::bfloat16_t>, kDType>(
+        plan, p, t, workspace, stream);
   } else {
     if constexpr (FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
-      if (plan.chunked)
-        return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, true>, kDType>(
-            plan, p, t, workspace, stream);
+      if (plan.variant == FwdVariant::kChunked)
+        return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kChunked>,
+                              kDType>(plan, p, t, workspace, stream);
+    }
+    if constexpr (FwdNarrowTileSize<kHeadDimQK, kHeadDimV>::kExists) {
+      if (plan.variant == FwdVariant::kNarrow)
+        return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kNarrow>,
+                              kDType>(plan, p, t, workspace, stream);
     }
     using Config = FwdConfig<kHeadDimQK, kHeadDimV, Element>;
     if constexpr (Config::kAlibiLinearFits) {

@@ -68,7 +68,9 @@ CausalSchedule causal_schedule(CausalSchedule::Shape const& s) {
 // more (tile_order.hpp).
 constexpr bool query_tiles_at_least_min_rows() {
   for (const FwdTileShape& s : kFwdTileShapes)
-    if (s.block_m() < kMinQueryTileRows) return false;
+    if (s.block_m() < kMinQueryTileRows ||
+        (s.has_narrow() && FwdTileShape::kSliceRows < kMinQueryTileRows))
+      return false;
   for (const FwdTileShape& s : kFwdFp8TileShapes)
     if (s.block_m() < kMinQueryTileRows) return false;
   return true;
@@ -88,6 +90,12 @@ bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice fo
   if (banded || p.batch <= 0) return false;
   const int64_t keys = p.is_varlen() ? p.varlen.total_k / p.batch : p.seqlen_k;
   return keys >= min_keys;
+}
+
+bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, Choice forced) {
+  if (!exists) return false;
+  if (forced != Choice::kAuto) return forced == Choice::kOn;
+  return rows <= FwdTileShape::kSliceRows && 2 * tiles <= sm_count;
 }
 
 // Pack when the heads fill the query tiles markedly better than the positions alone (short query
@@ -168,19 +176,31 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
       fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v), p.dtype == DType::kE4M3);
   const BandMask band = BandMask::make(p.seqlen_q, p.seqlen_k, p.causal, p.window.left,
                                        p.window.right);
-  plan.chunked = fwd_plan::takes_chunked_kv(p, band.banded(), shape.chunked.min_keys,
-                                            overrides.chunked_kv) &&
-                 pages_hold_key_tiles(p, shape.chunked.block_n);
+  const bool chunked = fwd_plan::takes_chunked_kv(p, band.banded(), shape.chunked.min_keys,
+                                                  overrides.chunked_kv) &&
+                       pages_hold_key_tiles(p, shape.chunked.block_n);
+  plan.variant = chunked ? FwdVariant::kChunked : FwdVariant::kMain;
   plan.block_m = shape.block_m();
-  plan.block_n = plan.chunked ? shape.chunked.block_n : shape.block_n;
+  plan.block_n = chunked ? shape.chunked.block_n : shape.block_n;
   plan.pack_group = fwd_plan::pack_group(p, plan.block_m, overrides.pack_gqa);
   const int64_t group = plan.pack_group;
-  plan.m_blocks = int((p.seqlen_q * group + plan.block_m - 1) / plan.block_m);
+  const int sm_count = device.sm_count;
   plan.tile_heads = int(p.heads_q / group);
+  auto tiles_of = [&](int block_m) {
+    return (p.seqlen_q * group + block_m - 1) / block_m * plan.tile_heads * p.batch;
+  };
+  // The narrow variant (one consumer warpgroup) where one slice holds a tile's rows and the main
+  // kernel's tiles leave half the SMs idle or more (so split-KV shares out their keys): the same
+  // tiles, each CTA with a deeper K / V ring.
+  if (!chunked && fwd_plan::takes_narrow(shape.has_narrow(), p.seqlen_q * group,
+                                         tiles_of(plan.block_m), sm_count, overrides.narrow)) {
+    plan.variant = FwdVariant::kNarrow;
+    plan.block_m = FwdTileShape::kSliceRows;
+  }
+  plan.m_blocks = int((p.seqlen_q * group + plan.block_m - 1) / plan.block_m);
   plan.heavy_last_rows = band.right >= 0;
   plan.tiles = plan.m_blocks * plan.tile_heads * int(p.batch);
 
-  const int sm_count = device.sm_count;
   // A (head, batch entry) pair's K and V rows in L2, for the numberings in groups under a causal
   // diagonal (unpacked GQA: a kv head's K / V counted once per query head of it).
   const int64_t pairs = int64_t(plan.tile_heads) * p.batch;
