@@ -241,12 +241,13 @@ TEST(Sm90ForwardPlan, NarrowRule) {
   EXPECT_TRUE(fwd_tile_shape(128, 128).has_narrow());
   EXPECT_FALSE(fwd_tile_shape(64, 64).has_narrow());
   EXPECT_FALSE(fwd_tile_shape(128, 128, true).has_narrow()) << "e4m3 has no variants";
-  EXPECT_TRUE(takes_narrow(true, 64, 66, 132, Choice::kAuto));
-  EXPECT_FALSE(takes_narrow(true, 65, 1, 132, Choice::kAuto));
-  EXPECT_FALSE(takes_narrow(true, 4, 67, 132, Choice::kAuto));
-  EXPECT_FALSE(takes_narrow(false, 4, 1, 132, Choice::kOn));
-  EXPECT_TRUE(takes_narrow(true, 4096, 5000, 132, Choice::kOn));
-  EXPECT_FALSE(takes_narrow(true, 4, 1, 132, Choice::kOff));
+  EXPECT_TRUE(takes_narrow(true, 64, 66, 132, true, Choice::kAuto));
+  EXPECT_FALSE(takes_narrow(true, 65, 1, 132, true, Choice::kAuto));
+  EXPECT_FALSE(takes_narrow(true, 4, 67, 132, true, Choice::kAuto));
+  EXPECT_FALSE(takes_narrow(true, 4, 1, 132, false, Choice::kAuto)) << "keys in pieces";
+  EXPECT_FALSE(takes_narrow(false, 4, 1, 132, true, Choice::kOn));
+  EXPECT_TRUE(takes_narrow(true, 4096, 5000, 132, false, Choice::kOn));
+  EXPECT_FALSE(takes_narrow(true, 4, 1, 132, true, Choice::kOff));
   // Decode, GQA 32/8 at 8k: 4 packed rows; 4 sequences are 32 tiles (narrow, split), 16 are 128
   // (main).
   Problem decode = fixed(4, 1, 32, 8, 128);
@@ -259,6 +260,17 @@ TEST(Sm90ForwardPlan, NarrowRule) {
   EXPECT_GT(plan.splits, 1);
   decode.batch = 16;
   EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kMain);
+  // Pages of 16 keys load in pieces: main; of 256, as whole tiles: narrow.
+  decode.batch = 4;
+  const int32_t table = 0;
+  decode.kv_cache.page_table = &table;
+  decode.kv_cache.page_size = 16;
+  decode.kv_cache.num_pages = 4 * 512;
+  decode.kv_cache.page_table_stride = 512;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kMain);
+  decode.kv_cache.page_size = 256;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kNarrow);
+  decode.kv_cache = {};
   // Speculative decode, 16 positions × 4 heads fill one slice; 17 do not.
   decode.batch = 1;
   decode.seqlen_q = 16;

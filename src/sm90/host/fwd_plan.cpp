@@ -92,10 +92,11 @@ bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice fo
   return keys >= min_keys;
 }
 
-bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, Choice forced) {
+bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool whole_tiles,
+                  Choice forced) {
   if (!exists) return false;
   if (forced != Choice::kAuto) return forced == Choice::kOn;
-  return rows <= FwdTileShape::kSliceRows && 2 * tiles <= sm_count;
+  return whole_tiles && rows <= FwdTileShape::kSliceRows && 2 * tiles <= sm_count;
 }
 
 // Pack when the heads fill the query tiles markedly better than the positions alone (short query
@@ -189,11 +190,13 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
   auto tiles_of = [&](int block_m) {
     return (p.seqlen_q * group + block_m - 1) / block_m * plan.tile_heads * p.batch;
   };
-  // The narrow variant (one consumer warpgroup) where one slice holds a tile's rows and the main
-  // kernel's tiles leave half the SMs idle or more (so split-KV shares out their keys): the same
-  // tiles, each CTA with a deeper K / V ring.
+  // The narrow variant (one consumer warpgroup) where one slice holds a tile's rows, the main
+  // kernel's tiles leave half the SMs idle or more (so split-KV shares out their keys) and the
+  // keys load as whole tiles: the same tiles, each CTA with a deeper K / V ring.
   if (!chunked && fwd_plan::takes_narrow(shape.has_narrow(), p.seqlen_q * group,
-                                         tiles_of(plan.block_m), sm_count, overrides.narrow)) {
+                                         tiles_of(plan.block_m), sm_count,
+                                         pages_hold_key_tiles(p, shape.block_n),
+                                         overrides.narrow)) {
     plan.variant = FwdVariant::kNarrow;
     plan.block_m = FwdTileShape::kSliceRows;
   }

@@ -72,10 +72,13 @@ constexpr int64_t kMinKeyTilesPerSplit = 1;
 // Whether the chunked variant runs (min_keys: the row's; 0: none exists).
 bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice forced);
 // Whether the narrow variant runs: where the row has one, when forced, else when a query tile of
-// `rows` rows (the packed rows of the longest sequence) fits its one slice and the main kernel's
-// `tiles` leave half the SMs idle or more. With a fuller grid one warpgroup per CTA issues half
-// the tensor work: at 128 tiles on 132 SMs the narrow kernel measured −3 % to +1 %.
-bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, Choice forced);
+// `rows` rows (the packed rows of the longest sequence) fits its one slice, the main kernel's
+// `tiles` leave half the SMs idle or more and the keys load as whole key tiles (contiguous
+// caches, pages of whole tiles). With a fuller grid one warpgroup per CTA issues half the tensor
+// work (at 128 tiles on 132 SMs: −3 % to +1 %); on pages of 16 keys (TMA boxes of 16-key pieces)
+// long caches measured 4 % slower at GQA 32/8.
+bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool whole_tiles,
+                  Choice forced);
 // Query heads per tile: G when packing fills the tiles markedly better, else 1.
 int pack_group(const Problem& p, int block_m, Choice forced);
 // The most splits the plan may choose for this problem (1: it never splits).
