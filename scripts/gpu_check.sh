@@ -297,6 +297,14 @@ run_sanitize() {
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_decode_q1_gqa7_spiky'
   split+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_q1_k20000_split_gqa8_spiky'
   sanitize fwd_split "forward split" "memcheck racecheck synccheck" "$split"
+  # The narrow kernel (one consumer warpgroup, three stages, O staged in V's ring) on 2 persistent
+  # CTAs, unsplit (O handed from tile to tile through V's ring) and split.
+  local narrow='Matrix/Sm90Forward.MatchesReference/d128_bf16_q113_k203_causal_gqa4'
+  narrow+=':Matrix/Sm90Forward.MatchesReference/d128_bf16_varlen_chunks_causal_gqa7_headmajor'
+  sanitize fwd_narrow "forward narrow, 2 persistent CTAs" "memcheck racecheck synccheck" "$narrow" \
+    FA4_SM90_NARROW=on FA4_SM90_SCHEDULE=persistent FA4_SM90_PERSISTENT_CTAS=2
+  sanitize fwd_narrow_split "forward narrow, split" "memcheck racecheck synccheck" "$split" \
+    FA4_SM90_NARROW=on
   # The chunked forward's one ring of K and V chunks, with and without a mask, varlen, on 2
   # persistent CTAs: the ring's hand-over from tile to tile.
   local chunked='Matrix/Sm90Forward.MatchesReference/d256_bf16_q113_k203_*'

@@ -27,13 +27,14 @@ struct Overrides {
   int splits = 0;                     // > 0: each tile's keys split this many ways (1: never split)
   Choice longest_first = Choice::kAuto;  // a varlen batch's tiles ordered longest-first
   Choice chunked_kv = Choice::kAuto;     // the chunked kernel, where the head dims have one
-  Choice narrow = Choice::kAuto;  // the narrow (one consumer warpgroup) kernel, where there is one
   // sm90 backward.
   int bwd_group = 0;                  // > 0: CTAs of this many (head, batch) pairs run together
   Choice bwd_rotate = Choice::kAuto;  // kOff: key tiles walk the query tiles from the first
   Choice bwd_pairs = Choice::kAuto;   // kOff: no key-tile pairs
   // CPU backend.
   int cpu_threads = 0;                // > 0: this many threads (else every hardware thread)
+  // sm90 forward, after the fields above so that their positional initialisers keep their meaning.
+  Choice narrow = Choice::kAuto;  // the narrow (one consumer warpgroup) kernel, where there is one
 };
 
 // The overrides named by environment variables (docs/developing.md lists them):

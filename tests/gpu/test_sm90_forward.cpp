@@ -494,6 +494,12 @@ std::vector<PlanPath> plan_paths() {
       {"split3", with([](Overrides& o) { o.splits = 3; })},
       {"chunked", with([](Overrides& o) { o.chunked_kv = Choice::kOn; })},
       {"narrow", with([](Overrides& o) { o.narrow = Choice::kOn; })},
+      // Unsplit tiles one after the other on 2 CTAs: O staged in V's ring handed from tile to tile.
+      {"narrow_persistent_2ctas", with([](Overrides& o) {
+         o.persistent = Choice::kOn;
+         o.persistent_ctas = 2;
+         o.narrow = Choice::kOn;
+       })},
       {"narrow_everything", with([](Overrides& o) {
          o.persistent = Choice::kOn;
          o.persistent_ctas = 2;

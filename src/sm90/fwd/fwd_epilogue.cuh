@@ -1,9 +1,9 @@
 // The forward epilogue: the normalized O accumulator is rounded to the output dtype, staged in
 // shared memory with stmatrix and written by TMA, which drops rows past the sequence's end
-// (gmem_layout.cuh): where there is room (Config::kOBuffer: d64, d96, d128) in a buffer of its
-// own, each consumer warpgroup its 64 rows with a store of its own (store_own_o); elsewhere in V's
-// ring, free once the last P·V is done, by one store of the whole tile (store_o). LSE rows are written
-// straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,
+// (gmem_layout.cuh): where there is room (Config::kOBuffer: d64, d96, d128 but its narrow
+// variant) in a buffer of its own, each consumer warpgroup its 64 rows with a store of its own
+// (store_own_o); elsewhere in V's ring, free once the last P·V is done, by one store of the whole
+// tile (store_o). LSE rows are written straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,
 // which one box cannot address, nor can a box of a sequence's first tile whose rows the next tile
 // overlaps (tile_rows.hpp): the consumer threads copy those out 16 bytes at a time instead. A
 // tile without keys stages nothing: its zeros go straight out the same way. Split-KV's partial
@@ -156,7 +156,8 @@ struct FwdEpilogue {
   // o: the normalized fp32 accumulator of this thread; smem_o: V's ring, whose barrier
   // smem_o_free is arrived at once the store has read O from it. The store is issued by the first
   // thread of the last consumer warpgroup, which waits for that read: in the next tile it issues
-  // its GEMMs last, so the wait overlaps the other warpgroups' first QKᵀ.
+  // its GEMMs last, so the wait overlaps the other warpgroups' first QKᵀ (with one warpgroup, the
+  // next tile's loads).
   template <class TiledMma, class FragO>
   CUTE_DEVICE static void store_o(Params const& p, QueryRows const& query_rows, TileCoord tile,
                                   TileRows tile_rows, Sequence const& seq,

@@ -1,7 +1,8 @@
 // The forward's tile table: one row per (head dim qk, head dim v). Plain C++, so that the host's
 // launch plan (host/fwd_plan.hpp) and the kernels' configs (fwd_config.cuh) read the same numbers.
 //
-// The query tile has one 64-row slice per consumer warpgroup (128 rows with two, 192 with three).
+// The query tile has one 64-row slice per consumer warpgroup (128 rows with two, 192 with three,
+// 64 in a narrow variant's one).
 // The key tile shrinks as the head dims grow so that Q, two K stages and two V stages fit in shared
 // memory (227 KB) and S, P and O fit in the registers per thread (240 with two consumer
 // warpgroups, 160 with three; O takes dv/2, S N/2 and P N/4 registers).

@@ -1,8 +1,9 @@
-// Takes turns between the consumer warpgroups (two or three) when issuing their GEMMs, so that one
-// warpgroup's softmax runs while another's wgmma occupy the tensor cores (FA3's ping-pong, round
-// robin with three). Each warpgroup waits on its own named barrier, which the previous warpgroup
-// arrives at after issuing; the first warpgroup starts by arriving at its own barrier. All take the
-// same number of turns per tile, so the order carries over from one tile to the next.
+// Takes turns between the consumer warpgroups (two or three; one alone has nobody to wait for) when
+// issuing their GEMMs, so that one warpgroup's softmax runs while another's wgmma occupy the tensor
+// cores (FA3's ping-pong, round robin with three). Each warpgroup waits on its own named barrier,
+// which the previous warpgroup arrives at after issuing; the first warpgroup starts by arriving at
+// its own barrier. All take the same number of turns per tile, so the order carries over from one
+// tile to the next.
 #pragma once
 
 #include <cute/config.hpp>

@@ -233,7 +233,7 @@ Status can_implement(const Problem& p, Pass pass) {
       p.varlen.total_k >= kMaxExtent || p.batch > kMaxExtent || p.heads_q > kMaxExtent ||
       m_tiles * p.heads_q > kMaxTiles / (p.batch > 0 ? p.batch : 1))
     return not_supported("the sm90 forward kernel takes fewer than 2^31 - 1 rows, heads and batch "
-                         "entries, and at most 2^30 query tiles (128 rows x heads x batch)");
+                         "entries, and at most 2^30 query tiles (64 rows x heads x batch)");
   // A KV cache's sizes are 32-bit in the prepare kernel and in the TMA views, whose grid has a
   // CTA per 16 rows (appended or query) per sequence.
   const KvCache& c = p.kv_cache;

@@ -148,8 +148,13 @@ int choose_splits(const Problem& p, int64_t tiles, int64_t key_tiles, int sm_cou
 FwdWorkspace FwdWorkspace::of(const Problem& p, const Overrides& overrides) {
   FwdWorkspace w;
   // A cache's sequences are not ordered: their lengths are the prepare kernel's to read.
-  if (overrides.longest_first != Choice::kOff && !p.kv_cache.enabled())
-    w.order_bytes = tile_order_workspace_bytes(p);
+  if (overrides.longest_first != Choice::kOff && !p.kv_cache.enabled()) {
+    // The head dims' shortest query tile: the narrow variant's, where the row has one.
+    const FwdTileShape shape =
+        fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v), p.dtype == DType::kE4M3);
+    w.order_bytes = tile_order_workspace_bytes(
+        p, shape.has_narrow() ? FwdTileShape::kSliceRows : shape.block_m());
+  }
   w.max_splits = fwd_plan::max_splits(p, overrides);
   w.partials = w.order_bytes;
   w.partials_bytes = split_workspace_bytes(p, w.max_splits);
