@@ -41,8 +41,9 @@ struct Overrides {
 // FA4_SM90_SCHEDULE=persistent|per_tile, FA4_SM90_PERSISTENT_CTAS=n, FA4_SM90_ZIGZAG_GROUP=g,
 // FA4_SM90_PACK_GQA=1|0, FA4_SM90_SPLITS=n, FA4_SM90_TILE_ORDER=longest|input,
 // FA4_SM90_CHUNKED_KV=on|off, FA4_SM90_NARROW=on|off, FA4_SM90_BWD_GROUP=n,
-// FA4_SM90_BWD_ROTATE=on|off, FA4_SM90_BWD_PAIRS=on|off, FA4_CPU_THREADS=n. Unset variables leave their choice to the library;
-// a value outside these is kInvalidArgument naming the variable, and *overrides is left unchanged.
+// FA4_SM90_BWD_ROTATE=on|off, FA4_SM90_BWD_PAIRS=on|off, FA4_CPU_THREADS=n. Unset variables leave
+// their choice to the library; a value outside these is kInvalidArgument naming the variable, and
+// *overrides is left unchanged.
 FA4_API Status overrides_from_env(Overrides* overrides);
 
 // The entry points of attention.hpp with overrides. Overrides that do not apply to the problem or

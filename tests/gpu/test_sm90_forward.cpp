@@ -477,6 +477,14 @@ std::vector<PlanPath> plan_paths() {
     set(o);
     return o;
   };
+  // Every schedule choice forced at once; the "everything" paths add a kernel variant on top.
+  auto all_schedules = [](Overrides& o) {
+    o.persistent = Choice::kOn;
+    o.persistent_ctas = 2;
+    o.pack_gqa = Choice::kOn;
+    o.longest_first = Choice::kOn;
+    o.splits = 3;
+  };
   return {
       {"persistent_3ctas", with([](Overrides& o) {
          o.persistent = Choice::kOn;
@@ -500,20 +508,12 @@ std::vector<PlanPath> plan_paths() {
          o.persistent_ctas = 2;
          o.narrow = Choice::kOn;
        })},
-      {"narrow_everything", with([](Overrides& o) {
-         o.persistent = Choice::kOn;
-         o.persistent_ctas = 2;
-         o.pack_gqa = Choice::kOn;
-         o.longest_first = Choice::kOn;
-         o.splits = 3;
+      {"narrow_everything", with([&](Overrides& o) {
+         all_schedules(o);
          o.narrow = Choice::kOn;
        })},
-      {"everything", with([](Overrides& o) {
-         o.persistent = Choice::kOn;
-         o.persistent_ctas = 2;
-         o.pack_gqa = Choice::kOn;
-         o.longest_first = Choice::kOn;
-         o.splits = 3;
+      {"everything", with([&](Overrides& o) {
+         all_schedules(o);
          o.chunked_kv = Choice::kOn;
        })},
   };

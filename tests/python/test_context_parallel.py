@@ -91,6 +91,31 @@ def check(name, got, ref, lp, atol):
                             % (name, err, allowed, SEED))
 
 
+RESULTS = ("out", "lse", "dq", "dk", "dv")
+
+
+def check_results(got, ref, one):
+    """Each of RESULTS (got: name -> tensor; ref, one: tuples in RESULTS' order) to the rule."""
+    for i, name in enumerate(RESULTS):
+        check(name, got[name], ref[i], one[i], 1e-5 if i < 2 else 1e-4)
+
+
+def check_dense(shards, case):
+    """The ranks' shards of one sequence per batch entry put together and held to the rule against
+    the fp64 reference, the single-process call on the full tensors as the low-precision result.
+    Returns (ref, one) for what the caller checks besides."""
+    lb = case["load_balance"]
+    full = cp_worker.draw(case, SEED, torch.float32)
+    got = {n: unshard_sequence([s[n] for s in shards], load_balance=lb)
+           for n in ("out", "dq", "dk", "dv")}
+    got["lse"] = unshard_sequence([s["lse"] for s in shards], seq_dim=2, load_balance=lb)
+    inputs = (full["q"], full["k"], full["v"], full["dout"], case["causal"], case["softcap"],
+              full.get("sinks"), tuple(case.get("window", (-1, -1))))
+    ref, one = reference(*inputs), single(*inputs)
+    check_results(got, ref, one)
+    return ref, one
+
+
 CASES = [
     # world, causal, load_balance, heads q / kv, softcap, sinks, window (chunks of 8 or 16 rows)
     (2, True, True, 4, 2, 0.0, False, (-1, -1)),
@@ -121,16 +146,7 @@ def test_ring_attention_matches_one_device(world, causal, load_balance, heads_q,
             "dtype": "float32", "causal": causal, "load_balance": load_balance,
             "softcap": softcap, "sinks": sinks, "window": window}
     shards = run_ranks(world, case, tmp_path)
-    full = cp_worker.draw(case, SEED, torch.float32)
-    got = {n: unshard_sequence([s[n] for s in shards], load_balance=load_balance)
-           for n in ("out", "dq", "dk", "dv")}
-    got["lse"] = unshard_sequence([s["lse"] for s in shards], seq_dim=2, load_balance=load_balance)
-    inputs = (full["q"], full["k"], full["v"], full["dout"], causal, softcap, full.get("sinks"),
-              window)
-    ref, one = reference(*inputs), single(*inputs)
-    names = ("out", "lse", "dq", "dk", "dv")
-    for i, name in enumerate(names):
-        check(name, got[name], ref[i], one[i], 1e-5 if i < 2 else 1e-4)
+    ref, one = check_dense(shards, case)
     if sinks:
         # Each rank's d(sinks) is its rows' share: the group's sum is the whole gradient.
         check("dsinks", sum(s["dsinks"] for s in shards), ref[5], one[5], 1e-4)
@@ -162,15 +178,9 @@ def test_torch_context_parallel_runs_fa4cpp(world, causal, load_balance, heads_q
     for rank, s in enumerate(shards):
         # Under a causal mask without load balance, rank r's queries see r + 1 shards.
         steps = rank + 1 if causal and not load_balance else world
-        assert s["calls"] == {("fwd", "fa4cpp"): steps, ("bwd", "fa4cpp"): steps}, (rank, s["calls"])
-    full = cp_worker.draw(case, SEED, torch.float32)
-    got = {n: unshard_sequence([s[n] for s in shards], load_balance=load_balance)
-           for n in ("out", "dq", "dk", "dv")}
-    got["lse"] = unshard_sequence([s["lse"] for s in shards], seq_dim=2, load_balance=load_balance)
-    inputs = (full["q"], full["k"], full["v"], full["dout"], causal, 0.0)
-    ref, one = reference(*inputs), single(*inputs)
-    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
-        check(name, got[name], ref[i], one[i], 1e-5 if i < 2 else 1e-4)
+        expected = {("fwd", "fa4cpp"): steps, ("bwd", "fa4cpp"): steps}
+        assert s["calls"] == expected, (rank, s["calls"])
+    check_dense(shards, case)
 
 
 PACKED = [
@@ -219,8 +229,7 @@ def test_packed_ring_attention_matches_one_device(world, causal, load_balance, h
                                            0 if causal else window[1], 0.0, False, sinks=s_)
     out.backward(full["dout"])
     one = (out.detach(), lse, q.grad, k.grad, v.grad, s_.grad if sinks else None)
-    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
-        check(name, got[name], ref[i], one[i], 1e-5 if i < 2 else 1e-4)
+    check_results(got, ref, one)
     if sinks:
         check("dsinks", sum(s["dsinks"] for s in shards), ref[5], one[5], 1e-4)
 

@@ -7,13 +7,14 @@
 //   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
 //   tiles (the first V, where O is staged in V's ring, once the previous tile's O has been
 //   stored; at d64 / d96 / d128 (not the narrow variant) O has a buffer of its own,
-//   FwdConfig::kOBuffer). With pack-GQA
-//   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q; with a paged
-//   KV cache whose pages do not hold whole key tiles a third and a fourth warp gather K and V
-//   through the page table (gather_keys) and the load thread loads Q alone. With e4m3 operands
+//   FwdConfig::kOBuffer). With pack-GQA (query_rows.cuh) the tile's rows come from G heads and a
+//   second warp gathers Q; with a paged KV cache whose pages do not hold whole key tiles a third
+//   and a fourth warp gather K and V through the page table (gather_keys) and the load thread
+//   loads Q alone. With e4m3 operands
 //   those two warps transpose each V stage into a Vᵀ ring instead, which P·V reads (fwd_values.cuh).
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64, one with 240 in the
-//   narrow variant): 64 query rows each, taking turns at the tensor cores. Per key tile j, going down:
+//   narrow variant): 64 query rows each, taking turns at the tensor cores. Per key tile j, going
+//   down:
 //     S = Q Kⱼᵀ                    wgmma, issued together with O += P Vⱼ₊₁ in this warpgroup's turn
 //     S = softcap(S), mask(S)       only on tiles the band or seqlen_k cuts
 //     m, P = online softmax(S)      exp2, scale·log2e folded into one FFMA

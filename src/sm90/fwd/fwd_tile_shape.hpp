@@ -54,6 +54,8 @@ struct FwdTileShape {
   constexpr int block_m() const { return kSliceRows * consumer_warpgroups; }
   constexpr bool has_chunked() const { return chunked.block_n > 0; }
   constexpr bool has_narrow() const { return narrow.stages > 0; }
+  // The fewest rows of a query tile of this row's kernels (the narrow variant's, where it has one).
+  constexpr int min_block_m() const { return has_narrow() ? kSliceRows : block_m(); }
 };
 
 // The kernel a plan runs of a row: the row itself, or one of its variants.
@@ -64,7 +66,8 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     {96, 96, 2, 128, 1, false, false, true, {}, {}},
     // Narrow: three stages of 128 keys. Against the main kernel (two warpgroups, two stages) at
     // GQA 32/8 and 8/1 decode: batch 1 and 4, 8k keys +1-10 %; at 128 sequences (a full grid)
-    // -3 % to +1 %, so the plan takes it only for grids that leave SMs idle.
+    // -3 % to +1 %; on pages of 16-key pieces with long caches -4 % at GQA 32/8. So the plan takes
+    // it only for grids that leave half the SMs idle, with keys in whole tiles.
     {128, 128, 2, 128, 4, false, false, true, {}, {3}},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
     {192, 192, 2, 96, 1, false, true, true, {}, {}},

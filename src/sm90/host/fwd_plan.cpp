@@ -68,11 +68,9 @@ CausalSchedule causal_schedule(CausalSchedule::Shape const& s) {
 // more (tile_order.hpp).
 constexpr bool query_tiles_at_least_min_rows() {
   for (const FwdTileShape& s : kFwdTileShapes)
-    if (s.block_m() < kMinQueryTileRows ||
-        (s.has_narrow() && FwdTileShape::kSliceRows < kMinQueryTileRows))
-      return false;
+    if (s.min_block_m() < kMinQueryTileRows) return false;
   for (const FwdTileShape& s : kFwdFp8TileShapes)
-    if (s.block_m() < kMinQueryTileRows) return false;
+    if (s.min_block_m() < kMinQueryTileRows) return false;
   return true;
 }
 static_assert(query_tiles_at_least_min_rows(), "the tile order's workspace bound needs it");
@@ -149,11 +147,9 @@ FwdWorkspace FwdWorkspace::of(const Problem& p, const Overrides& overrides) {
   FwdWorkspace w;
   // A cache's sequences are not ordered: their lengths are the prepare kernel's to read.
   if (overrides.longest_first != Choice::kOff && !p.kv_cache.enabled()) {
-    // The head dims' shortest query tile: the narrow variant's, where the row has one.
     const FwdTileShape shape =
         fwd_tile_shape(int(p.head_dim_qk), int(p.head_dim_v), p.dtype == DType::kE4M3);
-    w.order_bytes = tile_order_workspace_bytes(
-        p, shape.has_narrow() ? FwdTileShape::kSliceRows : shape.block_m());
+    w.order_bytes = tile_order_workspace_bytes(p, shape.min_block_m());
   }
   w.max_splits = fwd_plan::max_splits(p, overrides);
   w.partials = w.order_bytes;
@@ -192,22 +188,22 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
   const int64_t group = plan.pack_group;
   const int sm_count = device.sm_count;
   plan.tile_heads = int(p.heads_q / group);
+  const int64_t rows = p.seqlen_q * group;  // a sequence's rows in its query tiles
   auto tiles_of = [&](int block_m) {
-    return (p.seqlen_q * group + block_m - 1) / block_m * plan.tile_heads * p.batch;
+    return (rows + block_m - 1) / block_m * plan.tile_heads * p.batch;
   };
   // The narrow variant (one consumer warpgroup) where one slice holds a tile's rows, the main
   // kernel's tiles leave half the SMs idle or more (so split-KV shares out their keys) and the
   // keys load as whole tiles: the same tiles, each CTA with a deeper K / V ring.
-  if (!chunked && fwd_plan::takes_narrow(shape.has_narrow(), p.seqlen_q * group,
-                                         tiles_of(plan.block_m), sm_count,
-                                         pages_hold_key_tiles(p, shape.block_n),
+  if (!chunked && fwd_plan::takes_narrow(shape.has_narrow(), rows, tiles_of(plan.block_m),
+                                         sm_count, pages_hold_key_tiles(p, shape.block_n),
                                          overrides.narrow)) {
     plan.variant = FwdVariant::kNarrow;
     plan.block_m = FwdTileShape::kSliceRows;
   }
-  plan.m_blocks = int((p.seqlen_q * group + plan.block_m - 1) / plan.block_m);
+  plan.m_blocks = int((rows + plan.block_m - 1) / plan.block_m);
   plan.heavy_last_rows = band.right >= 0;
-  plan.tiles = plan.m_blocks * plan.tile_heads * int(p.batch);
+  plan.tiles = int(tiles_of(plan.block_m));
 
   // A (head, batch entry) pair's K and V rows in L2, for the numberings in groups under a causal
   // diagonal (unpacked GQA: a kv head's K / V counted once per query head of it).
