@@ -498,24 +498,37 @@ struct FwdKernel {
 
   // The same two warps with pages of whole 16-key pieces (16-bit kernels: Load::kPieceWarps):
   // one issues K's pieces, the other V's (FwdLoad::issue_pieces), in gather_keys' order and with
-  // its wait for O's staging; each lane reads its piece's page-table entry one key tile ahead, so
-  // that the entries' latency hides behind the wait for the next ring slot.
+  // its wait for O's staging. Each lane reads its piece's page-table entry as many key tiles ahead
+  // as the ring has stages less one (kAhead): the ring lets the warp run that far ahead of the
+  // consumers, so with a ring slot already free (a deep ring, or consumers ahead) the entries the
+  // boxes need have still had the issue of kAhead tiles to land, not just one's.
   template <bool kValues>
   CUTE_DEVICE static void issue_key_pieces(Params const& p, SharedStorage& smem,
                                            Pipeline& pipeline) {
+    constexpr int kAhead = cute::max(Config::kStages - 1, 1);
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     auto const& l = p.load;
     for_each_keyed_tile<kValues>(p, smem, [&](Work const& w) {
       const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
       const auto ring = Load::template piece_ring<kValues>(
           l, kv_head, w.seq, kValues ? smem.kv.v.data() : smem.kv.k.data());
-      int32_t entry = Load::piece_entry(l, w.seq, w.keys.end - 1);
+      // entries[i]: tile (n - i)'s, for the tile n about to be issued; tiles before the work's
+      // first are not read.
+      int32_t entries[kAhead];
+      CUTE_UNROLL
+      for (int i = 0; i < kAhead; ++i) {
+        const int n = w.keys.end - 1 - i;
+        entries[i] = n >= w.keys.begin ? Load::piece_entry(l, w.seq, n) : 0;
+      }
       for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
         pipeline.producer_acquire(write);
-        Load::template issue_pieces<kValues>(l, w.seq, kv_head, n, entry, ring, write.index(),
-                                             pipeline.producer_get_barrier(write));
+        Load::template issue_pieces<kValues>(l, w.seq, kv_head, n, entries[0], ring,
+                                             write.index(), pipeline.producer_get_barrier(write));
         ++write;
-        if (n > w.keys.begin) entry = Load::piece_entry(l, w.seq, n - 1);
+        CUTE_UNROLL
+        for (int i = 0; i + 1 < kAhead; ++i) entries[i] = entries[i + 1];
+        if (n - kAhead >= w.keys.begin)
+          entries[kAhead - 1] = Load::piece_entry(l, w.seq, n - kAhead);
       }
     });
   }

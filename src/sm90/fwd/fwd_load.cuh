@@ -80,7 +80,7 @@ struct FwdLoad {
   static constexpr bool kKvPieces = Config::kKvPieces;
   // Who issues the pieces' boxes. In the 16-bit kernels the producer's third and fourth warps
   // (idle unless they gather rows): K's and V's side by side, each lane holding one piece's
-  // page-table entry, read a key tile ahead (FwdKernel::issue_key_pieces, issue_pieces); the
+  // page-table entry, read key tiles ahead (FwdKernel::issue_key_pieces, issue_pieces); the
   // load thread keeps Q and the tile queue. In the e4m3 kernels, whose third and fourth warps
   // transpose V, the load thread (run, load_pieces).
   static constexpr bool kPieceWarps = kKvPieces && !Config::kFp8;
@@ -305,7 +305,7 @@ struct FwdLoad {
   }
 
   // The page-table entry of piece `lane` of key tile n, one lane per piece (0 past the tile's
-  // pieces and where piece_rows reads no row of the page), read a tile ahead of the boxes by the
+  // pieces and where piece_rows reads no row of the page), read tiles ahead of the boxes by the
   // warp that issues them (FwdKernel::issue_key_pieces).
   CUTE_DEVICE static int32_t piece_entry(Params const& p, Sequence const& seq, int n) {
     const int lane = cutlass::canonical_lane_idx();
