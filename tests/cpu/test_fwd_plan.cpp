@@ -318,6 +318,12 @@ TEST(Sm90ForwardPlan, WidePiecesRule) {
     prefill.kv_cache.page_size = page;
     EXPECT_EQ(plan_forward(prefill, kH200, {}).variant, FwdVariant::kMain) << page;
   }
+  // ALiBi keeps its own kernel (the main kernel's ALiBi twin).
+  const float slopes[32] = {};
+  prefill.kv_cache.page_size = 64;
+  prefill.alibi.data = slopes;
+  EXPECT_EQ(plan_forward(prefill, kH200, {}).variant, FwdVariant::kMain);
+  prefill.alibi.data = nullptr;
   // A left pad: rows gathered, main kernel.
   const int32_t pads[4] = {};
   prefill.kv_cache.page_size = 64;

@@ -98,7 +98,8 @@ bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool w
 }
 
 bool takes_wide_pieces(const Problem& p, const FwdTileShape& shape) {
-  return shape.has_wide_pieces() &&
+  // Calls with ALiBi slopes keep the ALiBi kernel (its linear form, FwdKernel's second argument).
+  return shape.has_wide_pieces() && p.alibi.data == nullptr &&
          key_load_of(p, shape.block_n, shape.kv_pieces) == KeyLoad::kPieces &&
          wide_key_pieces(p, shape.block_n);
 }

@@ -80,7 +80,7 @@ bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice fo
 bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool whole_tiles,
                   Choice forced);
 // Whether the row's wide-pieces variant runs rather than its main kernel: where it has one and the
-// main kernel would load 16-key pieces from pages that hold whole 64-key pieces.
+// main kernel would load 16-key pieces from pages that hold whole 64-key pieces, without ALiBi.
 bool takes_wide_pieces(const Problem& p, const FwdTileShape& shape);
 // Query heads per tile: G when packing fills the tiles markedly better, else 1.
 int pack_group(const Problem& p, int block_m, Choice forced);
