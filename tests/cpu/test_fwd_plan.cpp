@@ -293,6 +293,56 @@ TEST(Sm90ForwardPlan, NarrowRule) {
   EXPECT_EQ(plan_forward(fp8, kH200, on).variant, FwdVariant::kMain);
 }
 
+// When the forward takes the wide-pieces twin (d128's row has one): where the main kernel would
+// load 16-key pieces from pages that hold whole 64-key pieces.
+TEST(Sm90ForwardPlan, WidePiecesRule) {
+  EXPECT_TRUE(fwd_tile_shape(128, 128).has_wide_pieces());
+  EXPECT_FALSE(fwd_tile_shape(64, 64).has_wide_pieces());
+  EXPECT_FALSE(fwd_tile_shape(128, 128, true).has_wide_pieces()) << "e4m3 has no variants";
+  // Chunked prefill, 512 queries of 4 sequences against 8k keys, GQA 32/8.
+  Problem prefill = fixed(4, 512, 32, 8, 128);
+  prefill.seqlen_k = 8192;
+  prefill.causal = true;
+  const int32_t table = 0;
+  prefill.kv_cache.page_table = &table;
+  prefill.kv_cache.num_pages = 4 * 8192 / 16;
+  prefill.kv_cache.page_table_stride = 8192 / 16;
+  for (int64_t page : {64, 192, 320}) {
+    prefill.kv_cache.page_size = page;
+    const FwdPlan plan = plan_forward(prefill, kH200, {});
+    EXPECT_EQ(plan.variant, FwdVariant::kWidePieces) << page;
+    EXPECT_EQ(plan.block_m, 128);
+    EXPECT_EQ(plan.block_n, 128);
+  }
+  for (int64_t page : {16, 32, 96, 128, 256}) {
+    prefill.kv_cache.page_size = page;
+    EXPECT_EQ(plan_forward(prefill, kH200, {}).variant, FwdVariant::kMain) << page;
+  }
+  // ALiBi keeps its own kernel (the main kernel's ALiBi twin).
+  const float slopes[32] = {};
+  prefill.kv_cache.page_size = 64;
+  prefill.alibi.data = slopes;
+  EXPECT_EQ(plan_forward(prefill, kH200, {}).variant, FwdVariant::kMain);
+  prefill.alibi.data = nullptr;
+  // A left pad: rows gathered, main kernel.
+  const int32_t pads[4] = {};
+  prefill.kv_cache.page_size = 64;
+  prefill.kv_cache.leftpad = pads;
+  EXPECT_EQ(plan_forward(prefill, kH200, {}).variant, FwdVariant::kMain);
+  prefill.kv_cache.leftpad = nullptr;
+  // Forced narrow keeps the narrow kernel's 16-key pieces.
+  Overrides on;
+  on.narrow = Choice::kOn;
+  EXPECT_EQ(plan_forward(prefill, kH200, on).variant, FwdVariant::kNarrow);
+  // Other head dims and e4m3 keep their main kernel.
+  Problem d64 = prefill;
+  d64.head_dim_qk = d64.head_dim_v = 64;
+  EXPECT_EQ(plan_forward(d64, kH200, {}).variant, FwdVariant::kMain);
+  Problem fp8 = prefill;
+  fp8.dtype = fa4::DType::kE4M3;
+  EXPECT_EQ(plan_forward(fp8, kH200, {}).variant, FwdVariant::kMain);
+}
+
 TEST(Sm90ForwardPlan, TileOrder) {
   // 300 one-tile sequences × 16 heads: more tiles than SMs, ordered by the plan's own rule.
   const Problem many = varlen(300, 100, 300 * 60, 16);

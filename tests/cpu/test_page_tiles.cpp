@@ -1,7 +1,8 @@
 // How the sm90 forward loads a paged cache's key tiles (src/sm90/cache/page_tiles.hpp): one TMA box
 // per key tile where every page holds whole key tiles, one per 16-key piece where every page holds
-// whole pieces (where the kernel's tile row has them), row by row otherwise; a left pad rules out
-// both boxes, since a sequence's tiles then start inside its first page.
+// whole pieces (where the kernel's tile row has them; one per 64-key piece where pages and key
+// tiles hold those, in the rows with a wide-pieces variant), row by row otherwise; a left pad rules out
+// the boxes, since a sequence's tiles then start inside its first page.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -14,6 +15,7 @@ using fa4::Problem;
 using fa4::sm90::key_load_of;
 using fa4::sm90::KeyLoad;
 using fa4::sm90::pages_hold_key_tiles;
+using fa4::sm90::wide_key_pieces;
 
 const int32_t kTable[1] = {0};
 const int32_t kPads[1] = {0};
@@ -53,6 +55,18 @@ TEST(Sm90PageTiles, PagesOfWholePiecesLoadPiecesWhereTheKernelHasThem) {
       EXPECT_EQ(key_load_of(p, block_n, false), KeyLoad::kGather) << page << " " << block_n;
     }
   }
+}
+
+TEST(Sm90PageTiles, PagesOfWholeWidePiecesLoadWidePiecesWhereTilesHoldThem) {
+  // Pages of 64 and 192 under 128-key tiles: 64-key pieces; not pages of 16, 32 or 96, nor
+  // 160-key tiles (e4m3's d128 row).
+  for (int64_t page : {64, 192, 320}) {
+    EXPECT_EQ(key_load_of(paged(page), 128, true), KeyLoad::kPieces) << page;
+    EXPECT_TRUE(wide_key_pieces(paged(page), 128)) << page;
+    EXPECT_FALSE(wide_key_pieces(paged(page), 160)) << page;
+  }
+  for (int64_t page : {16, 32, 48, 96, 160})
+    EXPECT_FALSE(wide_key_pieces(paged(page), 128)) << page;
 }
 
 TEST(Sm90PageTiles, OtherPagesAndLeftPadsGather) {

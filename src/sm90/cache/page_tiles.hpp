@@ -21,6 +21,11 @@ inline bool pages_hold_key_tiles(const Problem& p, int64_t block_n) {
   return !c.paged() || (block_n > 0 && c.page_size % block_n == 0 && c.leftpad == nullptr);
 }
 
+// Keys per wide piece: the wide-pieces variant's (FwdTileShape::wide_pieces). A 16-key piece is
+// two 2 KB boxes at d128 (a 128-byte swizzle atom holds 64 columns), 16 per key tile of K and 16 of
+// V; a 64-key piece, a quarter as many boxes for the same bytes.
+inline constexpr int kWideKeyPieceRows = 64;
+
 enum class KeyLoad { kTiles, kPieces, kGather };
 
 // Tiles where pages hold whole key tiles of `block_n` keys; pieces, where the kernel has them
@@ -31,6 +36,12 @@ inline KeyLoad key_load_of(const Problem& p, int64_t block_n, bool pieces) {
   const KvCache& c = p.kv_cache;
   return pieces && c.page_size % kKeyPieceRows == 0 && c.leftpad == nullptr ? KeyLoad::kPieces
                                                                              : KeyLoad::kGather;
+}
+
+// Where pieces load (key_load_of): whether pages and key tiles of `block_n` keys both hold whole
+// wide pieces.
+inline bool wide_key_pieces(const Problem& p, int64_t block_n) {
+  return block_n % kWideKeyPieceRows == 0 && p.kv_cache.page_size % kWideKeyPieceRows == 0;
 }
 
 }  // namespace fa4::sm90

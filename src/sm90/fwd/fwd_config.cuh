@@ -11,6 +11,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "sm90/cache/page_tiles.hpp"
 #include "sm90/common/register_budget.hpp"
 #include "sm90/common/smem_atom.cuh"
 #include "sm90/fwd/fwd_tile_shape.hpp"
@@ -50,6 +51,7 @@ struct FwdTileSize {
   static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
   static constexpr bool kOwnKeyTiles = kShape.own_key_tiles;
   static constexpr bool kKvPieces = kShape.kv_pieces;
+  static constexpr int kPieceRows = kKeyPieceRows;  // keys per piece (cache/page_tiles.hpp)
   static constexpr int kStages = 2;
 };
 
@@ -74,6 +76,14 @@ struct FwdNarrowTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
   static constexpr int kStages = kVariant.stages;
 };
 
+// The row's wide-pieces variant (FwdConfig<..., FwdVariant::kWidePieces>), where it has one: the
+// main kernel with key tiles in pieces of kWideKeyPieceRows keys.
+template <int kHeadDimQK, int kHeadDimV>
+struct FwdWidePiecesTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
+  static constexpr bool kExists = fwd_tile_shape(kHeadDimQK, kHeadDimV).has_wide_pieces();
+  static constexpr int kPieceRows = kWideKeyPieceRows;
+};
+
 template <int kHeadDimQK_, int kHeadDimV_, class Element_,
           FwdVariant kVariant_ = FwdVariant::kMain, class ElementO_ = Element_>
 struct FwdConfig {
@@ -93,20 +103,26 @@ struct FwdConfig {
   static constexpr FwdVariant kVariant = kVariant_;
   static constexpr bool kChunked = kVariant == FwdVariant::kChunked;
   static constexpr bool kNarrow = kVariant == FwdVariant::kNarrow;
+  static constexpr bool kWidePieces = kVariant == FwdVariant::kWidePieces;
   static_assert(!kChunked || FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists,
                 "no chunked variant of these head dims");
   static_assert(!kNarrow || FwdNarrowTileSize<kHeadDimQK, kHeadDimV>::kExists,
                 "no narrow variant of these head dims");
+  static_assert(!kWidePieces || FwdWidePiecesTileSize<kHeadDimQK, kHeadDimV>::kExists,
+                "no wide-pieces variant of these head dims");
   static_assert(kVariant == FwdVariant::kMain || !kFp8, "the e4m3 tile table has no variants");
   using TileSize = std::conditional_t<
       kChunked, FwdChunkedTileSize<kHeadDimQK, kHeadDimV>,
-      std::conditional_t<kNarrow, FwdNarrowTileSize<kHeadDimQK, kHeadDimV>,
-                         FwdTileSize<kHeadDimQK, kHeadDimV, kFp8>>>;
+      std::conditional_t<
+          kNarrow, FwdNarrowTileSize<kHeadDimQK, kHeadDimV>,
+          std::conditional_t<kWidePieces, FwdWidePiecesTileSize<kHeadDimQK, kHeadDimV>,
+                             FwdTileSize<kHeadDimQK, kHeadDimV, kFp8>>>>;
   static constexpr int kConsumerWarpgroups = TileSize::kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = TileSize::kBlockN;
   static constexpr bool kOwnKeyTiles = TileSize::kOwnKeyTiles && !kChunked;
   static constexpr bool kKvPieces = TileSize::kKvPieces;
+  static constexpr int kPieceRows = TileSize::kPieceRows;  // keys per piece of a paged key tile
   static constexpr int kStages = TileSize::kStages;  // K and V ring depth
   // Chunked: K and V share one ring of kKvChunks chunks of (kBlockN keys, half the head dim),
   // loaded in the order the consumers take them (FwdLoad::run_chunked); else K and V rings of

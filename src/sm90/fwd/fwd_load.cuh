@@ -6,7 +6,8 @@
 // them with 16-byte cp.async copies instead. With a KV cache the keys are rows of the sequence's
 // cache row, or of the pages its page-table row names (cache/page_tiles.hpp): where pages hold
 // whole key tiles a key tile lies inside one page, whose rows the tile's box addresses; where they
-// hold whole pieces of kKeyPieceRows keys each piece does, one box per piece (load_pieces);
+// hold whole pieces of Config::kPieceRows keys (16, or 64 in the wide-pieces variant) each piece
+// does, one box per piece (load_pieces, issue_pieces);
 // otherwise two warps of the producer warpgroup gather K and V row by row (gather_key_tile).
 #pragma once
 
@@ -61,13 +62,14 @@ struct FwdLoad {
   using TmaQ = Tma<SmemLayoutQ, Shape<BlockM, HeadDimQK>>;
   using TmaK = Tma<SmemLayoutKBox, KBox>;
   using TmaV = Tma<SmemLayoutVBox, VBox>;
-  // One piece of a key tile (pages of whole pieces): kKeyPieceRows rows of the tile's buffer, laid
-  // out as the same swizzle atoms as the whole tile's, so that a piece's box lands in its rows.
-  using PieceRows = Int<kKeyPieceRows>;
-  static constexpr int kPieces = BlockN::value / kKeyPieceRows;
+  // One piece of a key tile (pages of whole pieces): Config::kPieceRows rows of the tile's buffer,
+  // laid out as the same swizzle atoms as the whole tile's, so that a piece's box lands in its
+  // rows.
+  using PieceRows = Int<Config::kPieceRows>;
+  static constexpr int kPieces = BlockN::value / PieceRows::value;
   // Sets of entries in the load thread's ring (load_pieces): three live, a power of two.
   static constexpr int kEntrySets = 4;
-  static_assert(BlockN::value % kKeyPieceRows == 0, "a key tile is whole pieces");
+  static_assert(BlockN::value % PieceRows::value == 0, "a key tile is whole pieces");
   using KPieceBox = Shape<PieceRows, HeadDimQK>;
   using VPieceBox = Shape<PieceRows, HeadDimV>;
   using SmemLayoutKPiece =
@@ -208,7 +210,7 @@ struct FwdLoad {
     const int32_t page = __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
     return {p.page_size - in_page + (pos - page_start), in_page, page};
   }
-  // The same for the piece of kKeyPieceRows keys from key `key` on (pages of whole pieces), whose
+  // The same for the piece of PieceRows keys from key `key` on (pages of whole pieces), whose
   // page-table entry `page` the load thread has already read (load_key_page); page_rows divides.
   CUTE_DEVICE static SeqRows piece_rows(Params const& p, Sequence const& seq, int32_t key,
                                         int32_t page) {
@@ -259,8 +261,9 @@ struct FwdLoad {
   // The first key of piece i of key tile n. Pieces wholly past the sequence's end load its last
   // piece again: every box then starts on rows of the sequence. The keys' mask hides those rows.
   CUTE_DEVICE static int32_t piece_key(Sequence const& seq, int n, int i) {
-    const int32_t last = cute::max(seq.len_k - 1, 0) / kKeyPieceRows * kKeyPieceRows;
-    return cute::min(n * BlockN::value + i * kKeyPieceRows, last);
+    constexpr int kRows = PieceRows::value;
+    const int32_t last = cute::max(seq.len_k - 1, 0) / kRows * kRows;
+    return cute::min(n * BlockN::value + i * kRows, last);
   }
 
   // Key tile n of K or V (kValues) in pieces into the ring slot `state` names, once the consumers

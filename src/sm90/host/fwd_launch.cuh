@@ -57,6 +57,11 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
   using Kernel = FwdKernel<Config, kAlibiLinear>;
   constexpr int kHeadDimQK = Config::kHeadDimQK;
   constexpr int kHeadDimV = Config::kHeadDimV;
+  // The wide-pieces kernel's boxes hold 64 keys: only pages of whole 64-key pieces may reach it.
+  if (Config::kWidePieces && !fwd_plan::takes_wide_pieces(p, fwd_tile_shape(kHeadDimQK, kHeadDimV)))
+    return detail::make_status(StatusCode::kInternalError,
+                               "sm90 forward: the wide-pieces kernel planned for pages of %lld keys",
+                               static_cast<long long>(p.kv_cache.page_size));
   if (plan.block_m != Config::kBlockM || plan.block_n != Config::kBlockN)
     return detail::make_status(StatusCode::kInternalError,
                                "sm90 forward (head dims %d / %d): the plan's %d x %d tiles are not "
@@ -170,6 +175,11 @@ Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& 
     if constexpr (FwdNarrowTileSize<kHeadDimQK, kHeadDimV>::kExists) {
       if (plan.variant == FwdVariant::kNarrow)
         return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kNarrow>,
+                              kDType>(plan, p, t, workspace, stream);
+    }
+    if constexpr (FwdWidePiecesTileSize<kHeadDimQK, kHeadDimV>::kExists) {
+      if (plan.variant == FwdVariant::kWidePieces)
+        return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kWidePieces>,
                               kDType>(plan, p, t, workspace, stream);
     }
     using Config = FwdConfig<kHeadDimQK, kHeadDimV, Element>;

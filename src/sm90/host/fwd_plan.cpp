@@ -97,6 +97,13 @@ bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool w
   return whole_tiles && rows <= FwdTileShape::kSliceRows && 2 * tiles <= sm_count;
 }
 
+bool takes_wide_pieces(const Problem& p, const FwdTileShape& shape) {
+  // Calls with ALiBi slopes keep the ALiBi kernel (its linear form, FwdKernel's second argument).
+  return shape.has_wide_pieces() && p.alibi.data == nullptr &&
+         key_load_of(p, shape.block_n, shape.kv_pieces) == KeyLoad::kPieces &&
+         wide_key_pieces(p, shape.block_n);
+}
+
 // Pack when the heads fill the query tiles markedly better than the positions alone (short query
 // sequences: decode, chunked prefill), as long as the packed rows stay below 2³⁰.
 int pack_group(const Problem& p, int block_m, Choice forced) {
@@ -201,6 +208,10 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
     plan.variant = FwdVariant::kNarrow;
     plan.block_m = FwdTileShape::kSliceRows;
   }
+  // The wide-pieces twin where the main kernel would load pages of whole 64-key pieces in 16-key
+  // pieces.
+  if (plan.variant == FwdVariant::kMain && fwd_plan::takes_wide_pieces(p, shape))
+    plan.variant = FwdVariant::kWidePieces;
   plan.m_blocks = int((rows + plan.block_m - 1) / plan.block_m);
   plan.heavy_last_rows = band.right >= 0;
   plan.tiles = int(tiles_of(plan.block_m));

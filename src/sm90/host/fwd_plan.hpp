@@ -79,6 +79,9 @@ bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice fo
 // long caches measured 4 % slower at GQA 32/8.
 bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool whole_tiles,
                   Choice forced);
+// Whether the row's wide-pieces variant runs rather than its main kernel: where it has one and the
+// main kernel would load 16-key pieces from pages that hold whole 64-key pieces, without ALiBi.
+bool takes_wide_pieces(const Problem& p, const FwdTileShape& shape);
 // Query heads per tile: G when packing fills the tiles markedly better, else 1.
 int pack_group(const Problem& p, int block_m, Choice forced);
 // The most splits the plan may choose for this problem (1: it never splits).
