@@ -496,12 +496,13 @@ struct FwdKernel {
     });
   }
 
-  // The same two warps with pages of whole 16-key pieces (16-bit kernels: Load::kPieceWarps):
-  // one issues K's pieces, the other V's (FwdLoad::issue_pieces), in gather_keys' order and with
-  // its wait for O's staging. Each lane reads its piece's page-table entry as many key tiles ahead
-  // as the ring has stages less one (kAhead): the ring lets the warp run that far ahead of the
-  // consumers, so with a ring slot already free (a deep ring, or consumers ahead) the entries the
-  // boxes need have still had the issue of kAhead tiles to land, not just one's.
+  // The same two warps with pages of whole pieces of Config::kPieceRows keys (16-bit kernels:
+  // Load::kPieceWarps): one issues K's pieces, the other V's (FwdLoad::issue_pieces), in
+  // gather_keys' order and with its wait for O's staging. Each lane reads its piece's page-table
+  // entry as many key tiles ahead as the ring has stages less one (kAhead): the ring lets the warp
+  // run that far ahead of the consumers, so with a ring slot already free (a deep ring, or
+  // consumers ahead) the entries the boxes need have still had the issue of kAhead tiles to land,
+  // not just one's.
   template <bool kValues>
   CUTE_DEVICE static void issue_key_pieces(Params const& p, SharedStorage& smem,
                                            Pipeline& pipeline) {
