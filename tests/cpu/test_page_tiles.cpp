@@ -1,8 +1,8 @@
 // How the sm90 forward loads a paged cache's key tiles (src/sm90/cache/page_tiles.hpp): one TMA box
 // per key tile where every page holds whole key tiles, one per 16-key piece where every page holds
 // whole pieces (where the kernel's tile row has them; one per 64-key piece where pages and key
-// tiles hold those, in the rows with a wide-pieces variant), row by row otherwise; a left pad rules out
-// the boxes, since a sequence's tiles then start inside its first page.
+// tiles hold those, in the rows with a wide-pieces variant), row by row otherwise; a left pad
+// rules out the boxes, since a sequence's tiles then start inside its first page.
 #include <gtest/gtest.h>
 
 #include <cstdint>

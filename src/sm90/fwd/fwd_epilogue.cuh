@@ -3,11 +3,12 @@
 // (gmem_layout.cuh): where there is room (Config::kOBuffer: d64, d96, d128 but its narrow
 // variant) in a buffer of its own, each consumer warpgroup its 64 rows with a store of its own
 // (store_own_o); elsewhere in V's ring, free once the last P·V is done, by one store of the whole
-// tile (store_o). LSE rows are written straight from registers. A packed tile's rows (pack-GQA, query_rows.cuh) belong to several heads,
-// which one box cannot address, nor can a box of a sequence's first tile whose rows the next tile
-// overlaps (tile_rows.hpp): the consumer threads copy those out 16 bytes at a time instead. A
-// tile without keys stages nothing: its zeros go straight out the same way. Split-KV's partial
-// results (split_kv.cuh) go straight from registers.
+// tile (store_o). LSE rows are written straight from registers. A packed tile's rows (pack-GQA,
+// query_rows.cuh) belong to several heads, which one box cannot address, nor can a box of a
+// sequence's first tile whose rows the next tile overlaps (tile_rows.hpp): the consumer threads
+// copy those out 16 bytes at a time instead. A tile without keys stages nothing: its zeros go
+// straight out the same way. Split-KV's partial results (split_kv.cuh) go straight from
+// registers.
 #pragma once
 
 #include <cute/tensor.hpp>

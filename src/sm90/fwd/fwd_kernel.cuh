@@ -3,15 +3,15 @@
 // one after the other (tile_scheduler.cuh).
 //
 //   warpgroup 0 (producer, 24 to 56 registers): one thread finds each tile and publishes it for
-//   the consumers (tile_queue.cuh), then loads, by TMA, the tile's first K
-//   tile, its Q (once the previous tile's last QKᵀ has read Q's buffer), then the other K and V
-//   tiles (the first V, where O is staged in V's ring, once the previous tile's O has been
-//   stored; at d64 / d96 / d128 (not the narrow variant) O has a buffer of its own,
-//   FwdConfig::kOBuffer). With pack-GQA (query_rows.cuh) the tile's rows come from G heads and a
-//   second warp gathers Q; with a paged KV cache whose pages do not hold whole key tiles a third
-//   and a fourth warp gather K and V through the page table (gather_keys) and the load thread
-//   loads Q alone. With e4m3 operands
-//   those two warps transpose each V stage into a Vᵀ ring instead, which P·V reads (fwd_values.cuh).
+//   the consumers (tile_queue.cuh), then loads, by TMA, the tile's first K tile, its Q (once the
+//   previous tile's last QKᵀ has read Q's buffer), then the other K and V tiles (the first V,
+//   where O is staged in V's ring, once the previous tile's O has been stored; at d64 / d96 /
+//   d128 (not the narrow variant) O has a buffer of its own, FwdConfig::kOBuffer). With pack-GQA
+//   (query_rows.cuh) the tile's rows come from G heads and a second warp gathers Q; with a paged
+//   KV cache whose pages do not hold whole key tiles a third and a fourth warp load K and V
+//   through the page table, in pieces (issue_key_pieces) or row by row (gather_keys), and the
+//   load thread loads Q alone. With e4m3 operands those two warps transpose each V stage into a
+//   Vᵀ ring instead, which P·V reads (fwd_values.cuh).
 //   warpgroups 1.. (consumers: two with 240 registers, three with 160 at d64, one with 240 in the
 //   narrow variant): 64 query rows each, taking turns at the tensor cores. Per key tile j, going
 //   down:

@@ -58,9 +58,10 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
   constexpr int kHeadDimQK = Config::kHeadDimQK;
   constexpr int kHeadDimV = Config::kHeadDimV;
   // The wide-pieces kernel's boxes hold 64 keys: only pages of whole 64-key pieces may reach it.
-  if (Config::kWidePieces && !fwd_plan::takes_wide_pieces(p, fwd_tile_shape(kHeadDimQK, kHeadDimV)))
+  if (Config::kWidePieces && !wide_key_pieces(p, Config::kBlockN))
     return detail::make_status(StatusCode::kInternalError,
-                               "sm90 forward: the wide-pieces kernel planned for pages of %lld keys",
+                               "sm90 forward: the wide-pieces kernel planned for pages of %lld "
+                               "keys",
                                static_cast<long long>(p.kv_cache.page_size));
   if (plan.block_m != Config::kBlockM || plan.block_n != Config::kBlockN)
     return detail::make_status(StatusCode::kInternalError,
