@@ -703,35 +703,65 @@ struct FwdKernel {
         Values::to_p(tSrS, tOrP);
       }
 
-      CUTE_NO_UNROLL
-      for (; n_block > own.begin; --n_block) {
-        Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
-        ring_k.wait(read_k);
-        gathered_fence();
-        turns.wait();
-        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-        ring_v.wait(read_v);
-        gathered_fence();
-        wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-        turns.pass();
+      // One key-tile step; `plain` (a std::bool_constant) compiles it without the score step's
+      // run-time tests (softcap, ALiBi, the mask, the gather's fence) for the key tiles that need
+      // none of them, as a loop of its own: the general step's tests and the mask's live
+      // registers then stay out of the loop most tiles run.
+      auto steps = [&](auto plain, int stop) {
+        constexpr bool kPlain = decltype(plain)::value;
+        CUTE_NO_UNROLL
+        for (; n_block > stop; --n_block) {
+          Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+          ring_k.wait(read_k);
+          if constexpr (!kPlain) gathered_fence();
+          turns.wait();
+          wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+          ring_v.wait(read_v);
+          if constexpr (!kPlain) gathered_fence();
+          wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+          turns.pass();
 
-        warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
-        ring_k.release(read_k);
-        ++read_k;
-        if (n_block - 1 == own.begin) release_q();
-        const auto shift = prepare_scores(tSrS, n_block - 1);
-        auto scores = rowcol_view(tSrS);
-        const bool rescale_o = softmax.update_max(scores, rescale, shift);  // warp-uniform
-        softmax.exponentiate(scores, shift);
+          warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
+          ring_k.release(read_k);
+          ++read_k;
+          if (n_block - 1 == own.begin) release_q();
+          const auto shift = [&] {
+            if constexpr (kPlain)
+              return NoRowShift{};
+            else
+              return prepare_scores(tSrS, n_block - 1);
+          }();
+          auto scores = rowcol_view(tSrS);
+          const bool rescale_o = softmax.update_max(scores, rescale, shift);  // warp-uniform
+          softmax.exponentiate(scores, shift);
 
-        warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
-        ring_v.release(read_v);
-        ++read_v;
-        if (rescale_o) {
-          auto o = rowcol_view(tOrO);
-          scale_rows(o, rescale);
+          warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
+          ring_v.release(read_v);
+          ++read_v;
+          if (rescale_o) {
+            auto o = rowcol_view(tOrO);
+            scale_rows(o, rescale);
+          }
+          Values::to_p(tSrS, tOrP);
         }
-        Values::to_p(tSrS, tOrP);
+      };
+      // Segments of the walk down the key tiles: general steps above the tiles every row sees
+      // whole (a causal diagonal, a sequence's ragged last tile), plain ones through them, general
+      // ones below (a window's left edge).
+      const KeyTiles visible = w.mask.visible_tiles(w.mask.span(w.rows));
+      // (ALiBi's linear-form kernel biases every tile: it has no plain steps.)
+      const bool plain_ok =
+          !tile_softcap(p, scales).enabled() && p.variants.alibi == nullptr && !gathered;
+      while (n_block > own.begin) {
+        const int next = n_block - 1;
+        if constexpr (!kAlibiLinear) {
+          if (plain_ok && visible.contains(next)) {
+            steps(std::true_type{}, cute::max(visible.begin, own.begin));
+            continue;
+          }
+        }
+        steps(std::false_type{},
+              next >= visible.end ? cute::max(visible.end, own.begin) : own.begin);
       }
 
       ring_v.wait(read_v);
