@@ -704,9 +704,9 @@ struct FwdKernel {
       }
 
       // One key-tile step; `plain` (a std::bool_constant) compiles it without the score step's
-      // run-time tests (softcap, ALiBi, the mask, the gather's fence) for the key tiles that need
-      // none of them, as a loop of its own: the general step's tests and the mask's live
-      // registers then stay out of the loop most tiles run.
+      // run-time tests (softcap, ALiBi, the mask, the gather's fence), for the key tiles that need
+      // none of them (Config::kPlainSteps): the general step's tests and the mask's live registers
+      // then stay out of the loop most tiles run.
       auto steps = [&](auto plain, int stop) {
         constexpr bool kPlain = decltype(plain)::value;
         CUTE_NO_UNROLL
@@ -745,23 +745,24 @@ struct FwdKernel {
           Values::to_p(tSrS, tOrP);
         }
       };
-      // Segments of the walk down the key tiles: general steps above the tiles every row sees
-      // whole (a causal diagonal, a sequence's ragged last tile), plain ones through them, general
-      // ones below (a window's left edge).
-      const KeyTiles visible = w.mask.visible_tiles(w.mask.span(w.rows));
-      // (ALiBi's linear-form kernel biases every tile: it has no plain steps.)
-      const bool plain_ok =
-          !tile_softcap(p, scales).enabled() && p.variants.alibi == nullptr && !gathered;
-      while (n_block > own.begin) {
-        const int next = n_block - 1;
-        if constexpr (!kAlibiLinear) {
-          if (plain_ok && visible.contains(next)) {
+      if constexpr (Config::kPlainSteps && !kAlibiLinear) {
+        // Segments of the walk down the key tiles: general steps above the tiles every row sees
+        // whole (a causal diagonal, a sequence's ragged last tile), plain ones through them,
+        // general ones below (a window's left edge). ALiBi's linear-form kernel biases every
+        // tile: it has no plain steps.
+        const KeyTiles visible = w.mask.visible_tiles(w.mask.span(w.rows));
+        const bool plain_ok =
+            !tile_softcap(p, scales).enabled() && p.variants.alibi == nullptr && !gathered;
+        while (n_block > own.begin) {
+          const int next = n_block - 1;
+          if (plain_ok && visible.contains(next))
             steps(std::true_type{}, cute::max(visible.begin, own.begin));
-            continue;
-          }
+          else
+            steps(std::false_type{},
+                  next >= visible.end ? cute::max(visible.end, own.begin) : own.begin);
         }
-        steps(std::false_type{},
-              next >= visible.end ? cute::max(visible.end, own.begin) : own.begin);
+      } else {
+        steps(std::false_type{}, own.begin);
       }
 
       ring_v.wait(read_v);
