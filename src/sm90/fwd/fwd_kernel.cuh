@@ -707,43 +707,44 @@ struct FwdKernel {
       // run-time tests (softcap, ALiBi, the mask, the gather's fence), for the key tiles that need
       // none of them (Config::kPlainSteps): the general step's tests and the mask's live registers
       // then stay out of the loop most tiles run.
-      auto steps = [&](auto plain, int stop) {
+      auto step = [&](auto plain) {
         constexpr bool kPlain = decltype(plain)::value;
-        CUTE_NO_UNROLL
-        for (; n_block > stop; --n_block) {
-          Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
-          ring_k.wait(read_k);
-          if constexpr (!kPlain) gathered_fence();
-          turns.wait();
-          wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-          ring_v.wait(read_v);
-          if constexpr (!kPlain) gathered_fence();
-          wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-          turns.pass();
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+        ring_k.wait(read_k);
+        if constexpr (!kPlain) gathered_fence();
+        turns.wait();
+        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        ring_v.wait(read_v);
+        if constexpr (!kPlain) gathered_fence();
+        wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        turns.pass();
 
-          warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
-          ring_k.release(read_k);
-          ++read_k;
-          if (n_block - 1 == own.begin) release_q();
-          const auto shift = [&] {
-            if constexpr (kPlain)
-              return NoRowShift{};
-            else
-              return prepare_scores(tSrS, n_block - 1);
-          }();
-          auto scores = rowcol_view(tSrS);
-          const bool rescale_o = softmax.update_max(scores, rescale, shift);  // warp-uniform
-          softmax.exponentiate(scores, shift);
+        warpgroup_wait<1>();  // S of tile n_block − 1 is ready; P·V of tile n_block still runs
+        ring_k.release(read_k);
+        ++read_k;
+        if (n_block - 1 == own.begin) release_q();
+        const auto shift = [&] {
+          if constexpr (kPlain)
+            return NoRowShift{};
+          else
+            return prepare_scores(tSrS, n_block - 1);
+        }();
+        auto scores = rowcol_view(tSrS);
+        const bool rescale_o = softmax.update_max(scores, rescale, shift);  // warp-uniform
+        softmax.exponentiate(scores, shift);
 
-          warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
-          ring_v.release(read_v);
-          ++read_v;
-          if (rescale_o) {
-            auto o = rowcol_view(tOrO);
-            scale_rows(o, rescale);
-          }
-          Values::to_p(tSrS, tOrP);
+        warpgroup_wait<0>();  // P·V done: O may be rescaled and P overwritten
+        ring_v.release(read_v);
+        ++read_v;
+        if (rescale_o) {
+          auto o = rowcol_view(tOrO);
+          scale_rows(o, rescale);
         }
+        Values::to_p(tSrS, tOrP);
+      };
+      auto steps = [&](auto plain, int stop) {
+        CUTE_NO_UNROLL
+        for (; n_block > stop; --n_block) step(plain);
       };
       if constexpr (Config::kPlainSteps && !kAlibiLinear) {
         // Segments of the walk down the key tiles: general steps above the tiles every row sees
@@ -762,7 +763,8 @@ struct FwdKernel {
                   next >= visible.end ? cute::max(visible.end, own.begin) : own.begin);
         }
       } else {
-        steps(std::false_type{}, own.begin);
+        CUTE_NO_UNROLL
+        for (; n_block > own.begin; --n_block) step(std::false_type{});
       }
 
       ring_v.wait(read_v);
