@@ -51,6 +51,7 @@ struct FwdTileSize {
   static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
   static constexpr bool kOwnKeyTiles = kShape.own_key_tiles;
   static constexpr bool kKvPieces = kShape.kv_pieces;
+  static constexpr bool kPlainSteps = kShape.plain_steps;
   static constexpr int kPieceRows = kKeyPieceRows;  // keys per piece (cache/page_tiles.hpp)
   static constexpr int kStages = 2;
 };
@@ -122,6 +123,7 @@ struct FwdConfig {
   static constexpr int kBlockN = TileSize::kBlockN;
   static constexpr bool kOwnKeyTiles = TileSize::kOwnKeyTiles && !kChunked;
   static constexpr bool kKvPieces = TileSize::kKvPieces;
+  static constexpr bool kPlainSteps = TileSize::kPlainSteps;  // FwdTileShape::plain_steps
   static constexpr int kPieceRows = TileSize::kPieceRows;  // keys per piece of a paged key tile
   static constexpr int kStages = TileSize::kStages;  // K and V ring depth
   // Chunked: K and V share one ring of kKvChunks chunks of (kBlockN keys, half the head dim),

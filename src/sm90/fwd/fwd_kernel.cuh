@@ -703,15 +703,19 @@ struct FwdKernel {
         Values::to_p(tSrS, tOrP);
       }
 
-      CUTE_NO_UNROLL
-      for (; n_block > own.begin; --n_block) {
+      // One key-tile step; `plain` (a std::bool_constant) compiles it without the score step's
+      // run-time tests (softcap, ALiBi, the mask, the gather's fence), for the key tiles that need
+      // none of them (Config::kPlainSteps): the general step's tests and the mask's live registers
+      // then stay out of the loop most tiles run.
+      auto step = [&](auto plain) {
+        constexpr bool kPlain = decltype(plain)::value;
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
         ring_k.wait(read_k);
-        gathered_fence();
+        if constexpr (!kPlain) gathered_fence();
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
         ring_v.wait(read_v);
-        gathered_fence();
+        if constexpr (!kPlain) gathered_fence();
         wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         turns.pass();
 
@@ -719,7 +723,12 @@ struct FwdKernel {
         ring_k.release(read_k);
         ++read_k;
         if (n_block - 1 == own.begin) release_q();
-        const auto shift = prepare_scores(tSrS, n_block - 1);
+        const auto shift = [&] {
+          if constexpr (kPlain)
+            return NoRowShift{};
+          else
+            return prepare_scores(tSrS, n_block - 1);
+        }();
         auto scores = rowcol_view(tSrS);
         const bool rescale_o = softmax.update_max(scores, rescale, shift);  // warp-uniform
         softmax.exponentiate(scores, shift);
@@ -732,6 +741,30 @@ struct FwdKernel {
           scale_rows(o, rescale);
         }
         Values::to_p(tSrS, tOrP);
+      };
+      auto steps = [&](auto plain, int stop) {
+        CUTE_NO_UNROLL
+        for (; n_block > stop; --n_block) step(plain);
+      };
+      if constexpr (Config::kPlainSteps && !kAlibiLinear) {
+        // Segments of the walk down the key tiles: general steps above the tiles every row sees
+        // whole (a causal diagonal, a sequence's ragged last tile), plain ones through them,
+        // general ones below (a window's left edge). ALiBi's linear-form kernel biases every
+        // tile: it has no plain steps.
+        const KeyTiles visible = w.mask.visible_tiles(w.mask.span(w.rows));
+        const bool plain_ok =
+            !tile_softcap(p, scales).enabled() && p.variants.alibi == nullptr && !gathered;
+        while (n_block > own.begin) {
+          const int next = n_block - 1;
+          if (plain_ok && visible.contains(next))
+            steps(std::true_type{}, cute::max(visible.begin, own.begin));
+          else
+            steps(std::false_type{},
+                  next >= visible.end ? cute::max(visible.end, own.begin) : own.begin);
+        }
+      } else {
+        CUTE_NO_UNROLL
+        for (; n_block > own.begin; --n_block) step(std::false_type{});
       }
 
       ring_v.wait(read_v);

@@ -55,6 +55,12 @@ struct FwdTileShape {
   // kernel: with both paths compiled into it, latency-bound decode (batch 1, contiguous caches and
   // pages of 16) measured 3 % slower.
   bool wide_pieces = false;
+  // Key tiles that need no score step (no softcap, no ALiBi, no mask: every row sees the whole
+  // tile) run in a loop of their own, compiled without the step's run-time tests
+  // (FwdKernel::consume). d128: +1-6 % at 16k, level to +2 % at 1k-4k. d64: +1-4 % from 4k, but
+  // its short causal rows (1k) 2.6 % slower, their few steps split among more loops; off there.
+  // The other head dims are not measured yet.
+  bool plain_steps = false;
 
   static constexpr int kSliceRows = 64;  // query rows per consumer warpgroup (the narrow tile)
   constexpr int block_m() const { return kSliceRows * consumer_warpgroups; }
@@ -77,7 +83,7 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     // it only for grids that leave half the SMs idle, with keys in whole tiles.
     // Wide pieces: chunked prefill (512 queries, 8k keys, GQA 32/8) on pages of 64 11.6 % faster,
     // 0.965x a contiguous cache; paged decode on pages of 64 level to +4 %.
-    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true},
+    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true, true},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
     {192, 192, 2, 96, 1, false, true, true, {}, {}},
     {192, 128, 2, 128, 1, false, false, false, {}, {}},
