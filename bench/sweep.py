@@ -464,7 +464,11 @@ def time_rounds(row, rounds, cudnn, fa2, runs, other_runs=None):
             row["libs"][name]["power"] = power
     for name in other_runs:
         t = times[("other", name)]
-        row.setdefault("others", {})[name] = {"ms": statistics.median(t), "ms_rounds": t}
+        entry = {"ms": statistics.median(t), "ms_rounds": t}
+        power = power_log.combine(windows[("other", name)], entry["ms"])
+        if power is not None:
+            entry["power"] = power
+        row.setdefault("others", {})[name] = entry
 
 
 def sdpa_backward_fn(backend, q, k, v, causal, dout, with_forward=False):
@@ -564,7 +568,8 @@ def main():
                          % ", ".join(VARIANTS))
     ap.add_argument("--power", action="store_true",
                     help="also record the SM clock, board power and energy per call of every "
-                         "fa4cpp build and cuDNN (NVML, sampled every %d ms)"
+                         "timed column: the fa4cpp builds, cuDNN and the peers (NVML, sampled "
+                         "every %d ms)"
                          % power_log.INTERVAL_MS)
     add_lib_env_arg(ap)
     args = ap.parse_args()
@@ -850,15 +855,23 @@ def rescale_markdown(r, names):
 
 
 def power_markdown(r, names):
-    """--power's table: per row and timed column the median SM clock and board power sampled
-    during its timings, the energy per call (power_log.combine) and each build's energy /
-    cuDNN's."""
-    if not any("cudnn_power" in x or any("power" in e for e in x["libs"].values())
-               for x in r["rows"]):
+    """--power's table: per row and timed column (the builds, cuDNN, then the peers that ran) the
+    median SM clock and board power sampled during its timings, the energy per call
+    (power_log.combine) and each build's energy / cuDNN's. Under the board's power cap a column's
+    clock says how much of its time its energy per FLOP costs."""
+    def row_powers(x):
+        return ([x["libs"].get(n, {}).get("power") for n in names] + [x.get("cudnn_power")] +
+                [x.get("others", {}).get(o, {}).get("power") for o in peers])
+
+    peers = []
+    for x in r["rows"]:
+        for o in x.get("others", {}):
+            if o not in peers:
+                peers.append(o)
+    if not any(p for x in r["rows"] for p in row_powers(x)):
         return []
-    cols = names + ["cuDNN"]
-    sources = {p.get("energy_source", "power") for x in r["rows"]
-               for p in [x.get("cudnn_power")] + [e.get("power") for e in x["libs"].values()] if p}
+    cols = names + ["cuDNN"] + peers
+    sources = {p.get("energy_source", "power") for x in r["rows"] for p in row_powers(x) if p}
     energy = {"counter": "the energy counter's average power", "power": "median power"}
     lines = ["", "## SM clock, board power, energy per call (NVML every %d ms during each timing; "
              "medians over the rounds; mJ = %s × median time)"
@@ -868,12 +881,12 @@ def power_markdown(r, names):
                  " | ".join(n + "/cuDNN energy" for n in names)),
              "|---" * (5 + len(cols) + len(names)) + "|"]
     for x in r["rows"]:
-        powers = [x["libs"].get(n, {}).get("power") for n in names] + [x.get("cudnn_power")]
+        powers = row_powers(x)
         cells = ["%.0f / %.0f / %.3g" % (p["sm_mhz"], p["watts"], p["mj_per_call"]) if p else "—"
                  for p in powers]
-        base = powers[-1]
+        base = powers[len(names)]
         ratios = ["%.3f" % (p["mj_per_call"] / base["mj_per_call"]) if p and base else "—"
-                  for p in powers[:-1]]
+                  for p in powers[:len(names)]]
         lines.append("| %d | %d | %d | %d/%d | %s | %s | %s |" % (
             x["head_dim"], x["seqlen"], x["batch"], x["heads_q"], x["heads_kv"],
             "yes" if x["causal"] else "no", " | ".join(cells), " | ".join(ratios)))

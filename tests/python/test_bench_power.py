@@ -346,6 +346,24 @@ def test_sweep_records_and_tabulates_power(sweep, monkeypatch):
     cells = [c.strip() for c in lines[at + 4].split("|")[1:-1]]
     assert cells[5:] == ["1600 / 680 / 646", "1700 / 700 / 648", "0.997"]
 
+    # A peer (FA3) timed beside them gets its clock, power and energy too, after cuDNN's column;
+    # the energy ratios stay the builds' against cuDNN.
+    peer, peer_ms = timed(690.0, 1650.0, 0.8)
+    times = {cudnn: cudnn_ms, build: build_ms, peer: peer_ms}
+    monkeypatch.setattr(sweep.triton.testing, "do_bench",
+                        lambda fn, **kw: (fn(), times[fn])[1])
+    row = {"batch": 4, "seqlen": 4096, "heads_q": 8, "heads_kv": 8, "head_dim": 256,
+           "causal": False, "libs": {"fa4cpp": {}}}
+    sweep.time_rounds(row, 2, cudnn, None, {"fa4cpp": build}, {"FA3": peer})
+    assert row["others"]["FA3"]["power"]["mj_per_call"] == pytest.approx(552.0)
+    assert row["others"]["FA3"]["power"]["sm_mhz"] == 1650.0
+    lines = sweep.power_markdown({"rows": [row]}, ["fa4cpp"])
+    assert lines[3] == ("| d | seqlen | b | hq/hkv | causal | fa4cpp MHz / W / mJ | cuDNN MHz / "
+                        "W / mJ | FA3 MHz / W / mJ | fa4cpp/cuDNN energy |")
+    assert lines[4].count("|---") == lines[3].count("|") - 1
+    cells = [c.strip() for c in lines[5].split("|")[1:-1]]
+    assert cells[5:] == ["1600 / 680 / 646", "1700 / 700 / 648", "1650 / 690 / 552", "0.997"]
+
     monkeypatch.setattr(sweep, "POWER", None)  # without --power: no window, no table
     row = {"libs": {"fa4cpp": {}}}
     sweep.time_rounds(row, 1, cudnn, None, {"fa4cpp": build})
