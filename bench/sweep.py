@@ -859,15 +859,12 @@ def power_markdown(r, names):
     median SM clock and board power sampled during its timings, the energy per call
     (power_log.combine) and each build's energy / cuDNN's. Under the board's power cap a column's
     clock says how much of its time its energy per FLOP costs."""
+    peers = r.get("others", [])  # the peers' columns, as markdown's main table has them
+
     def row_powers(x):
         return ([x["libs"].get(n, {}).get("power") for n in names] + [x.get("cudnn_power")] +
                 [x.get("others", {}).get(o, {}).get("power") for o in peers])
 
-    peers = []
-    for x in r["rows"]:
-        for o in x.get("others", {}):
-            if o not in peers:
-                peers.append(o)
     if not any(p for x in r["rows"] for p in row_powers(x)):
         return []
     cols = names + ["cuDNN"] + peers

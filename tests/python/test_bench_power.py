@@ -357,7 +357,7 @@ def test_sweep_records_and_tabulates_power(sweep, monkeypatch):
     sweep.time_rounds(row, 2, cudnn, None, {"fa4cpp": build}, {"FA3": peer})
     assert row["others"]["FA3"]["power"]["mj_per_call"] == pytest.approx(552.0)
     assert row["others"]["FA3"]["power"]["sm_mhz"] == 1650.0
-    lines = sweep.power_markdown({"rows": [row]}, ["fa4cpp"])
+    lines = sweep.power_markdown({"others": ["FA3"], "rows": [row]}, ["fa4cpp"])
     assert lines[3] == ("| d | seqlen | b | hq/hkv | causal | fa4cpp MHz / W / mJ | cuDNN MHz / "
                         "W / mJ | FA3 MHz / W / mJ | fa4cpp/cuDNN energy |")
     assert lines[4].count("|---") == lines[3].count("|") - 1
