@@ -307,28 +307,35 @@ struct FwdLoad {
                                                      group_modes<0, 2>(gp))));
   }
 
-  // The page-table entry of piece `lane` of key tile n, one lane per piece (0 past the tile's
-  // pieces and where piece_rows reads no row of the page), read tiles ahead of the boxes by the
-  // warp that issues them (FwdKernel::issue_key_pieces).
-  CUTE_DEVICE static int32_t piece_entry(Params const& p, Sequence const& seq, int n) {
+  // Where piece `lane` of key tile n lies (piece_rows, with its page-table entry read here), one
+  // lane per piece ({page_size, 0, 0} past the tile's pieces and where piece_rows reads no row of
+  // the page), computed tiles ahead of the boxes by the warp that issues them
+  // (FwdKernel::issue_key_pieces): the lanes find every piece's coordinates at once, and the
+  // issuing lane only takes them by shuffle.
+  CUTE_DEVICE static SeqRows piece_at(Params const& p, Sequence const& seq, int n) {
     const int lane = cutlass::canonical_lane_idx();
-    const int32_t index =
-        p.page_rows.div(seq.start_k + piece_key(seq, n, cute::min(lane, kPieces - 1)));
-    if (lane >= kPieces || index * p.page_size >= seq.start_k + seq.len_k) return 0;
-    return __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
+    int32_t index, in_page_pos;
+    p.page_rows.fast_divmod(index, in_page_pos,
+                            seq.start_k + piece_key(seq, n, cute::min(lane, kPieces - 1)));
+    const int32_t in_page =
+        cute::min(p.page_size, seq.start_k + seq.len_k - index * p.page_size);
+    if (lane >= kPieces || in_page <= 0) return {p.page_size, 0, 0};
+    const int32_t page = __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
+    return {p.page_size - in_page + in_page_pos, in_page, page};
   }
-  // Key tile n's pieces into ring slot `stage` (`ring`: piece_ring), completing the full barrier
-  // `bar`, by a whole warp: lane 0 issues every box, each piece's entry taken from its lane
-  // (piece_entry).
+  // A key tile's pieces into ring slot `stage` (`ring`: piece_ring), completing the full barrier
+  // `bar`, by a whole warp: lane 0 issues every box, each piece's coordinates taken from its lane
+  // (piece_at).
   template <bool kValues, class Ring>
-  CUTE_DEVICE static void issue_pieces(Params const& p, Sequence const& seq, int head, int n,
-                                       int32_t entry, Ring const& ring, int stage,
-                                       uint64_t* bar) {
+  CUTE_DEVICE static void issue_pieces(Params const& p, int head, SeqRows at, Ring const& ring,
+                                       int stage, uint64_t* bar) {
     const bool issuer = cutlass::canonical_lane_idx() == 0;
     CUTE_UNROLL
     for (int i = 0; i < kPieces; ++i) {
-      const int32_t page = __shfl_sync(0xffffffffu, entry, i);
-      if (issuer) issue_piece<kValues>(p, seq, head, n, i, page, ring, stage, bar);
+      const SeqRows piece{__shfl_sync(0xffffffffu, at.offset, i),
+                          __shfl_sync(0xffffffffu, at.shift, i),
+                          __shfl_sync(0xffffffffu, at.batch, i)};
+      if (issuer) issue_piece_at<kValues>(p, head, piece, i, ring, stage, bar);
     }
   }
   // Piece i of key tile n, in the page whose table entry is `page`, as one TMA box into ring slot
@@ -336,9 +343,16 @@ struct FwdLoad {
   template <bool kValues, class Ring>
   CUTE_DEVICE static void issue_piece(Params const& p, Sequence const& seq, int head, int n, int i,
                                       int32_t page, Ring const& ring, int stage, uint64_t* bar) {
+    issue_piece_at<kValues>(p, head, piece_rows(p, seq, piece_key(seq, n, i), page), i, ring,
+                            stage, bar);
+  }
+  // Piece i of a key tile, whose rows `at` addresses, as one TMA box into ring slot `stage`.
+  template <bool kValues, class Ring>
+  CUTE_DEVICE static void issue_piece_at(Params const& p, int head, SeqRows at, int i,
+                                         Ring const& ring, int stage, uint64_t* bar) {
     using PieceBox = std::conditional_t<kValues, VPieceBox, KPieceBox>;
-    auto src = key_box(piece_tma<kValues>(p), kValues ? p.shape_v : p.shape_k, head,
-                       piece_rows(p, seq, piece_key(seq, n, i), page), get<0>(ring), PieceBox{});
+    auto src = key_box(piece_tma<kValues>(p), kValues ? p.shape_v : p.shape_k, head, at,
+                       get<0>(ring), PieceBox{});
     copy(piece_tma<kValues>(p).with(*bar), src(_, 0, 0), get<1>(ring)(_, i, 0, stage));
   }
 
