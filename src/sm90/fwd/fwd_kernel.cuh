@@ -498,11 +498,11 @@ struct FwdKernel {
 
   // The same two warps with pages of whole pieces of Config::kPieceRows keys (16-bit kernels:
   // Load::kPieceWarps): one issues K's pieces, the other V's (FwdLoad::issue_pieces), in
-  // gather_keys' order and with its wait for O's staging. Each lane locates its piece (its
-  // page-table entry and rows: FwdLoad::piece_at) as many key tiles ahead as the ring has stages
-  // less one (kAhead): the ring lets the warp run that far ahead of the consumers, so with a ring
-  // slot already free (a deep ring, or consumers ahead) the entries the boxes need have still had
-  // the issue of kAhead tiles to land, not just one's.
+  // gather_keys' order and with its wait for O's staging. Each lane reads its piece's page-table
+  // entry as many key tiles ahead as the ring has stages less one (kAhead): the ring lets the warp
+  // run that far ahead of the consumers, so with a ring slot already free (a deep ring, or
+  // consumers ahead) the entries the boxes need have still had the issue of kAhead tiles to land,
+  // not just one's.
   template <bool kValues>
   CUTE_DEVICE static void issue_key_pieces(Params const& p, SharedStorage& smem,
                                            Pipeline& pipeline) {
@@ -513,22 +513,23 @@ struct FwdKernel {
       const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
       const auto ring = Load::template piece_ring<kValues>(
           l, kv_head, w.seq, kValues ? smem.kv.v.data() : smem.kv.k.data());
-      // pieces[i]: where tile (n - i)'s pieces lie, for the tile n about to be issued; tiles
-      // before the work's first are not read.
-      SeqRows pieces[kAhead];
+      // entries[i]: tile (n - i)'s, for the tile n about to be issued; tiles before the work's
+      // first are not read.
+      int32_t entries[kAhead];
       CUTE_UNROLL
       for (int i = 0; i < kAhead; ++i) {
         const int n = w.keys.end - 1 - i;
-        pieces[i] = n >= w.keys.begin ? Load::piece_at(l, w.seq, n) : SeqRows{0, 0, 0};
+        entries[i] = n >= w.keys.begin ? Load::piece_entry(l, w.seq, n) : 0;
       }
       for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
         pipeline.producer_acquire(write);
-        Load::template issue_pieces<kValues>(l, kv_head, pieces[0], ring, write.index(),
-                                             pipeline.producer_get_barrier(write));
+        Load::template issue_pieces<kValues>(l, w.seq, kv_head, n, entries[0], ring,
+                                             write.index(), pipeline.producer_get_barrier(write));
         ++write;
         CUTE_UNROLL
-        for (int i = 0; i + 1 < kAhead; ++i) pieces[i] = pieces[i + 1];
-        if (n - kAhead >= w.keys.begin) pieces[kAhead - 1] = Load::piece_at(l, w.seq, n - kAhead);
+        for (int i = 0; i + 1 < kAhead; ++i) entries[i] = entries[i + 1];
+        if (n - kAhead >= w.keys.begin)
+          entries[kAhead - 1] = Load::piece_entry(l, w.seq, n - kAhead);
       }
     });
   }

@@ -307,29 +307,29 @@ struct FwdLoad {
                                                      group_modes<0, 2>(gp))));
   }
 
-  // Where piece `lane` of key tile n lies (piece_rows, with its page-table entry read here), one
-  // lane per piece ({page_size, 0, 0} past the tile's pieces and where piece_rows reads no row of
-  // the page), computed tiles ahead of the boxes by the warp that issues them
-  // (FwdKernel::issue_key_pieces): the lanes find every piece's coordinates at once, and the
-  // issuing lane only takes them by shuffle.
-  CUTE_DEVICE static SeqRows piece_at(Params const& p, Sequence const& seq, int n) {
+  // The page-table entry of piece `lane` of key tile n, one lane per piece (0 past the tile's
+  // pieces and where piece_rows reads no row of the page), read tiles ahead of the boxes by the
+  // warp that issues them (FwdKernel::issue_key_pieces).
+  CUTE_DEVICE static int32_t piece_entry(Params const& p, Sequence const& seq, int n) {
     const int lane = cutlass::canonical_lane_idx();
-    int32_t index, in_page_pos;
-    p.page_rows.fast_divmod(index, in_page_pos,
-                            seq.start_k + piece_key(seq, n, cute::min(lane, kPieces - 1)));
-    const int32_t in_page =
-        cute::min(p.page_size, seq.start_k + seq.len_k - index * p.page_size);
-    if (lane >= kPieces || in_page <= 0) return {p.page_size, 0, 0};
-    const int32_t page = __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
-    return {p.page_size - in_page + in_page_pos, in_page, page};
+    const int32_t index =
+        p.page_rows.div(seq.start_k + piece_key(seq, n, cute::min(lane, kPieces - 1)));
+    if (lane >= kPieces || index * p.page_size >= seq.start_k + seq.len_k) return 0;
+    return __ldg(p.table + int64_t(seq.k_batch) * p.table_stride + index);
   }
-  // A key tile's pieces into ring slot `stage` (`ring`: piece_ring), completing the full barrier
-  // `bar`, by a whole warp: lane 0 issues every box, each piece's coordinates taken from its lane
-  // (piece_at).
+  // Key tile n's pieces into ring slot `stage` (`ring`: piece_ring), completing the full barrier
+  // `bar`, by a whole warp: each lane locates its own piece from its entry (piece_entry), all
+  // lanes at once, and lane 0 takes each piece's coordinates by shuffles and issues its boxes, so
+  // that no division or clamp stands between two boxes. Located here rather than with the entry,
+  // tiles ahead: the producer's registers hold one value per piece across the ring's waits, not
+  // three (d192's would spill).
   template <bool kValues, class Ring>
-  CUTE_DEVICE static void issue_pieces(Params const& p, int head, SeqRows at, Ring const& ring,
-                                       int stage, uint64_t* bar) {
-    const bool issuer = cutlass::canonical_lane_idx() == 0;
+  CUTE_DEVICE static void issue_pieces(Params const& p, Sequence const& seq, int head, int n,
+                                       int32_t entry, Ring const& ring, int stage,
+                                       uint64_t* bar) {
+    const int lane = cutlass::canonical_lane_idx();
+    const SeqRows at = piece_rows(p, seq, piece_key(seq, n, cute::min(lane, kPieces - 1)), entry);
+    const bool issuer = lane == 0;
     CUTE_UNROLL
     for (int i = 0; i < kPieces; ++i) {
       const SeqRows piece{__shfl_sync(0xffffffffu, at.offset, i),
