@@ -26,7 +26,7 @@
 #ifndef FA4_SM90_BWD_DV_BEFORE_DS
 #define FA4_SM90_BWD_DV_BEFORE_DS -1
 #endif
-// A/B switch: 1 (default, measured +2-3 % on d64's backward) splits dQ by query rows where the
+// A/B switch: 1 (default, measured +2 % on d64's backward) splits dQ by query rows where the
 // query tile has a 64-row slice per MMA warpgroup (BwdConfig::kDqSplitRows); 0 splits it by
 // head-dim halves.
 #ifndef FA4_SM90_BWD_DQ_ROWS
