@@ -189,7 +189,7 @@ struct BwdWideConfig {
   static constexpr int kClusterCtas = kClusterCtas_;
   static_assert(kClusterCtas == 1 || (kClusterCtas == 2 && kPairable));
   static constexpr int kDqDim = kHeadDim / kClusterCtas;
-  static constexpr bool kDqSplitRows = false;  // dQ by head-dim halves (BwdConfig's)
+  static constexpr bool kDqSplitRows = false;  // dQ by head-dim halves: 64-row query tiles
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kProducerRegisters = 24;
