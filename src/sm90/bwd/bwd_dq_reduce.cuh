@@ -129,11 +129,14 @@ struct BwdDqReduce {
     constexpr auto linear = get_nonswizzle_portion(SmemLayout{});
     // The atom's swizzle acts on byte addresses; here on float offsets.
     constexpr auto swizzle = recast_layout<uint8_t, float>(get_swizzle_portion(SmemLayout{}));
-    Tensor tS = mma.get_thread_slice(thread).partition_C(make_tensor(make_smem_ptr(smem), linear));
+    // Partitioned by an unsigned index: the layout's divisions by its power-of-two extents are
+    // then shifts and masks, not signed-division sequences (a compare and a fix-up each).
+    Tensor tS = mma.get_thread_slice(uint32_t(thread))
+                    .partition_C(make_tensor(make_smem_ptr(smem), linear));
     static_assert(decltype(size<0, 0>(tS))::value == 2, "a value pair is two adjacent columns");
     constexpr int kBlocks = kAccumAtom / 8;
     const int t = int(tS.data().get() - smem);
-    const int y = dq_accum_flip(thread % 32 / 4, kAccumAtom) ^ swizzle(t) ^ t;
+    const int y = dq_accum_flip(uint32_t(thread) % 32 / 4, kAccumAtom) ^ swizzle(t) ^ t;
     int block[kBlocks];
     CUTE_UNROLL
     for (int b = 0; b < kBlocks; ++b) block[b] = (t ^ (y & 7)) + ((8 * b) ^ (y & (kAccumAtom - 8)));
