@@ -298,6 +298,9 @@ struct BwdKernel {
     auto p_rc = rowcol_view(make_tensor(tKVrP.data(), ScoreFrag{}.layout()));
 
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
+    // This thread's first query column. Its others lie 1, 8 and 9 past it and again every 16
+    // (an m64nN accumulator's columns; tests/gpu/test_sm90_bwd_stat_quads.cu): stat_quad's order.
+    const int first_query = get<1>(score_coords(0, 0));
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
     const auto order = w.order;
 
@@ -338,7 +341,7 @@ struct BwdKernel {
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (!unmasked.contains(m))
           Mask::apply(s, score_coords, row_queries, m);
-        static_assert(decltype(size<1>(s))::value % 2 == 0);
+        static_assert(decltype(size<1>(s))::value % 4 == 0, "whole 16-column blocks (stat_quad)");
         // Rows are keys, columns queries (Sᵀ).
         const float alibi_first =
             kAlibi ? BwdAlibi::first<true>(w.n_block * Config::kBlockN + get<0>(score_coords(0, 0)),
@@ -347,9 +350,8 @@ struct BwdKernel {
                    : 0.0f;
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          // Columns come in pairs (stat_pair); the compiler folds the second load into the first.
-          const float2 pair = stat_pair(lse_row, get<1>(score_coords(0, j & ~1)));
-          const float lse = j % 2 == 0 ? pair.x : pair.y;
+          // Columns come in fours (stat_quad); the compiler folds the other loads into the first.
+          const float lse = quad_value(stat_quad(lse_row, first_query, j / 4), j % 4);
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
@@ -379,8 +381,8 @@ struct BwdKernel {
         const float* dpsum_row = stage_stats<Config::kBlockM>(smem.dpsum.data(), stage);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          const float2 pair = stat_pair(dpsum_row, get<1>(score_coords(0, j & ~1)));
-          const float dpsum = j % 2 == 0 ? pair.x : pair.y;
+          const float dpsum =
+              quad_value(stat_quad(dpsum_row, first_query, j / 4), j % 4);
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }

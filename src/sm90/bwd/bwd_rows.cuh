@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const bool is_row = find_row<kLanes>(p.sequences, false, w);
   if (!w.seq.valid) return;
   const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.q_rows_per_batch;
-  const int64_t stat_row = int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row;
+  const int64_t stat_row =
+      bwd_stat_slot(int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row);
   if (!is_row) {
     // The sequence's pad (bwd_workspace.hpp): what its last tile reads past its end.
     if (w.lane == 0 && w.row < bwd_padded_stat_rows(w.seq.len_q)) {
@@ -182,8 +183,10 @@ __global__ void __launch_bounds__(kThreads) bwd_sink_grads_kernel(const SinkGrad
     const int64_t start = seq.start_q + int64_t(seq.batch) * p.q_rows_per_batch;
     const int64_t first = int64_t(h) * p.stat_rows + bwd_stat_row(start, b);
     // A row that saw no key has LSE = +inf (no sink: exp2 gives 0) and D = 0.
-    for (int64_t i = threadIdx.x; i < seq.len_q; i += kThreads)
-      sum += exp2f(sink_log2 - p.lse_log2[first + i]) * p.dpsum[first + i];
+    for (int64_t i = threadIdx.x; i < seq.len_q; i += kThreads) {
+      const int64_t at = first + bwd_stat_slot(i);  // first: a multiple of 16
+      sum += exp2f(sink_log2 - p.lse_log2[at]) * p.dpsum[at];
+    }
   }
   partial[threadIdx.x] = sum;
   __syncthreads();

@@ -5,6 +5,7 @@
 //             each row's 8-column blocks in the staging's order (dq_accum_flip)
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
+//             both with each 16-row block in the narrow kernel's column order (bwd_stat_slot)
 //   dq_done   [batch][heads_q] int32          how many of the main kernel's CTAs of that (batch
 //             entry, query head) have had all their dQ reduce-adds land (cleared by the prepare
 //             kernel): without a band the dQ finish kernel's rows wait for all of them, not for
@@ -53,6 +54,19 @@ FA4_HD int64_t bwd_padded_stat_rows(int64_t len) {
 // up to a multiple of kBwdStatAlign so that each head's rows start aligned.
 FA4_HD int64_t bwd_stat_rows(int64_t q_rows, int64_t batch) {
   return bwd_padded_stat_rows(q_rows + batch * kBwdStatAlign);
+}
+
+// Where stat row r's value lies: each block of 16 stat rows is stored in the order the narrow
+// kernel reads it. That kernel computes Sᵀ, so a query tile's stats are needed per column, and an
+// m64nN accumulator gives thread t (q = t mod 4) columns 2q, 2q + 1, 2q + 8, 2q + 9 of every
+// 16-column block; stored at 4q … 4q + 3, they are one 16-byte shared-memory load (two 8-byte ones
+// in row order), and the four q of a quarter-warp read 64 contiguous bytes, conflict-free. Row
+// r = 16·k + 8·h + 2·q + b goes to 16·k + 4·q + 2·h + b. Blocks start at multiples of 16 (a
+// sequence's stat rows start at a multiple of kBwdStatAlign), so a query tile (whose height is a
+// multiple of 16) holds the same rows in either order, and a bulk copy of the tile carries them.
+template <class Int>
+FA4_HD Int bwd_stat_slot(Int r) {
+  return (r & ~Int(15)) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1);
 }
 
 // dq_accum's column order. The main kernel stages dQ in shared memory for the TMA reduce-add, one
