@@ -428,7 +428,7 @@ struct BwdKernel {
   // The dQ writer warp (bwd_dq_reduce.cuh). Deterministic mode: dQ of a query tile is added from
   // its last key tile down, this key tile's turn being how many key tiles after it see the tile.
   CUTE_DEVICE static void write_dq(Params const& p, SharedStorage& smem, Work const& w) {
-    const SeqRows rows = BwdDqReduce<Config>::rows(p.dq, w.seq);
+    const auto rows = BwdDqReduce<Config>::rows(p.dq, w.seq, w.batch);
     auto counter = [&](int m, int wg) -> int32_t* {
       if constexpr (kDeterministic) return Store::dq_counter(p.store, w.batch, w.head, m, wg);
       else return nullptr;

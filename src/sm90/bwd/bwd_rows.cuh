@@ -3,8 +3,10 @@
 // per-element loads would leave these kernels at 1–2.6 TB/s, 7–11 % of a d64–d128 backward
 // (ncu).
 //   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
-//             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
-//   finish_q: dQ = scale · accumulator (its columns in the staging's order, dq_accum_flip),
+//             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf, and in fragment
+//             order its dQ accumulator = 0 too
+//   finish_q: dQ = scale · accumulator (in fragment order, DqFragments, or its columns in the
+//             staging's order, dq_accum_flip),
 //             rounded to the output dtype; without a band, each (batch entry, head) as soon as
 //             the main kernel's CTAs of that pair are done with dQ (dq_done), while its other
 //             CTAs still run
@@ -102,10 +104,11 @@ struct PrepareParams {
   int64_t lse_batch_stride, lse_head_stride, lse_seq_stride;
   float* lse_log2;  // workspace, [heads_q][stat rows]
   float* dpsum;
-  float* dq_accum;  // [heads_q][query rows][dim]
+  float* dq_accum;  // [heads_q][stat rows][dim], in the order `fragments` says (bwd_workspace.hpp)
   int32_t* dq_done;  // [batch][heads_q]
   int64_t q_rows;   // query rows per head in the workspace
   int64_t stat_rows;
+  DqFragments fragments;
   int32_t q_rows_per_batch;
   int dim, dim_v;
 };
@@ -125,11 +128,21 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.q_rows_per_batch;
   const int64_t stat_row =
       bwd_stat_slot(int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row);
+  // dQ's accumulator cleared: in fragment order a tile's block, pad rows included (a row's values
+  // lie all over its tile's block), else the row.
+  auto clear_dq = [&](int64_t row) {
+    float* dq = p.dq_accum + row * p.dim;
+    for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) store8(dq + c, Vec8<float>{});
+  };
   if (!is_row) {
     // The sequence's pad (bwd_workspace.hpp): what its last tile reads past its end.
-    if (w.lane == 0 && w.row < bwd_padded_stat_rows(w.seq.len_q)) {
-      p.dpsum[stat_row] = 0.0f;
-      p.lse_log2[stat_row] = INFINITY;
+    if (w.row < bwd_padded_stat_rows(w.seq.len_q)) {
+      if (w.lane == 0) {
+        p.dpsum[stat_row] = 0.0f;
+        p.lse_log2[stat_row] = INFINITY;
+      }
+      if (p.fragments.enabled())
+        clear_dq(int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row);
     }
     return;
   }
@@ -143,8 +156,9 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   }
   for (int offset = kLanes / 2; offset > 0; offset /= 2)
     sum += __shfl_xor_sync(row_mask<kLanes>(), sum, offset, kLanes);
-  float* dq = p.dq_accum + (int64_t(w.head) * p.q_rows + start + w.row) * p.dim;
-  for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) store8(dq + c, Vec8<float>{});
+  clear_dq(p.fragments.enabled()
+               ? int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row
+               : int64_t(w.head) * p.q_rows + start + w.row);
   if (w.lane == 0) {
     p.dpsum[stat_row] = sum;
     const float lse = p.lse[int64_t(w.seq.batch) * p.lse_batch_stride +
@@ -205,6 +219,8 @@ struct FinishParams {
   int dim;
   float scale;
   int atom;  // the accumulator's column order (dq_accum_flip): dQ's staging atom, 0 for dK / dV
+  // dQ in fragment order (then `rows` is the stat rows per head), or not enabled.
+  DqFragments fragments;
   // dQ after a main kernel without a band (bwd_launch.cuh): [batch][heads] counts of its CTAs
   // done with dQ, and their number per (batch entry, head); else null.
   const int32_t* done;
@@ -241,10 +257,30 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   }
   RowWork w;
   if (!find_row<kLanes>(p.sequences, keys, w)) return;
-  const float* src = p.accum + (int64_t(w.head) * p.rows + w.seq.start_q +
-                                int64_t(w.seq.batch) * p.rows_per_batch + w.row) *
-                                   p.dim;
+  const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.rows_per_batch;
   Element* out = dst.row(w.seq, w.row, w.head);
+  if (p.fragments.enabled()) {
+    // The row's tile's block (DqFragments); the row's 8-column block c is four value pairs, one
+    // per lane of a quad, 4 floats apart.
+    const int block_m = p.fragments.block_m;
+    const float* tile = p.accum + (int64_t(w.head) * p.rows + bwd_stat_row(start, blockIdx.z) +
+                                   w.row / block_m * block_m) *
+                                      p.dim;
+    const int r = int(w.row % block_m);
+    for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) {
+      const float* at = tile + p.fragments.offset(r, c);
+      Vec8<Element> x;
+      CUTE_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        const float2 pair = __ldcg(reinterpret_cast<const float2*>(at + 4 * q));
+        x.v[2 * q] = Element(pair.x * p.scale);
+        x.v[2 * q + 1] = Element(pair.y * p.scale);
+      }
+      store8(out + c, x);
+    }
+    return;
+  }
+  const float* src = p.accum + (int64_t(w.head) * p.rows + start + w.row) * p.dim;
   const int flip = dq_accum_flip(w.row, p.atom);
   for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) {
     const Vec8<float> a = load8_l2(src + (c ^ flip));

@@ -1,8 +1,12 @@
 // The sm90 backward's workspace (caller-owned device memory, workspace_size bytes), shared by the
 // host launcher and the kernels. fp32 but for the int32 counters, rows numbered like the packed
 // query / key rows:
-//   dq_accum  [heads_q][query rows][dim]     dQ / scale, summed over key tiles by TMA reduce-adds;
-//             each row's 8-column blocks in the staging's order (dq_accum_flip)
+//   dq_accum  [heads_q][stat rows][dim]      dQ / scale, summed over key tiles by TMA reduce-adds,
+//             in one of the staging's two orders (bwd_dq_reduce.cuh): fragment order
+//             (DqFragments: each query tile's block of rows, from the stat row of its first row,
+//             holds its warpgroups' accumulator fragments as the registers hold them) or row
+//             order ([heads_q][query rows][dim] at the buffer's start, each row's 8-column
+//             blocks in the staging's order, dq_accum_flip)
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
 //             both with each 16-row block in the narrow kernel's column order (bwd_stat_slot)
@@ -85,6 +89,28 @@ FA4_HD int dq_accum_flip(int64_t row, int atom) {
   return 0;
 }
 
+// dq_accum's fragment order. A query tile of block_m rows is added in parts of 64 rows and
+// part_cols columns, one per MMA warpgroup: its two 64-row halves (block_m 128) or its two column
+// halves (block_m 64). A part is one m64 wgmma's accumulator, in which thread t (warp w = t / 32,
+// lane l) holds value v of row 16w + l/4 + 8·(v/2 mod 2), column 2·(l mod 4) + (v mod 2) + 8·(v/4);
+// the staging stores each thread's values 4v'…4v'+3 (v' = v / 4) as 16 bytes at float
+// 512·v' + 4t, so that a warp's store covers 512 contiguous bytes. The tile's parts follow one
+// another from the stat row of its first row: tile m of a sequence whose stat rows start at S
+// (bwd_stat_row) is the dim · block_m floats from (S + m · block_m) · dim. part_cols 0: row order.
+struct DqFragments {
+  int block_m = 0;
+  int part_cols = 0;
+
+  FA4_HD bool enabled() const { return part_cols != 0; }
+  // The float of row r (within its tile) and column c, from the tile's first.
+  FA4_HD int offset(int r, int c) const {
+    const int part = block_m == 128 ? r / 64 : c / part_cols;
+    const int i = r % 64, col = c % part_cols;
+    const int thread = 32 * (i / 16) + 4 * (i % 8) + col % 8 / 2;
+    return part * 64 * part_cols + col / 8 * 512 + 4 * thread + 2 * (i / 8 % 2) + col % 2;
+  }
+};
+
 struct BwdWorkspace {
   size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dq_done = 0, dk_accum = 0, dv_accum = 0;  // bytes
   size_t dq_turns = 0, dkv_turns = 0;  // deterministic mode
@@ -101,9 +127,9 @@ struct BwdWorkspace {
     BwdWorkspace w;
     w.gqa = p.heads_q != p.heads_kv;
     size_t at = 0;
-    w.dq_accum = at;
-    at = round(at + size_t(p.heads_q) * q_rows * size_t(p.head_dim_qk) * f);
     w.stat_rows = bwd_stat_rows(int64_t(q_rows), p.batch);
+    w.dq_accum = at;  // stat rows (more than the query rows): room for either order
+    at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * size_t(p.head_dim_qk) * f);
     w.lse_log2 = at;
     at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * f);
     w.dpsum = at;
