@@ -14,13 +14,10 @@
 namespace fa4::sm90 {
 namespace {
 
-template <int kHeadDim>
-void fragments() {
-  using Config = BwdConfig<kHeadDim, cutlass::bfloat16_t>;
-  static_assert(Config::kDqFragments);
+template <class Config>
+void check(const std::string& what) {
   using Reduce = BwdDqReduce<Config>;
   const DqFragments order = Reduce::fragments();
-  const std::string what = "d" + std::to_string(kHeadDim);
   ASSERT_TRUE(order.enabled()) << what;
   typename Config::TiledMmaQ mma;
   std::vector<int> hits(size_t(Config::kBlockM) * Config::kDqDim, 0);
@@ -30,14 +27,20 @@ void fragments() {
     ASSERT_EQ(int(size(coords)) * 128, Reduce::kPartFloats) << what;
     for (int v = 0; v < int(size(coords)); ++v) {
       const int r = get<0>(coords(v)), c = get<1>(coords(v));
-      // Where BwdDqFragments::stage puts the value.
-      const int staged = thread / 128 * Reduce::kPartFloats + v / 4 * 512 + 4 * (thread % 128) + v % 4;
+      const int staged = Reduce::staged_at(thread, v);  // where BwdDqFragments::stage puts it
       ASSERT_EQ(order.offset(r, c), staged)
           << what << ": thread " << thread << ", value " << v << " at (" << r << ", " << c << ")";
       ++hits[size_t(staged)];
     }
   }
   for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << what << ": float " << i;
+}
+
+template <int kHeadDim>
+void fragments() {
+  using Config = BwdConfig<kHeadDim, cutlass::bfloat16_t>;
+  // d64 built with FA4_SM90_BWD_DQ_ROWS=0 (128-row parts) stages by rows.
+  if constexpr (Config::kDqFragments) check<Config>("d" + std::to_string(kHeadDim));
 }
 
 TEST(BwdDqFragments, StagedWhereTheFinishKernelReads) {

@@ -66,7 +66,8 @@ struct BwdConfig {
   static constexpr bool kDqSplitRows = FA4_SM90_BWD_DQ_ROWS != 0 && kBlockM == 64 * kMmaWarpgroups;
   // dQ staged in fragment order (bwd_dq_fragments.cuh) where each warpgroup's part is one m64
   // wgmma's accumulator: 64-row tiles, or 128-row ones split by rows.
-  static constexpr bool kDqFragments = kBlockM == 64 || kDqSplitRows;
+  static constexpr bool kDqFragments =
+      bwd_dq_fragments(kHeadDim) && (kBlockM == 64 || kDqSplitRows);
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
 

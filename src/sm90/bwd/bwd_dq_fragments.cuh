@@ -54,19 +54,28 @@ struct BwdDqFragments {
     BwdDqHandoff::landed(p.done, slot);
   }
 
+  // Where MMA thread `thread` stages value v of its accumulator (in the wgmma's order, as
+  // DqFragments in bwd_workspace.hpp numbers it): its part's 64 · kPartCols floats, then the
+  // value's quad (512 floats each: 128 threads × 4), then the thread's 4.
+  CUTE_HOST_DEVICE static constexpr int staged_at(int thread, int v) {
+    return thread / 128 * kPartFloats + v / 4 * 512 + 4 * (thread % 128) + v % 4;
+  }
+
   // Called by every thread of both MMA warpgroups, once per query tile, with the tiled MMA of dQ
-  // and this thread's accumulator (values in the wgmma's order: 4·v' + j is v = 4v' + j above).
-  // `thread`: among the MMA threads. Waits until the writer has read the warpgroup's previous
-  // part, stages this one and hands it over without waiting for the reduction.
+  // and this thread's accumulator. `thread`: among the MMA threads. Waits until the writer has
+  // read the warpgroup's previous part, stages this one and hands it over without waiting for the
+  // reduction.
   template <class TiledMma, class Acc>
   CUTE_DEVICE static void stage(float* smem, TiledMma const&, Acc const& dq, int thread) {
     static_assert(decltype(size(dq))::value * 128 == kPartFloats, "one m64 accumulator a part");
     const int wg = thread / 128;
     BwdDqHandoff::acquire(wg);
-    float* mine = smem + wg * kPartFloats + 4 * (thread % 128);
+    // One address a thread; every store at a constant offset from it.
+    float* mine = smem + staged_at(thread, 0);
     CUTE_UNROLL
     for (int v = 0; v < size(dq); v += 4)
-      *reinterpret_cast<float4*>(mine + 128 * v) = make_float4(dq(v), dq(v + 1), dq(v + 2), dq(v + 3));
+      *reinterpret_cast<float4*>(mine + staged_at(0, v)) =
+          make_float4(dq(v), dq(v + 1), dq(v + 2), dq(v + 3));
     BwdDqHandoff::hand_over(wg);
   }
 

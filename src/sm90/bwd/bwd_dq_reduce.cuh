@@ -6,7 +6,8 @@
 //   BwdDqFragments (bwd_dq_fragments.cuh), where each part is one m64 wgmma's accumulator: the
 //     part is stored as the fragments lie in the registers, 16 bytes per store from one address
 //     per thread, and added as one contiguous block; dq_accum holds each tile in that order.
-//   BwdDqRows (this file), the wide kernel's: the part is stored row by row under a swizzle and
+//   BwdDqRows (this file), the wide kernel's (and d64's with FA4_SM90_BWD_DQ_ROWS=0, whose parts
+//     are 128 rows high): the part is stored row by row under a swizzle and
 //     added by a tensor reduce-add (cp.reduce.async.bulk.tensor .add); dq_accum is the rows' own
 //     order, and rows past the sequence's end are clipped by the TMA unit.
 #pragma once
@@ -34,24 +35,19 @@ struct BwdDqRows {
   // key-tile pair, bwd_pair.cuh), "half" for short.
   using HalfDim = Int<Config::kDqDim / Config::kMmaWarpgroups>;
   // The part of the tile a warpgroup stages and the writer reduce-adds as one box: (BlockM rows,
-  // its half of the columns), or with kDqSplitRows (its 64 rows, every column).
-  static constexpr bool kSplitRows = Config::kDqSplitRows;
-  using PartRows = Int<kSplitRows ? 64 : BlockM::value>;
-  using PartCols = Int<kSplitRows ? Config::kDqDim : HalfDim::value>;
-  // The atoms are a half's width either way (128 bytes = 32 floats, or 64 bytes for d96's
-  // 48-float halves), so that dq_accum's column order is the same for both splits. Both parts in
-  // one tile: atoms tile a part column by column, and the parts follow each other (column halves:
-  // the atoms' own column-by-column order; row halves: one part after the other), so warpgroup w's
-  // part is the w-th contiguous part of the buffer, laid out as SmemLayoutPart.
+  // its half of the columns). (Row halves are one m64 accumulator each: BwdDqFragments.)
+  static_assert(!Config::kDqSplitRows, "row parts are staged in fragment order");
+  using PartRows = BlockM;
+  using PartCols = HalfDim;
+  // The atoms are a half's width (128 bytes = 32 floats, or 64 bytes for 48-float halves). Both
+  // parts in one tile: atoms tile a part column by column, and the parts follow each other, so
+  // warpgroup w's part is the w-th contiguous part of the buffer, laid out as SmemLayoutPart.
   using Atom = SmemAtom<float, HalfDim::value>;
   using SmemLayoutPart = decltype(tile_to_shape(Atom{}, Shape<PartRows, PartCols>{}));
-  using SmemLayout = std::conditional_t<
-      kSplitRows, decltype(tile_to_shape(SmemLayoutPart{}, Shape<BlockM, Int<Config::kDqDim>>{})),
-      decltype(tile_to_shape(Atom{}, Shape<BlockM, Int<Config::kDqDim>>{}))>;
+  using SmemLayout = decltype(tile_to_shape(Atom{}, Shape<BlockM, Int<Config::kDqDim>>{}));
   static_assert(HalfDim::value * sizeof(float) % 64 == 0,
                 "each half is a whole number of 64- or 128-byte swizzle atoms");
   static_assert(cosize_v<SmemLayout> == Config::kMmaWarpgroups * cosize_v<SmemLayoutPart>);
-  static_assert(!kSplitRows || BlockM::value == 64 * Config::kMmaWarpgroups);
   // dq_accum's column order (bwd_workspace.hpp): the staging's swizzle width in floats, every
   // row's 8-column blocks permuted within it so that the staging's stores are free of bank
   // conflicts. With one-stage rings (d256) that pays only together with write()'s ordered
@@ -145,7 +141,7 @@ struct BwdDqRows {
 
   // The writer warp (BwdDqHandoff::write): part w of query tile m is the accumulator's box of
   // column half first_half + w (`first_half`: the CTA's first column block of HalfDim, 0, or on a
-  // key-tile pair its rank · kMmaWarpgroups), or with row parts its 64-row tile 2m + w.
+  // key-tile pair its rank · kMmaWarpgroups).
   template <class Order, class Counter, class Turn>
   CUTE_DEVICE static void write(Params const& p, float* smem, int head, SeqRows rows, Order order,
                                 Counter const& counter, Turn const& turn, uint64_t* loads_issued,
@@ -157,8 +153,7 @@ struct BwdDqRows {
         order, counter, turn, loads_issued, [&](int m, int wg) {
           Tensor sDqPart = make_tensor(make_smem_ptr(smem + wg * cosize_v<SmemLayoutPart>),
                                        SmemLayoutPart{});
-          Tensor gDqPart = kSplitRows ? gDq(_, _, Config::kMmaWarpgroups * m + wg, 0)
-                                      : gDq(_, _, m, first_half + wg);
+          Tensor gDqPart = gDq(_, _, m, first_half + wg);
           auto [tDgDq, tDsDq] = tma_partition(p.tma, _0{}, Layout<_1>{},
                                               group_modes<0, 2>(sDqPart),
                                               group_modes<0, 2>(gDqPart));

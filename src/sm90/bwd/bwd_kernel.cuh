@@ -350,7 +350,7 @@ struct BwdKernel {
                    : 0.0f;
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          // Columns come in fours (stat_quad); the compiler folds the other loads into the first.
+          // Columns come in fours (stat_quad); ptxas folds the repeated loads into one.
           const float lse = quad_value(stat_quad(lse_row, first_query, j / 4), j % 4);
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {

@@ -13,7 +13,8 @@
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
 //   sink_grads (with attention sinks): d(sinks) from the prepare kernel's LSE and D
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
-// every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.
+// every sequence are never touched, but for each sequence's stat pad (the prepare kernel's writes,
+// and in fragment order the main kernel's dQ adds of zeros).
 #pragma once
 
 #include <cmath>
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) bwd_sink_grads_kernel(const SinkGrad
 
 struct FinishParams {
   SequenceParams sequences;
-  const float* accum;  // [heads][rows][dim]
+  const float* accum;  // [heads][rows][dim], or for dQ in fragment order (`fragments`)
   int64_t rows;        // rows per head in the workspace
   int32_t rows_per_batch;
   int dim;

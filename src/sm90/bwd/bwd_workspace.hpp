@@ -1,12 +1,12 @@
 // The sm90 backward's workspace (caller-owned device memory, workspace_size bytes), shared by the
 // host launcher and the kernels. fp32 but for the int32 counters, rows numbered like the packed
-// query / key rows:
-//   dq_accum  [heads_q][stat rows][dim]      dQ / scale, summed over key tiles by TMA reduce-adds,
-//             in one of the staging's two orders (bwd_dq_reduce.cuh): fragment order
-//             (DqFragments: each query tile's block of rows, from the stat row of its first row,
-//             holds its warpgroups' accumulator fragments as the registers hold them) or row
-//             order ([heads_q][query rows][dim] at the buffer's start, each row's 8-column
-//             blocks in the staging's order, dq_accum_flip)
+// query / key rows unless said otherwise:
+//   dq_accum  dQ / scale, summed over key tiles by TMA reduce-adds, in one of the staging's two
+//             orders (bwd_dq_reduce.cuh, bwd_dq_fragments): fragment order, [heads_q][stat
+//             rows][dim] (DqFragments: each query tile's block, from the stat row of its first
+//             row, holds its warpgroups' accumulator fragments as the registers hold them), or
+//             row order, [heads_q][query rows][dim] (each row's 8-column blocks in the
+//             staging's order, dq_accum_flip)
 //   lse_log2  [heads_q][stat rows]           LSE·log2(e), +inf for a row that sees no key
 //   dpsum     [heads_q][stat rows]           D = rowsum(dO ∘ O)
 //             both with each 16-row block in the narrow kernel's column order (bwd_stat_slot)
@@ -73,7 +73,7 @@ FA4_HD Int bwd_stat_slot(Int r) {
   return (r & ~Int(15)) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1);
 }
 
-// dq_accum's column order. The main kernel stages dQ in shared memory for the TMA reduce-add, one
+// dq_accum's column order in row order (BwdDqRows). The main kernel stages dQ in shared memory for the TMA reduce-add, one
 // 8-byte store per column pair, and the hardware serves a warp's 8-byte stores a half-warp at a
 // time: four rows of one 8-column block, 32 bytes each. Under the staging's swizzle (16-byte chunk
 // c of row r at c ^ (r mod 8) for 128-byte rows; 64-byte rows: c ^ (r / 2 mod 4)) two of those
@@ -128,8 +128,11 @@ struct BwdWorkspace {
     w.gqa = p.heads_q != p.heads_kv;
     size_t at = 0;
     w.stat_rows = bwd_stat_rows(int64_t(q_rows), p.batch);
-    w.dq_accum = at;  // stat rows (more than the query rows): room for either order
-    at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * size_t(p.head_dim_qk) * f);
+    // In fragment order by stat rows (more than the query rows: a whole 128 per sequence more,
+    // at most), else by query rows.
+    const size_t dq_rows = bwd_dq_fragments(int(p.head_dim_qk)) ? size_t(w.stat_rows) : q_rows;
+    w.dq_accum = at;
+    at = round(at + size_t(p.heads_q) * dq_rows * size_t(p.head_dim_qk) * f);
     w.lse_log2 = at;
     at = round(at + size_t(p.heads_q) * size_t(w.stat_rows) * f);
     w.dpsum = at;

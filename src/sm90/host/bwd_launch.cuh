@@ -163,7 +163,8 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
-        // Without query rows the reduction never runs, but its descriptor needs some address.
+        // Without query rows the reduction never runs, but its parameters (in row order a TMA
+        // descriptor) need some address.
         q_total > 0
             ? BwdDqReduce<C>::make_params(p, dq_accum, q_total, ws.stat_rows, dq_counts)
             : BwdDqReduce<C>::make_params(p, static_cast<float*>(t.k.data), 1, 1, nullptr),
