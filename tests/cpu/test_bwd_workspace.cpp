@@ -2,7 +2,7 @@
 // a query tile's LSE and D with no bounds check, so every tile it reads must lie in its sequence's
 // rows or in that sequence's pad, and no pad may reach into the next sequence's rows. And the dQ
 // accumulator's column order: a permutation within each swizzle atom under which the staging's
-// 8-byte stores are free of bank conflicts.
+// 8-byte stores are free of bank conflicts. And the stats' order within 16-row blocks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@ using fa4::sm90::dq_accum_flip;
 using fa4::sm90::bwd_padded_stat_rows;
 using fa4::sm90::bwd_stat_row;
 using fa4::sm90::bwd_stat_rows;
+using fa4::sm90::bwd_stat_slot;
 using fa4::sm90::kBwdStatAlign;
 
 // Sequence b's rows start at starts[b] and number lens[b] (packed query rows).
@@ -127,6 +128,30 @@ TEST(Sm90BackwardWorkspace, DqAccumOrderIsConflictFree) {
     }
   }
   EXPECT_EQ(dq_accum_flip(5, 0), 0);  // natural order
+}
+
+// Stat rows are stored in 16-row blocks in the narrow kernel's column order: a permutation of each
+// block (so a tile of whole blocks holds its own rows), with a thread's columns 2q, 2q + 1, 2q + 8,
+// 2q + 9 at 4q … 4q + 3 (one 16-byte load), and each quarter-warp's four loads contiguous.
+TEST(BwdWorkspace, StatSlotsPermuteEachBlockIntoQuads) {
+  for (int64_t block : {int64_t(0), int64_t(16), int64_t(4096), (int64_t(1) << 33) + 48}) {
+    std::set<int64_t> slots;
+    for (int64_t r = block; r < block + 16; ++r) {
+      const int64_t slot = bwd_stat_slot(r);
+      ASSERT_GE(slot, block);
+      ASSERT_LT(slot, block + 16);
+      slots.insert(slot);
+    }
+    EXPECT_EQ(slots.size(), 16u) << "block " << block;
+    for (int q = 0; q < 4; ++q) {
+      const int64_t first = block + 2 * q;
+      EXPECT_EQ(bwd_stat_slot(first), block + 4 * q);
+      EXPECT_EQ(bwd_stat_slot(first + 1), block + 4 * q + 1);
+      EXPECT_EQ(bwd_stat_slot(first + 8), block + 4 * q + 2);
+      EXPECT_EQ(bwd_stat_slot(first + 9), block + 4 * q + 3);
+    }
+  }
+  EXPECT_EQ(bwd_stat_slot(int32_t(18)), 20);  // the kernels' 32-bit form
 }
 
 }  // namespace

@@ -64,6 +64,10 @@ struct BwdConfig {
   // m64 × dim/2 wgmmas): 64 against 80 KB of operand reads per step at d64, the only head dim
   // whose query tile (128 rows) has a 64-row slice per warpgroup. BwdDqReduce stages row halves.
   static constexpr bool kDqSplitRows = FA4_SM90_BWD_DQ_ROWS != 0 && kBlockM == 64 * kMmaWarpgroups;
+  // dQ staged in fragment order (bwd_dq_fragments.cuh) where each warpgroup's part is one m64
+  // wgmma's accumulator: 64-row tiles, or 128-row ones split by rows.
+  static constexpr bool kDqFragments =
+      bwd_dq_fragments(kHeadDim) && (kBlockM == 64 || kDqSplitRows);
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
 
@@ -190,6 +194,7 @@ struct BwdWideConfig {
   static_assert(kClusterCtas == 1 || (kClusterCtas == 2 && kPairable));
   static constexpr int kDqDim = kHeadDim / kClusterCtas;
   static constexpr bool kDqSplitRows = false;  // dQ by head-dim halves: 64-row query tiles
+  static constexpr bool kDqFragments = false;  // dQ staged by rows (bwd_dq_reduce.cuh)
   static constexpr int kThreads = 128 * (1 + kMmaWarpgroups);
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kProducerRegisters = 24;

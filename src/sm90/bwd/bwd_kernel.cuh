@@ -77,6 +77,9 @@ struct BwdKernel {
   static_assert(!(Pair::kEnabled && kDeterministic), "deterministic mode orders single key tiles");
 
   using Params = BwdParams<Config>;
+  // The tile loop's wgmma descriptors advanced whole from k-block to k-block (wgmma.cuh): its loop
+  // is 16-23 instructions shorter a step at d64 / d128 than with cute's low-word advance.
+  static constexpr DescAdvance kDescAdvance = DescAdvance::kWhole;
 
   struct NoP {};
   using SmemP = std::conditional_t<Config::kWide, BwdWideSmemP<Config>, NoP>;
@@ -295,6 +298,9 @@ struct BwdKernel {
     auto p_rc = rowcol_view(make_tensor(tKVrP.data(), ScoreFrag{}.layout()));
 
     const auto row_queries = w.mask.row_queries(score_coords, w.n_block);
+    // This thread's first query column. Its others lie 1, 8 and 9 past it and again every 16
+    // (an m64nN accumulator's columns; tests/gpu/test_sm90_bwd_stat_quads.cu): stat_quad's order.
+    const int first_query = get<1>(score_coords(0, 0));
     const QueryTiles unmasked = w.mask.unmasked_tiles(w.n_block);
     const auto order = w.order;
 
@@ -316,14 +322,14 @@ struct BwdKernel {
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_q.consumer_wait(read);
-        wgmma_issue<true>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
+        wgmma_issue<true, kDescAdvance>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
                           wg_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
                               _, _, _, stage),
                           tSrS);
         // dPᵀ right behind Sᵀ, as FA3 does: it runs during the exponentials.
         Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_do.consumer_wait(read);
-        wgmma_issue<true>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
+        wgmma_issue<true, kDescAdvance>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
                           wg_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
                               _, _, _, stage),
                           tSrDp);
@@ -335,7 +341,7 @@ struct BwdKernel {
         if constexpr (kSoftcap) p.softcap.apply(tSrS);
         if (!unmasked.contains(m))
           Mask::apply(s, score_coords, row_queries, m);
-        static_assert(decltype(size<1>(s))::value % 2 == 0);
+        static_assert(decltype(size<1>(s))::value % 4 == 0, "whole 16-column blocks (stat_quad)");
         // Rows are keys, columns queries (Sᵀ).
         const float alibi_first =
             kAlibi ? BwdAlibi::first<true>(w.n_block * Config::kBlockN + get<0>(score_coords(0, 0)),
@@ -344,9 +350,8 @@ struct BwdKernel {
                    : 0.0f;
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          // Columns come in pairs (stat_pair); the compiler folds the second load into the first.
-          const float2 pair = stat_pair(lse_row, get<1>(score_coords(0, j & ~1)));
-          const float lse = j % 2 == 0 ? pair.x : pair.y;
+          // Columns come in fours (stat_quad); ptxas folds the repeated loads into one.
+          const float lse = quad_value(stat_quad(lse_row, first_query, j / 4), j % 4);
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) {
             const float t = s(i, j);
@@ -366,7 +371,7 @@ struct BwdKernel {
         // where nothing issued in between depends on them.
         warpgroup_fence_operand(tSrS);
         if constexpr (Config::kDvBeforeDs)
-          wgmma_issue<false>(mma_kv, tKVrP,
+          wgmma_issue<false, kDescAdvance>(mma_kv, tKVrP,
                              wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
                                  _, _, _, stage),
                              dV);
@@ -376,8 +381,8 @@ struct BwdKernel {
         const float* dpsum_row = stage_stats<Config::kBlockM>(smem.dpsum.data(), stage);
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
-          const float2 pair = stat_pair(dpsum_row, get<1>(score_coords(0, j & ~1)));
-          const float dpsum = j % 2 == 0 ? pair.x : pair.y;
+          const float dpsum =
+              quad_value(stat_quad(dpsum_row, first_query, j / 4), j % 4);
           CUTE_UNROLL
           for (int i = 0; i < size<0>(s); ++i) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }
@@ -390,7 +395,7 @@ struct BwdKernel {
         store_ds(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, 0),
                  (step & 1) * kDsStageElements);
         if constexpr (!Config::kDvBeforeDs)
-          wgmma_issue<false>(mma_kv, tKVrP,
+          wgmma_issue<false, kDescAdvance>(mma_kv, tKVrP,
                              wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
                                  _, _, _, stage),
                              dV);
@@ -399,11 +404,11 @@ struct BwdKernel {
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
 
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
-        wgmma_issue<true>(mma_q,
+        wgmma_issue<true, kDescAdvance>(mma_q,
                           wg_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
                               _, _, _, step & 1),
                           wg_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
-        wgmma_issue<false>(mma_kv, tKVrDs,
+        wgmma_issue<false, kDescAdvance>(mma_kv, tKVrDs,
                            wg_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
                                _, _, _, stage),
                            dK);
@@ -423,7 +428,7 @@ struct BwdKernel {
   // The dQ writer warp (bwd_dq_reduce.cuh). Deterministic mode: dQ of a query tile is added from
   // its last key tile down, this key tile's turn being how many key tiles after it see the tile.
   CUTE_DEVICE static void write_dq(Params const& p, SharedStorage& smem, Work const& w) {
-    const SeqRows rows = BwdDqReduce<Config>::rows(p.dq, w.seq);
+    const auto rows = BwdDqReduce<Config>::rows(p.dq, w.seq, w.batch);
     auto counter = [&](int m, int wg) -> int32_t* {
       if constexpr (kDeterministic) return Store::dq_counter(p.store, w.batch, w.head, m, wg);
       else return nullptr;

@@ -136,7 +136,7 @@ struct BwdMmaWide {
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
           // No bounds check: rows past the sequence's end read the workspace's pad, LSE +inf.
-          const float lse = lse_row[get<0>(score_coords(i, 0))];
+          const float lse = lse_row[bwd_stat_slot(int(get<0>(score_coords(i, 0))))];
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) {
             const float t = s(i, j);
@@ -157,7 +157,7 @@ struct BwdMmaWide {
         auto dp = rowcol_view(tSrDp);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s); ++i) {
-          const float dpsum = dpsum_row[get<0>(score_coords(i, 0))];
+          const float dpsum = dpsum_row[bwd_stat_slot(int(get<0>(score_coords(i, 0))))];
           CUTE_UNROLL
           for (int j = 0; j < size<1>(s); ++j) dp(i, j) = s(i, j) * (dp(i, j) - dpsum);
         }

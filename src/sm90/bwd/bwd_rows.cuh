@@ -3,15 +3,18 @@
 // per-element loads would leave these kernels at 1–2.6 TB/s, 7–11 % of a d64–d128 backward
 // (ncu).
 //   prepare:  D = rowsum(dO ∘ O), LSE·log2e (+inf for a row that saw no key), dQ accumulator = 0;
-//             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf
-//   finish_q: dQ = scale · accumulator (its columns in the staging's order, dq_accum_flip),
+//             each sequence's stat pad (bwd_workspace.hpp): D = 0, LSE +inf, and in fragment
+//             order its dQ accumulator = 0 too
+//   finish_q: dQ = scale · accumulator (in fragment order, DqFragments, or its columns in the
+//             staging's order, dq_accum_flip),
 //             rounded to the output dtype; without a band, each (batch entry, head) as soon as
 //             the main kernel's CTAs of that pair are done with dQ (dq_done), while its other
 //             CTAs still run
 //   finish_kv (GQA): dK, dV = their accumulators (dK already scaled), rounded
 //   sink_grads (with attention sinks): d(sinks) from the prepare kernel's LSE and D
 // Rows are walked per sequence (cu_seqlens, checked as the main kernel checks them): rows outside
-// every sequence are never touched, but for the prepare kernel's writes to each sequence's stat pad.
+// every sequence are never touched, but for each sequence's stat pad (the prepare kernel's writes,
+// and in fragment order the main kernel's dQ adds of zeros).
 #pragma once
 
 #include <cmath>
@@ -102,10 +105,11 @@ struct PrepareParams {
   int64_t lse_batch_stride, lse_head_stride, lse_seq_stride;
   float* lse_log2;  // workspace, [heads_q][stat rows]
   float* dpsum;
-  float* dq_accum;  // [heads_q][query rows][dim]
+  float* dq_accum;  // [heads_q][stat rows][dim], in the order `fragments` says (bwd_workspace.hpp)
   int32_t* dq_done;  // [batch][heads_q]
   int64_t q_rows;   // query rows per head in the workspace
   int64_t stat_rows;
+  DqFragments fragments;
   int32_t q_rows_per_batch;
   int dim, dim_v;
 };
@@ -123,12 +127,23 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const bool is_row = find_row<kLanes>(p.sequences, false, w);
   if (!w.seq.valid) return;
   const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.q_rows_per_batch;
-  const int64_t stat_row = int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row;
+  const int64_t stat_row =
+      bwd_stat_slot(int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row);
+  // dQ's accumulator cleared: in fragment order a tile's block, pad rows included (a row's values
+  // lie all over its tile's block), else the row.
+  auto clear_dq = [&](int64_t row) {
+    float* dq = p.dq_accum + row * p.dim;
+    for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) store8(dq + c, Vec8<float>{});
+  };
   if (!is_row) {
     // The sequence's pad (bwd_workspace.hpp): what its last tile reads past its end.
-    if (w.lane == 0 && w.row < bwd_padded_stat_rows(w.seq.len_q)) {
-      p.dpsum[stat_row] = 0.0f;
-      p.lse_log2[stat_row] = INFINITY;
+    if (w.row < bwd_padded_stat_rows(w.seq.len_q)) {
+      if (w.lane == 0) {
+        p.dpsum[stat_row] = 0.0f;
+        p.lse_log2[stat_row] = INFINITY;
+      }
+      if (p.fragments.enabled())
+        clear_dq(int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row);
     }
     return;
   }
@@ -142,8 +157,9 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   }
   for (int offset = kLanes / 2; offset > 0; offset /= 2)
     sum += __shfl_xor_sync(row_mask<kLanes>(), sum, offset, kLanes);
-  float* dq = p.dq_accum + (int64_t(w.head) * p.q_rows + start + w.row) * p.dim;
-  for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) store8(dq + c, Vec8<float>{});
+  clear_dq(p.fragments.enabled()
+               ? int64_t(w.head) * p.stat_rows + bwd_stat_row(start, blockIdx.z) + w.row
+               : int64_t(w.head) * p.q_rows + start + w.row);
   if (w.lane == 0) {
     p.dpsum[stat_row] = sum;
     const float lse = p.lse[int64_t(w.seq.batch) * p.lse_batch_stride +
@@ -182,8 +198,10 @@ __global__ void __launch_bounds__(kThreads) bwd_sink_grads_kernel(const SinkGrad
     const int64_t start = seq.start_q + int64_t(seq.batch) * p.q_rows_per_batch;
     const int64_t first = int64_t(h) * p.stat_rows + bwd_stat_row(start, b);
     // A row that saw no key has LSE = +inf (no sink: exp2 gives 0) and D = 0.
-    for (int64_t i = threadIdx.x; i < seq.len_q; i += kThreads)
-      sum += exp2f(sink_log2 - p.lse_log2[first + i]) * p.dpsum[first + i];
+    for (int64_t i = threadIdx.x; i < seq.len_q; i += kThreads) {
+      const int64_t at = first + bwd_stat_slot(i);  // first: a multiple of 16
+      sum += exp2f(sink_log2 - p.lse_log2[at]) * p.dpsum[at];
+    }
   }
   partial[threadIdx.x] = sum;
   __syncthreads();
@@ -196,12 +214,14 @@ __global__ void __launch_bounds__(kThreads) bwd_sink_grads_kernel(const SinkGrad
 
 struct FinishParams {
   SequenceParams sequences;
-  const float* accum;  // [heads][rows][dim]
+  const float* accum;  // [heads][rows][dim], or for dQ in fragment order (`fragments`)
   int64_t rows;        // rows per head in the workspace
   int32_t rows_per_batch;
   int dim;
   float scale;
   int atom;  // the accumulator's column order (dq_accum_flip): dQ's staging atom, 0 for dK / dV
+  // dQ in fragment order (then `rows` is the stat rows per head), or not enabled.
+  DqFragments fragments;
   // dQ after a main kernel without a band (bwd_launch.cuh): [batch][heads] counts of its CTAs
   // done with dQ, and their number per (batch entry, head); else null.
   const int32_t* done;
@@ -238,10 +258,30 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   }
   RowWork w;
   if (!find_row<kLanes>(p.sequences, keys, w)) return;
-  const float* src = p.accum + (int64_t(w.head) * p.rows + w.seq.start_q +
-                                int64_t(w.seq.batch) * p.rows_per_batch + w.row) *
-                                   p.dim;
+  const int64_t start = w.seq.start_q + int64_t(w.seq.batch) * p.rows_per_batch;
   Element* out = dst.row(w.seq, w.row, w.head);
+  if (p.fragments.enabled()) {
+    // The row's tile's block (DqFragments); the row's 8-column block c is four value pairs, one
+    // per lane of a quad, 4 floats apart.
+    const int block_m = p.fragments.block_m;
+    const float* tile = p.accum + (int64_t(w.head) * p.rows + bwd_stat_row(start, blockIdx.z) +
+                                   w.row / block_m * block_m) *
+                                      p.dim;
+    const int r = int(w.row % block_m);
+    for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) {
+      const float* at = tile + p.fragments.offset(r, c);
+      Vec8<Element> x;
+      CUTE_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        const float2 pair = __ldcg(reinterpret_cast<const float2*>(at + 4 * q));
+        x.v[2 * q] = Element(pair.x * p.scale);
+        x.v[2 * q + 1] = Element(pair.y * p.scale);
+      }
+      store8(out + c, x);
+    }
+    return;
+  }
+  const float* src = p.accum + (int64_t(w.head) * p.rows + start + w.row) * p.dim;
   const int flip = dq_accum_flip(w.row, p.atom);
   for (int c = w.lane * 8; c < p.dim; c += kLanes * 8) {
     const Vec8<float> a = load8_l2(src + (c ^ flip));

@@ -8,6 +8,7 @@
 #include <cute/config.hpp>
 #include <cute/numeric/integral_constant.hpp>
 
+#include "sm90/bwd/bwd_workspace.hpp"
 #include "sm90/common/score_variants.cuh"
 #include "sm90/common/softmax.cuh"
 
@@ -22,11 +23,25 @@ CUTE_DEVICE const float* stage_stats(const float* stats, int stage) {
   return stats + offset;
 }
 
-// The stats of columns c and c + 1 (c even: the wgmma accumulator gives each thread its columns
-// in such pairs), with one 8-byte load. No bounds check: a tile past its sequence's end reads the
-// workspace's pad (bwd_workspace.hpp).
-CUTE_DEVICE float2 stat_pair(const float* stats, int c) {
-  return *reinterpret_cast<const float2*>(stats + c);
+// The stats of a thread's four columns c, c + 1, c + 8, c + 9 of 16-column block k, in that
+// order, with one 16-byte load: the stats are stored in that order (bwd_stat_slot). `first`: the
+// thread's first column, c of block 0 (2·(thread mod 4) in an m64nN accumulator); block k's c is
+// first + 16·k, so one address serves every block. No bounds check: a tile past its sequence's end
+// reads the workspace's pad (bwd_workspace.hpp).
+// `stats` points into shared memory. The load is written out: from a float4 dereference the
+// compiler narrows the loads to what each use reads and pairs them again, as 8-byte ones.
+CUTE_DEVICE float4 stat_quad(const float* stats, int first, int k) {
+  const uint32_t at = uint32_t(__cvta_generic_to_shared(stats + bwd_stat_slot(first) + 16 * k));
+  float4 v;
+  asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(at));
+  return v;
+}
+
+// Component i of a quad (i known at compile time where the loops are unrolled).
+CUTE_DEVICE float quad_value(float4 quad, int i) {
+  return i == 0 ? quad.x : i == 1 ? quad.y : i == 2 ? quad.z : quad.w;
 }
 
 // P of raw score t (softcap: its tanh) from the row's LSE·log2e.

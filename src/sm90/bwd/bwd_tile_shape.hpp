@@ -10,6 +10,10 @@ constexpr int bwd_block_m(int head_dim_qk) { return head_dim_qk <= 64 ? 128 : 64
 // Keys per CTA: 128 up to head dim 128 (BwdConfig), 64 above (BwdWideConfig), where dK and dV of
 // more keys do not fit in the registers.
 constexpr int bwd_block_n(int head_dim_qk) { return head_dim_qk <= 128 ? 128 : 64; }
+// Whether dQ's accumulator may be in fragment order (DqFragments, bwd_workspace.hpp), which places
+// it by stat rows: the narrow kernel's (BwdConfig::kDqFragments); the wide kernel keeps the rows'
+// order, numbered by query rows.
+constexpr bool bwd_dq_fragments(int head_dim_qk) { return head_dim_qk <= 128; }
 // Whether the head dims' config has one-stage Q and dO rings (BwdWideConfig::kStages): two stages
 // need 64 KB more than the 227 KB of shared memory above 384 columns of Q and dO together. Such
 // configs walk each key tile's query tiles from their own (QueryOrder) and have key-tile pairs

@@ -33,8 +33,10 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
   using Element = typename CutlassElement<kDType>::type;
   using Config = BwdConfigFor<kHeadDimQK, kHeadDimV, Element>;
   using PairedConfig = typename BwdPairedConfig<Config>::type;
-  static_assert(BwdDqReduce<PairedConfig>::kAccumAtom == BwdDqReduce<Config>::kAccumAtom,
-                "one column order of dQ's accumulator for both");
+  static_assert(BwdDqReduce<PairedConfig>::kAccumAtom == BwdDqReduce<Config>::kAccumAtom &&
+                    PairedConfig::kDqFragments == Config::kDqFragments,
+                "one order of dQ's accumulator for both");
+  const DqFragments dq_fragments = BwdDqReduce<Config>::fragments();
 
   if (plan.empty()) {
     // No row takes part: the sinks' gradient is 0.
@@ -109,6 +111,7 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
                                 dq_done,
                                 q_total,
                                 ws.stat_rows,
+                                dq_fragments,
                                 q_per_batch,
                                 int(p.head_dim_qk),
                                 int(p.head_dim_v)};
@@ -160,9 +163,11 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
     const typename Kernel::Params params{
         Kernel::Load::make_params(p, tt, lse_log2, dpsum, ws.stat_rows),
         store,
-        // Without query rows the reduction never runs, but its descriptor needs some address.
-        q_total > 0 ? BwdDqReduce<C>::make_params(p, dq_accum, q_total, dq_counts)
-                    : BwdDqReduce<C>::make_params(p, static_cast<float*>(t.k.data), 1, nullptr),
+        // Without query rows the reduction never runs, but its parameters (in row order a TMA
+        // descriptor) need some address.
+        q_total > 0
+            ? BwdDqReduce<C>::make_params(p, dq_accum, q_total, ws.stat_rows, dq_counts)
+            : BwdDqReduce<C>::make_params(p, static_cast<float*>(t.k.data), 1, 1, nullptr),
         sequences,
         band,
         softcap,
@@ -201,11 +206,12 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
     // With counts its rows wait for the CTAs of their (batch entry, head): n_blocks each.
     const FinishParams finish{sequences,
                               dq_accum,
-                              q_total,
+                              dq_fragments.enabled() ? ws.stat_rows : q_total,
                               q_per_batch,
                               int(p.head_dim_qk),
                               p.scale(),
                               BwdDqReduce<Config>::kAccumAtom,
+                              dq_fragments,
                               dq_counts,
                               n_blocks};
     // Dependent on the main kernel where there is one: launched as that kernel ends, or, with
@@ -217,9 +223,9 @@ Status run_backward(const BwdPlan& plan, const Problem& p, const BackwardTensors
   }
   if (ws.gqa && k_total > 0) {
     const FinishParams finish_k{sequences, dk_accum, k_total, k_per_batch, int(p.head_dim_qk),
-                                1.0f, 0, nullptr, 0};
+                                1.0f, 0, DqFragments{}, nullptr, 0};
     const FinishParams finish_v{sequences, dv_accum, k_total, k_per_batch, int(p.head_dim_v),
-                                1.0f, 0, nullptr, 0};
+                                1.0f, 0, DqFragments{}, nullptr, 0};
     err = launch_kernel(&bwd_finish_kernel<Element, kLanesQK>,
                         row_grid(kRowsPerBlock<kLanesQK>, p.seqlen_k, p.heads_kv), row_block, 0,
                         stream, finish_k, row_tensor(t.dk), true);
