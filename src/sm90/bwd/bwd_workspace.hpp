@@ -2,7 +2,7 @@
 // host launcher and the kernels. fp32 but for the int32 counters, rows numbered like the packed
 // query / key rows unless said otherwise:
 //   dq_accum  dQ / scale, summed over key tiles by TMA reduce-adds, in one of the staging's two
-//             orders (bwd_dq_reduce.cuh, bwd_dq_fragments): fragment order, [heads_q][stat
+//             orders (bwd_dq_reduce.cuh, bwd_dq_fragments.cuh): fragment order, [heads_q][stat
 //             rows][dim] (DqFragments: each query tile's block, from the stat row of its first
 //             row, holds its warpgroups' accumulator fragments as the registers hold them), or
 //             row order, [heads_q][query rows][dim] (each row's 8-column blocks in the
@@ -73,14 +73,15 @@ FA4_HD Int bwd_stat_slot(Int r) {
   return (r & ~Int(15)) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1);
 }
 
-// dq_accum's column order in row order (BwdDqRows). The main kernel stages dQ in shared memory for the TMA reduce-add, one
-// 8-byte store per column pair, and the hardware serves a warp's 8-byte stores a half-warp at a
-// time: four rows of one 8-column block, 32 bytes each. Under the staging's swizzle (16-byte chunk
-// c of row r at c ^ (r mod 8) for 128-byte rows; 64-byte rows: c ^ (r / 2 mod 4)) two of those
-// four rows fall on the same banks. So row r (counted from its sequence's first row; query tiles
-// start at multiples of 8) stores block b of each group of `atom` columns at block b ^ flip, where
-// the flip (in columns) makes the four rows' banks distinct; the TMA carries that order into
-// dq_accum and the finish kernel reads column c of row r at c ^ dq_accum_flip(r, atom).
+// dq_accum's column order in row order (BwdDqRows). The main kernel stages dQ in shared memory
+// for the TMA reduce-add, one 8-byte store per column pair, and the hardware serves a warp's
+// 8-byte stores a half-warp at a time: four rows of one 8-column block, 32 bytes each. Under the
+// staging's swizzle (16-byte chunk c of row r at c ^ (r mod 8) for 128-byte rows; 64-byte rows:
+// c ^ (r / 2 mod 4)) two of those four rows fall on the same banks. So row r (counted from its
+// sequence's first row; query tiles start at multiples of 8) stores block b of each group of
+// `atom` columns at block b ^ flip, where the flip (in columns) makes the four rows' banks
+// distinct; the TMA carries that order into dq_accum and the finish kernel reads column c of row
+// r at c ^ dq_accum_flip(r, atom).
 // atom: the staging's swizzle width in floats (32: 128-byte, 16: 64-byte); 0: natural order.
 FA4_HD int dq_accum_flip(int64_t row, int atom) {
   const int r = int(row & 7);
