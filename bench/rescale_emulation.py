@@ -6,12 +6,16 @@ docs/testing.md: max|X − ref| ≤ 2·max|lp − ref| + atol for O (atol 1e-5) 
 the kernels' way (P in float32 relative to the row's max, rounded to bf16 for P·V, row sums of the
 float32 P). A way fails a draw when O or LSE breaks the rule.
 
-Three ways are emulated per draw, as the sm90 kernel would compute them (128-key tiles, scores and
-sums in float32, P rounded to bf16 for P·V, O accumulated in float32, rounded once at the end):
+Five ways are emulated per draw, as the sm90 kernel would compute them (128-key tiles, scores
+and sums in float32, P rounded to bf16 for P·V, O accumulated in float32, rounded once at the end):
   exact      threshold 0: the held max is the running max (the kernels' default);
   thr        threshold --threshold: the held max moves only past it (FA4_SM90_RESCALE_THRESHOLD_LOG2);
   thr+rsum   the same, each row summing its probabilities as rounded for P·V
-             (FA4_SM90_ROUNDED_ROW_SUM).
+             (FA4_SM90_ROUNDED_ROW_SUM): O and LSE from that sum;
+  thr+dual   the same with both sums: O normalized by the rounded one, LSE from the float one;
+  exact*c    threshold 0 with every probability scaled by 2^0.37 (a constant, not a power of
+             two) and O normalized by its rounded sum: an exact softmax that rounds P at another
+             scale than lp, which is what any held max other than the running one amounts to.
 The emulation moves a row's max on its own (the kernel moves a warp's 16 rows together when one
 of them must: that only moves more often). Inputs: normal, and "spiky" (a few keys whose logits
 stand far above the rest, as the GPU tests' spiky inputs do).
@@ -49,13 +53,17 @@ def reference(q, k, v, scale):
     return p @ v, torch.logsumexp(s, dim=-1)
 
 
-def online(q, k, v, scale, threshold, rounded_sum, tile=128):
+def online(q, k, v, scale, threshold, o_sum="float", lse_sum="float", p_log2_offset=0.0,
+           tile=128):
     """The kernel's online softmax: float32 scores and sums, bf16 P, float32 O; returns O (rounded
-    to bf16) and the LSE the kernel writes (held max and the log of the row sum, float32)."""
+    to bf16) and the LSE the kernel writes (held max and the log of a row sum, float32). o_sum /
+    lse_sum: which row sum ("float": of the float32 P; "rounded": of P as rounded for P·V)
+    normalizes O / gives the LSE. p_log2_offset: every P scaled by 2^offset (taken out of the
+    LSE exactly)."""
     q32, k32, v32 = q.float(), k.float(), v.float()
     rows = q.shape[0]
     held = torch.full((rows,), -math.inf)
-    total = torch.zeros(rows)
+    sums = {"float": torch.zeros(rows), "rounded": torch.zeros(rows)}
     out = torch.zeros(rows, v.shape[1])
     for start in range(0, k.shape[0], tile):
         s = (q32 @ k32[start:start + tile].T)  # raw scores, float32
@@ -65,14 +73,16 @@ def online(q, k, v, scale, threshold, rounded_sum, tile=128):
         factor = torch.where(torch.isinf(held), torch.zeros(rows),
                              torch.exp2((held - new_held) * scale * LOG2E))
         out *= factor[:, None]
-        total *= factor
+        for t in sums.values():
+            t *= factor
         held = new_held
-        p = torch.exp2(s * (scale * LOG2E) - (held * (scale * LOG2E))[:, None])
+        p = torch.exp2(s * (scale * LOG2E) - (held * (scale * LOG2E))[:, None] + p_log2_offset)
         p_v = p.to(torch.bfloat16).float()
-        total += (p_v if rounded_sum else p).sum(dim=1)
+        sums["float"] += p.sum(dim=1)
+        sums["rounded"] += p_v.sum(dim=1)
         out += p_v @ v32[start:start + tile]
-    lse = held * scale + torch.log(total)
-    return (out / total[:, None]).to(torch.bfloat16).double(), lse.double()
+    lse = held * scale + torch.log(sums[lse_sum]) - p_log2_offset * math.log(2.0)
+    return (out / sums[o_sum][:, None]).to(torch.bfloat16).double(), lse.double()
 
 
 def main():
@@ -86,8 +96,11 @@ def main():
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(args.seed)
     scale = 1.0 / math.sqrt(args.dim)
-    ways = {"exact": (0.0, False), "thr": (args.threshold, False),
-            "thr+rsum": (args.threshold, True)}
+    t = args.threshold
+    ways = {"exact": dict(threshold=0.0), "thr": dict(threshold=t),
+            "thr+rsum": dict(threshold=t, o_sum="rounded", lse_sum="rounded"),
+            "thr+dual": dict(threshold=t, o_sum="rounded"),
+            "exact*c": dict(threshold=0.0, o_sum="rounded", p_log2_offset=0.37)}
     print("| inputs | way | rule failures (O / LSE) | worst error / allowed (O / LSE) |")
     print("|---|---|---|---|")
     for spiky in (False, True):
@@ -96,13 +109,13 @@ def main():
         for _ in range(args.draws):
             q, k, v = draw(gen, args.rows, args.keys, args.dim, spiky)
             refs = reference(q, k, v, scale)
-            lps = online(q, k, v, scale, 0.0, False)
+            lps = online(q, k, v, scale, 0.0)
             eps32 = torch.finfo(torch.float32).eps
             atols = (1e-5, 1e-5 + 4 * eps32 * refs[1].abs().max().item())
             allowed = [2.0 * (lp - ref).abs().max().item() + atol
                        for lp, ref, atol in zip(lps, refs, atols)]
-            for w, (threshold, rounded) in ways.items():
-                outs = online(q, k, v, scale, threshold, rounded)
+            for w, how in ways.items():
+                outs = online(q, k, v, scale, **how)
                 for i in range(2):
                     err = (outs[i] - refs[i]).abs().max().item()
                     fails[w][i] += err > allowed[i]
