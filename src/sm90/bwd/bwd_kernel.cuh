@@ -322,17 +322,17 @@ struct BwdKernel {
         const int stage = read.index();
         Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_q.consumer_wait(read);
-        wgmma_issue<true, kDescAdvance>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
-                          wg_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(
-                              _, _, _, stage),
-                          tSrS);
+        wgmma_issue<true, kDescAdvance>(
+            mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.k.data(), LayoutK{})),
+            wg_sdp.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQ{}))(_, _, _, stage),
+            tSrS);
         // dPᵀ right behind Sᵀ, as FA3 does: it runs during the exponentials.
         Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         pipeline_do.consumer_wait(read);
-        wgmma_issue<true, kDescAdvance>(mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
-                          wg_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(
-                              _, _, _, stage),
-                          tSrDp);
+        wgmma_issue<true, kDescAdvance>(
+            mma_sdp, wg_sdp.partition_fragment_A(smem_tensor(smem.v.data(), LayoutV{})),
+            wg_sdp.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQ{}))(_, _, _, stage),
+            tSrDp);
         auto s = rowcol_view(tSrS);
         // LSE and D are read from shared memory per column where they are used: held in
         // registers for the whole tile they would push dK and dV out of the register file.
@@ -371,10 +371,10 @@ struct BwdKernel {
         // where nothing issued in between depends on them.
         warpgroup_fence_operand(tSrS);
         if constexpr (Config::kDvBeforeDs)
-          wgmma_issue<false, kDescAdvance>(mma_kv, tKVrP,
-                             wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
-                                 _, _, _, stage),
-                             dV);
+          wgmma_issue<false, kDescAdvance>(
+              mma_kv, tKVrP,
+              wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(_, _, _, stage),
+              dV);
         auto dp = rowcol_view(tSrDp);
         // dPᵀ is ready (dV may still run: P's registers stay as they are)
         warpgroup_wait<Config::kDvBeforeDs ? 1 : 0>();
@@ -395,23 +395,22 @@ struct BwdKernel {
         store_ds(make_tensor(tKVrDs.data(), ScoreFrag{}.layout()), sDst(_, _, 0),
                  (step & 1) * kDsStageElements);
         if constexpr (!Config::kDvBeforeDs)
-          wgmma_issue<false, kDescAdvance>(mma_kv, tKVrP,
-                             wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(
-                                 _, _, _, stage),
-                             dV);
+          wgmma_issue<false, kDescAdvance>(
+              mma_kv, tKVrP,
+              wg_kv.partition_fragment_B(smem_tensor(smem.dout.data(), LayoutQt{}))(_, _, _, stage),
+              dV);
 
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::sync(Config::kMmaThreads, kBwdDsReadyBarrier);
 
         Tensor dQ = partition_fragment_C(mma_q, Shape<BlockM, HeadDim>{});
-        wgmma_issue<true, kDescAdvance>(mma_q,
-                          wg_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(
-                              _, _, _, step & 1),
-                          wg_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
-        wgmma_issue<false, kDescAdvance>(mma_kv, tKVrDs,
-                           wg_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(
-                               _, _, _, stage),
-                           dK);
+        wgmma_issue<true, kDescAdvance>(
+            mma_q,
+            wg_q.partition_fragment_A(smem_tensor(smem.ds.data(), LayoutDs{}))(_, _, _, step & 1),
+            wg_q.partition_fragment_B(smem_tensor(smem.k.data(), LayoutKt{})), dQ);
+        wgmma_issue<false, kDescAdvance>(
+            mma_kv, tKVrDs,
+            wg_kv.partition_fragment_B(smem_tensor(smem.q.data(), LayoutQt{}))(_, _, _, stage), dK);
         warpgroup_wait<1>();  // dV and dQ are done
         release(smem.pipeline_do, pipeline_do, read);  // dPᵀ, dV and D were the stage's readers
         BwdDqReduce<Config>::stage(smem.dq.data(), mma_q, dQ, thread);
