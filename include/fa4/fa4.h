@@ -20,9 +20,9 @@ extern "C" {
 /* 2: fa4_problem gained the KV cache and num_splits, fa4_forward_tensors the appended rows and
  * rotary tables. 3: FP8 — the e4m3 dtype, fa4_problem's out_dtype and quantize_appends,
  * fa4_forward_tensors' descales; score variants — fa4_problem's ALiBi slopes and attention sinks,
- * fa4_backward_tensors' dsinks. 4: fa4_overrides' narrow. Structs of earlier versions are still
- * accepted. */
-#define FA4_ABI_VERSION 4
+ * fa4_backward_tensors' dsinks. 4: fa4_overrides' narrow. 5: fa4_overrides' unmasked. Structs of
+ * earlier versions are still accepted. */
+#define FA4_ABI_VERSION 5
 
 typedef enum fa4_status {
   FA4_SUCCESS = 0,
@@ -169,6 +169,7 @@ typedef struct fa4_overrides {
   int32_t bwd_pairs;       /* 0: no key-tile pairs */
   int32_t cpu_threads;     /* CPU backend: > 0, this many threads */
   int32_t narrow;          /* version 4: the narrow (one consumer warpgroup) forward kernel */
+  int32_t unmasked;        /* version 5: the unmasked (wider key tiles) forward kernel */
 } fa4_overrides;
 
 FA4_API void fa4_overrides_init(fa4_overrides* overrides);

@@ -35,12 +35,14 @@ struct Overrides {
   int cpu_threads = 0;                // > 0: this many threads (else every hardware thread)
   // sm90 forward, after the fields above so that their positional initialisers keep their meaning.
   Choice narrow = Choice::kAuto;  // the narrow (one consumer warpgroup) kernel, where there is one
+  Choice unmasked = Choice::kAuto;  // the unmasked (wider key tiles) kernel, where there is one
 };
 
 // The overrides named by environment variables (docs/developing.md lists them):
 // FA4_SM90_SCHEDULE=persistent|per_tile, FA4_SM90_PERSISTENT_CTAS=n, FA4_SM90_ZIGZAG_GROUP=g,
 // FA4_SM90_PACK_GQA=1|0, FA4_SM90_SPLITS=n, FA4_SM90_TILE_ORDER=longest|input,
-// FA4_SM90_CHUNKED_KV=on|off, FA4_SM90_NARROW=on|off, FA4_SM90_BWD_GROUP=n,
+// FA4_SM90_CHUNKED_KV=on|off, FA4_SM90_NARROW=on|off, FA4_SM90_UNMASKED=on|off,
+// FA4_SM90_BWD_GROUP=n,
 // FA4_SM90_BWD_ROTATE=on|off, FA4_SM90_BWD_PAIRS=on|off, FA4_CPU_THREADS=n. Unset variables leave
 // their choice to the library; a value outside these is kInvalidArgument naming the variable, and
 // *overrides is left unchanged.

@@ -1,7 +1,7 @@
 """ctypes binding of fa4cpp's C ABI (include/fa4/fa4.h) over torch tensors: no copies, work enqueued
 on torch's current CUDA stream, CPU tensors on the CPU backend.
 
-The struct layouts here must match fa4.h (FA4_ABI_VERSION 4); fa4_*_init fills struct_size and the
+The struct layouts here must match fa4.h (FA4_ABI_VERSION 5); fa4_*_init fills struct_size and the
 defaults. This file imports nothing from the fa4cpp package: bench/sweep.py loads it as a plain
 module (`import c_abi`) so that the sweep needs no package install."""
 import contextlib
@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # fa4_status
 SUCCESS = 0
@@ -116,7 +116,9 @@ class Overrides(ctypes.Structure):
             "longest_first", "chunked_kv", "bwd_group", "bwd_rotate", "bwd_pairs",
             "cpu_threads",
             # ABI version 4.
-            "narrow")]
+            "narrow",
+            # ABI version 5.
+            "unmasked")]
 
 
 class Fa4Error(RuntimeError):

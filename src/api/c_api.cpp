@@ -35,7 +35,8 @@ template <>
 constexpr size_t kEarlierSizes<fa4_backward_tensors>[] = {offsetof(fa4_backward_tensors,
                                                                     dsinks)};  // 1 and 2
 template <>
-constexpr size_t kEarlierSizes<fa4_overrides>[] = {offsetof(fa4_overrides, narrow)};  // 1 to 3
+constexpr size_t kEarlierSizes<fa4_overrides>[] = {offsetof(fa4_overrides, narrow),     // 1 to 3
+                                                   offsetof(fa4_overrides, unmasked)};  // 4
 template <>
 constexpr size_t kEarlierSizes<fa4_forward_tensors>[] = {
     offsetof(fa4_forward_tensors, k_new),       // 1

@@ -36,6 +36,8 @@ inline constexpr ChoiceField kChoiceFields[] = {
     {"chunked_kv", "FA4_SM90_CHUNKED_KV", "on", "off", &Overrides::chunked_kv,
      &fa4_overrides::chunked_kv},
     {"narrow", "FA4_SM90_NARROW", "on", "off", &Overrides::narrow, &fa4_overrides::narrow},
+    {"unmasked", "FA4_SM90_UNMASKED", "on", "off", &Overrides::unmasked,
+     &fa4_overrides::unmasked},
     {"bwd_rotate", "FA4_SM90_BWD_ROTATE", "on", "off", &Overrides::bwd_rotate,
      &fa4_overrides::bwd_rotate},
     {"bwd_pairs", "FA4_SM90_BWD_PAIRS", "on", "off", &Overrides::bwd_pairs,

@@ -355,7 +355,8 @@ static void test_overrides(void) {
   check(o.struct_size == sizeof(fa4_overrides) && o.persistent == -1 && o.pack_gqa == -1 &&
             o.longest_first == -1 && o.chunked_kv == -1 && o.bwd_rotate == -1 &&
             o.bwd_pairs == -1 && o.persistent_ctas == 0 && o.zigzag_group == 0 &&
-            o.splits == 0 && o.bwd_group == 0 && o.cpu_threads == 0 && o.narrow == -1,
+            o.splits == 0 && o.bwd_group == 0 && o.cpu_threads == 0 && o.narrow == -1 &&
+            o.unmasked == -1,
         "fa4_overrides_init: every choice the library's");
 
   setenv("FA4_SM90_SCHEDULE", "per_tile", 1);
@@ -410,6 +411,17 @@ static void test_overrides(void) {
   check(s == FA4_SUCCESS && o.narrow == 7 && o.struct_size == offsetof(fa4_overrides, narrow),
         "... and fa4_overrides_from_env writes nothing past it");
   unsetenv("FA4_SM90_NARROW");
+  /* A version-4 struct (no unmasked) likewise. */
+  fa4_overrides_init(&o);
+  o.struct_size = (uint32_t)offsetof(fa4_overrides, unmasked);
+  o.unmasked = 7;
+  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
+  check(s == FA4_SUCCESS, "fa4_overrides of ABI version 4: accepted, the field it lacks unread");
+  setenv("FA4_SM90_UNMASKED", "off", 1);
+  s = fa4_overrides_from_env(&o);
+  check(s == FA4_SUCCESS && o.unmasked == 7 && o.struct_size == offsetof(fa4_overrides, unmasked),
+        "... and fa4_overrides_from_env writes nothing past it");
+  unsetenv("FA4_SM90_UNMASKED");
   memset(out, kPoisonByte, sizeof out);
   memset(lse, kPoisonByte, sizeof lse);
   o.struct_size = 4;

@@ -70,6 +70,7 @@ Overrides random_overrides(std::mt19937_64& rng) {
   o.longest_first = random_choice(rng);
   o.chunked_kv = random_choice(rng);
   o.narrow = random_choice(rng);
+  o.unmasked = random_choice(rng);
   return o;
 }
 
@@ -77,8 +78,8 @@ Overrides random_overrides(std::mt19937_64& rng) {
 // its numbers agree with each other and with the tile table.
 TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
   std::mt19937_64 rng(2024);
-  int nonempty = 0, ordered = 0, split = 0, chunked = 0, narrow = 0, packed = 0, persistent = 0,
-      grouped = 0;
+  int nonempty = 0, ordered = 0, split = 0, chunked = 0, narrow = 0, unmasked = 0, packed = 0,
+      persistent = 0, grouped = 0;
   for (int trial = 0; trial < 6000; ++trial) {
     const Problem p = random_problem(rng);
     const Overrides o = random_overrides(rng);
@@ -100,9 +101,13 @@ TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
       const bool is_chunked = plan.variant == FwdVariant::kChunked;
       const bool is_narrow = plan.variant == FwdVariant::kNarrow;
       EXPECT_EQ(plan.block_m, is_narrow ? FwdTileShape::kSliceRows : row.block_m());
-      EXPECT_EQ(plan.block_n, is_chunked ? row.chunked.block_n : row.block_n);
+      const bool is_unmasked = plan.variant == FwdVariant::kUnmasked;
+      EXPECT_EQ(plan.block_n, is_chunked    ? row.chunked.block_n
+                              : is_unmasked ? row.unmasked.block_n
+                                            : row.block_n);
       EXPECT_TRUE(!is_chunked || row.has_chunked());
       EXPECT_TRUE(!is_narrow || row.has_narrow());
+      EXPECT_TRUE(!is_unmasked || row.has_unmasked());
       ASSERT_GE(plan.pack_group, 1);
       EXPECT_EQ(p.heads_q % plan.pack_group, 0);
       EXPECT_EQ(plan.tile_heads * plan.pack_group, p.heads_q);
@@ -131,6 +136,7 @@ TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
       split += plan.splits > 1;
       chunked += is_chunked;
       narrow += is_narrow;
+      unmasked += is_unmasked;
       packed += plan.pack_group > 1;
       persistent += plan.persistent && plan.ctas < plan.entries;
       grouped += plan.group > 1;
@@ -142,6 +148,7 @@ TEST(Sm90ForwardPlan, StaysWithinTheWorkspaceOnEveryDevice) {
   EXPECT_GT(split, 100);
   EXPECT_GT(chunked, 100);
   EXPECT_GT(narrow, 100);
+  EXPECT_GT(unmasked, 100);
   EXPECT_GT(packed, 100);
   EXPECT_GT(persistent, 100);
   EXPECT_GT(grouped, 100);
@@ -291,6 +298,82 @@ TEST(Sm90ForwardPlan, NarrowRule) {
   fp8.seqlen_k = 8192;
   fp8.dtype = fa4::DType::kE4M3;
   EXPECT_EQ(plan_forward(fp8, kH200, on).variant, FwdVariant::kMain);
+}
+
+// When the forward takes the unmasked kernel (d128's row has one): keys that load as whole tiles
+// of its width; then, forced, always; else only where nothing but the sequence end cuts a key
+// tile, without ALiBi, with query rows that fill a tile and min_keys keys per sequence (the mean
+// over a varlen batch).
+TEST(Sm90ForwardPlan, UnmaskedRule) {
+  const FwdTileShape row = fwd_tile_shape(128, 128);
+  ASSERT_TRUE(row.has_unmasked());
+  EXPECT_EQ(row.unmasked.block_n % 32, 0) << "whole k16 steps and 32-key P·V halves";
+  EXPECT_FALSE(fwd_tile_shape(64, 64).has_unmasked());
+  EXPECT_FALSE(fwd_tile_shape(128, 128, true).has_unmasked()) << "e4m3 has no variants";
+  const int64_t min_keys = row.unmasked.min_keys;
+  const Problem at = fixed(2, min_keys, 16, 16, 128);
+  EXPECT_TRUE(takes_unmasked(at, row, false, 128, Choice::kAuto));
+  EXPECT_FALSE(takes_unmasked(at, row, true, 128, Choice::kAuto)) << "banded";
+  EXPECT_FALSE(takes_unmasked(at, row, false, 127, Choice::kAuto)) << "rows short of a tile";
+  Problem fewer = at;
+  fewer.seqlen_k = min_keys - 1;
+  EXPECT_FALSE(takes_unmasked(fewer, row, false, 128, Choice::kAuto));
+  EXPECT_TRUE(takes_unmasked(fewer, row, true, 1, Choice::kOn));
+  EXPECT_FALSE(takes_unmasked(at, row, false, 128, Choice::kOff));
+  EXPECT_FALSE(takes_unmasked(at, fwd_tile_shape(64, 64), false, 192, Choice::kOn));
+  Problem alibi = at;
+  const float slopes[16] = {};
+  alibi.alibi.data = slopes;
+  EXPECT_FALSE(takes_unmasked(alibi, row, false, 128, Choice::kAuto));
+  EXPECT_TRUE(takes_unmasked(alibi, row, false, 128, Choice::kOn));
+  // Varlen: the mean length.
+  Problem v = varlen(2, 2 * min_keys, min_keys * 2, 16);
+  EXPECT_TRUE(takes_unmasked(v, row, false, 2 * min_keys, Choice::kAuto));
+  v.varlen.total_k = min_keys * 2 - 2;
+  EXPECT_FALSE(takes_unmasked(v, row, false, 2 * min_keys, Choice::kAuto));
+  // Pages: whole tiles of its width only, forced or not.
+  Problem paged = at;
+  const int32_t table = 0;
+  paged.kv_cache.page_table = &table;
+  paged.kv_cache.num_pages = 64;
+  paged.kv_cache.page_table_stride = 32;
+  for (int64_t page : {row.unmasked.block_n, 2 * row.unmasked.block_n}) {
+    paged.kv_cache.page_size = page;
+    EXPECT_TRUE(takes_unmasked(paged, row, false, 128, Choice::kAuto)) << page;
+  }
+  for (int64_t page : {16, 64, 128, 256}) {
+    paged.kv_cache.page_size = page;
+    EXPECT_FALSE(takes_unmasked(paged, row, false, 128, Choice::kOn)) << page;
+  }
+  // Through the plan: the variant's tile where it applies, the main kernel's elsewhere.
+  FwdPlan plan = plan_forward(fixed(1, 16384, 16, 16, 128), kH200, {});
+  EXPECT_EQ(plan.variant, FwdVariant::kUnmasked);
+  EXPECT_EQ(plan.block_m, 128);
+  EXPECT_EQ(plan.block_n, row.unmasked.block_n);
+  Problem causal = fixed(1, 16384, 16, 16, 128);
+  causal.causal = true;
+  plan = plan_forward(causal, kH200, {});
+  EXPECT_EQ(plan.variant, FwdVariant::kMain);
+  EXPECT_EQ(plan.block_n, 128);
+  Problem window = fixed(1, 16384, 16, 16, 128);
+  window.window = {1024, -1};
+  EXPECT_EQ(plan_forward(window, kH200, {}).variant, FwdVariant::kMain);
+  EXPECT_EQ(plan_forward(fixed(8, 1024, 16, 16, 128), kH200, {}).variant, FwdVariant::kMain);
+  // Decode of few sequences keeps the narrow kernel, of many the main one.
+  Problem decode = fixed(4, 1, 32, 8, 128);
+  decode.seqlen_k = 16384;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kNarrow);
+  decode.batch = 64;
+  EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kMain);
+  // Forced onto a causal problem: the variant's tile under the diagonal's mask.
+  Overrides on;
+  on.unmasked = Choice::kOn;
+  plan = plan_forward(causal, kH200, on);
+  EXPECT_EQ(plan.variant, FwdVariant::kUnmasked);
+  EXPECT_EQ(plan.block_n, row.unmasked.block_n);
+  Overrides off;
+  off.unmasked = Choice::kOff;
+  EXPECT_EQ(plan_forward(fixed(1, 16384, 16, 16, 128), kH200, off).variant, FwdVariant::kMain);
 }
 
 // When the forward takes the wide-pieces twin (d128's row has one): where the main kernel would

@@ -55,6 +55,7 @@ TEST(Overrides, EveryChoiceVariable) {
                {"FA4_SM90_TILE_ORDER", "longest", "input", &Overrides::longest_first},
                {"FA4_SM90_CHUNKED_KV", "on", "off", &Overrides::chunked_kv},
                {"FA4_SM90_NARROW", "on", "off", &Overrides::narrow},
+               {"FA4_SM90_UNMASKED", "on", "off", &Overrides::unmasked},
                {"FA4_SM90_BWD_ROTATE", "on", "off", &Overrides::bwd_rotate},
                {"FA4_SM90_BWD_PAIRS", "on", "off", &Overrides::bwd_pairs}};
   for (const Case& c : cases) {

@@ -24,6 +24,7 @@
 #include "common/numeric.hpp"
 #include "common/test_util.hpp"
 #include "device_buffer.hpp"
+#include "sm90/fwd/fwd_tile_shape.hpp"
 #include "sm90_test_support.hpp"
 
 namespace fa4::test {
@@ -388,6 +389,57 @@ std::vector<Case> variant_cases(const Kernel& k) {
   return cases;
 }
 
+// The problems the plan gives the unmasked kernel of its own accord (fwd_tile_shape.hpp: no
+// causal or window mask, no ALiBi, query rows that fill a tile, at least min_keys keys per
+// sequence): last key tiles cut short, GQA with softcap, sinks with head-major inputs, seqused_k
+// (0, 1 and the full length), a varlen batch with empty and one-row sequences, split-KV. The
+// plan paths below force it onto the other cases, masks included.
+std::vector<Case> unmasked_cases(const Kernel& k) {
+  if (!sm90::fwd_tile_shape(int(k.dim_qk), int(k.dim_v)).has_unmasked()) return {};
+  std::vector<Case> cases;
+  Case ragged = base_case(k, {"", 2, 300, 2100});
+  ragged.heads_q = ragged.heads_kv = 4;
+  ragged.spiky = true;
+  ragged.name = kernel_tag(k) + "_q300_k2100_unmasked" + gqa_tag(ragged) + "_spiky";
+  cases.push_back(ragged);
+
+  Case softcap = base_case(k, {"", 1, 128, 2048});
+  softcap.heads_q = 8;
+  softcap.heads_kv = 2;
+  softcap.softcap = 20.0f;
+  softcap.name = kernel_tag(k) + "_q128_k2048_unmasked_softcap20" + gqa_tag(softcap);
+  cases.push_back(softcap);
+
+  Case sinks = base_case(k, {"", 2, 200, 2500});
+  sinks.heads_q = 8;
+  sinks.heads_kv = 1;
+  sinks.sinks = true;
+  sinks.layout = Layout::kHeadMajor;
+  sinks.name = kernel_tag(k) + "_q200_k2500_unmasked" + gqa_tag(sinks) + "_sinks_headmajor";
+  cases.push_back(sinks);
+
+  Case used = base_case(k, {"", 3, 160, 3000});
+  used.seqused_k = {3000, 1, 0};
+  used.heads_q = used.heads_kv = 2;
+  used.spiky = true;
+  used.name = kernel_tag(k) + "_q160_k3000_used_unmasked" + gqa_tag(used) + "_spiky";
+  cases.push_back(used);
+
+  Case batch = varlen_case(k, {"", {0, 1, 300, 129, 0}, {2500, 3000, 2049, 4100, 0}, {}});
+  batch.heads_q = 8;
+  batch.heads_kv = 2;
+  batch.name = kernel_tag(k) + "_varlen_unmasked" + gqa_tag(batch);
+  cases.push_back(batch);
+
+  // Two tiles of 20k keys: split among CTAs, each split's last tile cut by its end.
+  Case split = base_case(k, {"", 1, 128, 20000});
+  split.heads_q = split.heads_kv = 2;
+  split.spiky = true;
+  split.name = kernel_tag(k) + "_q128_k20000_split_unmasked" + gqa_tag(split) + "_spiky";
+  cases.push_back(split);
+  return cases;
+}
+
 // The full matrix for the full kernel (head dim 128, bf16, when built); a smaller one for the
 // others.
 std::vector<Case> forward_cases() {
@@ -403,6 +455,7 @@ std::vector<Case> forward_cases() {
       append(varlen_matrix(k));
       append(decode_cases(k));
       append(seqused_cases(k));
+      append(unmasked_cases(k));
     } else {
       append(other_kernel_varlen_cases(k));
     }
@@ -502,6 +555,16 @@ std::vector<PlanPath> plan_paths() {
       {"split3", with([](Overrides& o) { o.splits = 3; })},
       {"chunked", with([](Overrides& o) { o.chunked_kv = Choice::kOn; })},
       {"narrow", with([](Overrides& o) { o.narrow = Choice::kOn; })},
+      // The unmasked kernel (d128's 160-key tiles) under every mask, decode included.
+      {"unmasked", with([](Overrides& o) {
+         o.unmasked = Choice::kOn;
+         o.narrow = Choice::kOff;
+       })},
+      {"unmasked_everything", with([&](Overrides& o) {
+         all_schedules(o);
+         o.unmasked = Choice::kOn;
+         o.narrow = Choice::kOff;
+       })},
       // Unsplit tiles one after the other on 2 CTAs: O staged in V's ring handed from tile to tile.
       {"narrow_persistent_2ctas", with([](Overrides& o) {
          o.persistent = Choice::kOn;

@@ -85,6 +85,17 @@ struct FwdWidePiecesTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
   static constexpr int kPieceRows = kWideKeyPieceRows;
 };
 
+// The row's unmasked variant (FwdConfig<..., FwdVariant::kUnmasked>), where it has one: the main
+// kernel with wider key tiles, which load as whole tiles only (no pieces, no gathering warps).
+template <int kHeadDimQK, int kHeadDimV>
+struct FwdUnmaskedTileSize : FwdTileSize<kHeadDimQK, kHeadDimV> {
+  static constexpr FwdTileShape::Unmasked kVariant =
+      fwd_tile_shape(kHeadDimQK, kHeadDimV).unmasked;
+  static constexpr bool kExists = kVariant.block_n > 0;
+  static constexpr int kBlockN = kVariant.block_n;
+  static constexpr bool kKvPieces = false;
+};
+
 template <int kHeadDimQK_, int kHeadDimV_, class Element_,
           FwdVariant kVariant_ = FwdVariant::kMain, class ElementO_ = Element_>
 struct FwdConfig {
@@ -105,19 +116,24 @@ struct FwdConfig {
   static constexpr bool kChunked = kVariant == FwdVariant::kChunked;
   static constexpr bool kNarrow = kVariant == FwdVariant::kNarrow;
   static constexpr bool kWidePieces = kVariant == FwdVariant::kWidePieces;
+  static constexpr bool kUnmasked = kVariant == FwdVariant::kUnmasked;
   static_assert(!kChunked || FwdChunkedTileSize<kHeadDimQK, kHeadDimV>::kExists,
                 "no chunked variant of these head dims");
   static_assert(!kNarrow || FwdNarrowTileSize<kHeadDimQK, kHeadDimV>::kExists,
                 "no narrow variant of these head dims");
   static_assert(!kWidePieces || FwdWidePiecesTileSize<kHeadDimQK, kHeadDimV>::kExists,
                 "no wide-pieces variant of these head dims");
+  static_assert(!kUnmasked || FwdUnmaskedTileSize<kHeadDimQK, kHeadDimV>::kExists,
+                "no unmasked variant of these head dims");
   static_assert(kVariant == FwdVariant::kMain || !kFp8, "the e4m3 tile table has no variants");
   using TileSize = std::conditional_t<
       kChunked, FwdChunkedTileSize<kHeadDimQK, kHeadDimV>,
       std::conditional_t<
           kNarrow, FwdNarrowTileSize<kHeadDimQK, kHeadDimV>,
-          std::conditional_t<kWidePieces, FwdWidePiecesTileSize<kHeadDimQK, kHeadDimV>,
-                             FwdTileSize<kHeadDimQK, kHeadDimV, kFp8>>>>;
+          std::conditional_t<
+              kWidePieces, FwdWidePiecesTileSize<kHeadDimQK, kHeadDimV>,
+              std::conditional_t<kUnmasked, FwdUnmaskedTileSize<kHeadDimQK, kHeadDimV>,
+                                 FwdTileSize<kHeadDimQK, kHeadDimV, kFp8>>>>>;
   static constexpr int kConsumerWarpgroups = TileSize::kConsumerWarpgroups;
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = TileSize::kBlockN;
@@ -126,6 +142,11 @@ struct FwdConfig {
   static constexpr bool kPlainSteps = TileSize::kPlainSteps;  // FwdTileShape::plain_steps
   static constexpr int kPieceRows = TileSize::kPieceRows;  // keys per piece of a paged key tile
   static constexpr int kStages = TileSize::kStages;  // K and V ring depth
+  // Whether the kernel can load key tiles of a paged cache whose pages do not hold them whole: in
+  // pieces or row by row, through the producer's third and fourth warps and their tables in
+  // shared memory. The chunked and unmasked variants load whole tiles only (the plan takes them
+  // for such keys alone, the launcher refuses others).
+  static constexpr bool kGathers = !kChunked && !kUnmasked;
   // Chunked: K and V share one ring of kKvChunks chunks of (kBlockN keys, half the head dim),
   // loaded in the order the consumers take them (FwdLoad::run_chunked); else K and V rings of
   // kStages whole tiles.
@@ -242,9 +263,10 @@ struct FwdConfig {
   // O staged in a buffer of its own where shared memory has room for one beside Q, the rings and
   // the gather's row tables (d64, d96, d128; 2 KB left for the barriers): each consumer warpgroup
   // then stages and stores its own 64 rows, waiting for nobody (FwdEpilogue::store_own_o), and the
-  // next tile's V loads wait for nothing of the epilogue. Elsewhere (d192, 192x128, unchunked
-  // d256, d128's narrow variant with its third stage) O goes through V's ring (store_o).
-  static constexpr int kBytesGatherRows = 2 * kBlockN * int(sizeof(uintptr_t));
+  // next tile's V loads wait for nothing of the epilogue; d128's unmasked variant too, whose wider
+  // rings fit beside it without the row tables. Elsewhere (d192, 192x128, unchunked d256, d128's
+  // narrow variant with its third stage) O goes through V's ring (store_o).
+  static constexpr int kBytesGatherRows = kGathers ? 2 * kBlockN * int(sizeof(uintptr_t)) : 0;
   static constexpr bool kOBuffer =
       !kChunked && kBytesQ + kStages * (kBytesK + kBytesV + kBytesVt) + kBytesO +
                            kBytesGatherRows + 2048 <=

@@ -123,12 +123,14 @@ struct FwdKernel {
   };
   // The gathering warps' row tables (K's, V's: gather_keys), or, where pages hold whole pieces,
   // the load thread's ring of page-table entries of key tiles' pieces (FwdLoad::load_pieces);
-  // the chunked kernel does neither (its pages hold whole key tiles).
+  // the chunked and unmasked kernels do neither (Config::kGathers: they load whole key tiles).
   union GatherRows {
     alignas(16) uintptr_t rows[2][Config::kBlockN];
     alignas(16) int32_t pieces[Load::kEntrySets * Load::kPieces];
   };
-  struct NoGatherRows {};
+  struct NoGatherRows {
+    static constexpr int32_t* pieces = nullptr;  // FwdLoad::run reads no entries without pieces
+  };
   // What a CTA does for one tile of the grid.
   struct Work {
     TileCoord tile;
@@ -151,7 +153,7 @@ struct FwdKernel {
     alignas(8) uint64_t q_full;   // Q of the current tile has landed
     alignas(8) uint64_t q_empty;  // every consumer warpgroup is past its last QKᵀ: Q may be reloaded
     alignas(8) uint64_t o_free;   // the last O staged in V's ring has left it: V may be reloaded
-    std::conditional_t<Config::kChunked, NoGatherRows, GatherRows> gather;
+    std::conditional_t<Config::kGathers, GatherRows, NoGatherRows> gather;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
@@ -466,34 +468,38 @@ struct FwdKernel {
     if constexpr (Load::kPieceWarps) {
       if (p.load.pieces) return issue_key_pieces<kValues>(p, smem, pipeline);
     }
-    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-    using Layout = std::conditional_t<kValues, typename Config::SmemLayoutV,
-                                      typename Config::SmemLayoutK>;
-    Tensor s = make_tensor(make_smem_ptr(kValues ? smem.kv.v.data() : smem.kv.k.data()), Layout{});
-    auto const& l = p.load;
-    uintptr_t* rows = smem.gather.rows[kValues];
-    for_each_keyed_tile<kValues>(p, smem, [&](Work const& w) {
-      auto locate = [&](int n, int32_t pages) {
-        const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
-        if constexpr (kValues)
-          Load::locate_key_rows(l, l.v + kv_head * l.v_head_stride, l.v_page_stride,
-                                l.v_row_stride, w.seq, n, pages, rows);
-        else
-          Load::locate_key_rows(l, l.k + kv_head * l.k_head_stride, l.k_page_stride,
-                                l.k_row_stride, w.seq, n, pages, rows);
-      };
-      int32_t pages = Load::load_tile_pages(l, w.seq, w.keys.end - 1);
-      for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
-        locate(n, pages);
-        // The next tile's entries load while this tile's copies are issued and fly.
-        if (n > w.keys.begin) pages = Load::load_tile_pages(l, w.seq, n - 1);
-        __syncwarp();
-        pipeline.producer_acquire(write);
-        Load::template gather_key_tile<kValues ? Config::kHeadDimV : Config::kHeadDimQK>(
-            rows, s(_, _, write.index()), pipeline.producer_get_barrier(write));
-        ++write;
-      }
-    });
+    // Only kernels with the row tables (Config::kGathers) gather; the others load whole tiles.
+    if constexpr (Config::kGathers) {
+      PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+      using Layout = std::conditional_t<kValues, typename Config::SmemLayoutV,
+                                        typename Config::SmemLayoutK>;
+      Tensor s =
+          make_tensor(make_smem_ptr(kValues ? smem.kv.v.data() : smem.kv.k.data()), Layout{});
+      auto const& l = p.load;
+      uintptr_t* rows = smem.gather.rows[kValues];
+      for_each_keyed_tile<kValues>(p, smem, [&](Work const& w) {
+        auto locate = [&](int n, int32_t pages) {
+          const int kv_head = p.rows.packed() ? w.tile.head : w.tile.head / l.head_group;
+          if constexpr (kValues)
+            Load::locate_key_rows(l, l.v + kv_head * l.v_head_stride, l.v_page_stride,
+                                  l.v_row_stride, w.seq, n, pages, rows);
+          else
+            Load::locate_key_rows(l, l.k + kv_head * l.k_head_stride, l.k_page_stride,
+                                  l.k_row_stride, w.seq, n, pages, rows);
+        };
+        int32_t pages = Load::load_tile_pages(l, w.seq, w.keys.end - 1);
+        for (int n = w.keys.end - 1; n >= w.keys.begin; --n) {
+          locate(n, pages);
+          // The next tile's entries load while this tile's copies are issued and fly.
+          if (n > w.keys.begin) pages = Load::load_tile_pages(l, w.seq, n - 1);
+          __syncwarp();
+          pipeline.producer_acquire(write);
+          Load::template gather_key_tile<kValues ? Config::kHeadDimV : Config::kHeadDimQK>(
+              rows, s(_, _, write.index()), pipeline.producer_get_barrier(write));
+          ++write;
+        }
+      });
+    }
   }
 
   // The same two warps with pages of whole pieces of Config::kPieceRows keys (16-bit kernels:

@@ -61,18 +61,35 @@ struct FwdTileShape {
   // its short causal rows (1k) 2.6 % slower, their few steps split among more loops; off there.
   // The other head dims are not measured yet.
   bool plain_steps = false;
+  // The unmasked variant (block_n 0: none): the main kernel with wider key tiles, taken where
+  // nothing but the sequence end cuts a key tile (no causal or window mask, no ALiBi), the keys
+  // load as whole tiles, the query rows fill a tile and sequences have at least min_keys keys
+  // (host/fwd_plan.cpp). A step's fixed part (the waits, the turn, the row max and sum
+  // reductions, O's rescale) then spreads over more keys. It has no gathering warps and so no
+  // row tables in shared memory, which leaves O its own buffer beside the wider rings.
+  struct Unmasked {
+    int block_n = 0;
+    int64_t min_keys = 0;
+  } unmasked{};
 
   static constexpr int kSliceRows = 64;  // query rows per consumer warpgroup (the narrow tile)
   constexpr int block_m() const { return kSliceRows * consumer_warpgroups; }
   constexpr bool has_chunked() const { return chunked.block_n > 0; }
   constexpr bool has_narrow() const { return narrow.stages > 0; }
   constexpr bool has_wide_pieces() const { return wide_pieces && kv_pieces; }
+  constexpr bool has_unmasked() const { return unmasked.block_n > 0; }
   // The fewest rows of a query tile of this row's kernels (the narrow variant's, where it has one).
   constexpr int min_block_m() const { return has_narrow() ? kSliceRows : block_m(); }
 };
 
 // The kernel a plan runs of a row: the row itself, or one of its variants.
-enum class FwdVariant : int { kMain = 0, kChunked = 1, kNarrow = 2, kWidePieces = 3 };
+enum class FwdVariant : int {
+  kMain = 0,
+  kChunked = 1,
+  kNarrow = 2,
+  kWidePieces = 3,
+  kUnmasked = 4
+};
 
 inline constexpr FwdTileShape kFwdTileShapes[] = {
     {64, 64, 3, 128, 1, false, true, true, {}, {}},
@@ -83,7 +100,9 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     // it only for grids that leave half the SMs idle, with keys in whole tiles.
     // Wide pieces: chunked prefill (512 queries, 8k keys, GQA 32/8) on pages of 64 11.6 % faster,
     // 0.965x a contiguous cache; paged decode on pages of 64 level to +4 %.
-    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true, true},
+    // Unmasked: 160-key tiles, 573 instructions a plain step against 483 for 128 keys (3.58 a
+    // key against 3.77). Q, two stages of K and of V and O's buffer take 224 KB.
+    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true, true, {160, 2048}},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
     {192, 192, 2, 96, 1, false, true, true, {}, {}},
     {192, 128, 2, 128, 1, false, false, false, {}, {}},

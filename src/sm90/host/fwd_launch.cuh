@@ -63,6 +63,12 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
                                "sm90 forward: the wide-pieces kernel planned for pages of %lld "
                                "keys",
                                static_cast<long long>(p.kv_cache.page_size));
+  // The kernels without gathering warps load whole key tiles only.
+  if (!Config::kGathers && !pages_hold_key_tiles(p, Config::kBlockN))
+    return detail::make_status(StatusCode::kInternalError,
+                               "sm90 forward: a kernel of whole %d-key tiles planned for pages of "
+                               "%lld keys",
+                               Config::kBlockN, static_cast<long long>(p.kv_cache.page_size));
   if (plan.block_m != Config::kBlockM || plan.block_n != Config::kBlockN)
     return detail::make_status(StatusCode::kInternalError,
                                "sm90 forward (head dims %d / %d): the plan's %d x %d tiles are not "
@@ -139,7 +145,7 @@ Status launch_forward(const FwdPlan& plan, const Problem& p, const ForwardTensor
   return Status::success();
 }
 
-// The plan's kernel: the chunked or narrow variant (fwd_config.cuh) where it chose one; with e4m3
+// The plan's kernel: the variant (fwd_config.cuh) where it chose one; with e4m3
 // operands, the one that writes O in the problem's output dtype; with ALiBi slopes, the kernel of
 // ALiBi's linear form where the head dims have one.
 template <int kHeadDimQK, int kHeadDimV, DType kDType>
@@ -181,6 +187,11 @@ Status run_forward(const FwdPlan& plan, const Problem& p, const ForwardTensors& 
     if constexpr (FwdWidePiecesTileSize<kHeadDimQK, kHeadDimV>::kExists) {
       if (plan.variant == FwdVariant::kWidePieces)
         return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kWidePieces>,
+                              kDType>(plan, p, t, workspace, stream);
+    }
+    if constexpr (FwdUnmaskedTileSize<kHeadDimQK, kHeadDimV>::kExists) {
+      if (plan.variant == FwdVariant::kUnmasked)
+        return launch_forward<FwdConfig<kHeadDimQK, kHeadDimV, Element, FwdVariant::kUnmasked>,
                               kDType>(plan, p, t, workspace, stream);
     }
     using Config = FwdConfig<kHeadDimQK, kHeadDimV, Element>;

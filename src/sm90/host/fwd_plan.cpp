@@ -104,6 +104,15 @@ bool takes_wide_pieces(const Problem& p, const FwdTileShape& shape) {
          wide_key_pieces(p, shape.block_n);
 }
 
+bool takes_unmasked(const Problem& p, const FwdTileShape& shape, bool banded, int64_t rows,
+                    Choice forced) {
+  if (!shape.has_unmasked() || !pages_hold_key_tiles(p, shape.unmasked.block_n)) return false;
+  if (forced != Choice::kAuto) return forced == Choice::kOn;
+  if (banded || p.alibi.data != nullptr || rows < shape.block_m() || p.batch <= 0) return false;
+  const int64_t keys = p.is_varlen() ? p.varlen.total_k / p.batch : p.seqlen_k;
+  return keys >= shape.unmasked.min_keys;
+}
+
 // Pack when the heads fill the query tiles markedly better than the positions alone (short query
 // sequences: decode, chunked prefill), as long as the packed rows stay below 2³⁰.
 int pack_group(const Problem& p, int block_m, Choice forced) {
@@ -207,6 +216,12 @@ FwdPlan plan_forward(const Problem& p, const DeviceFacts& device, const Override
                                          overrides.narrow)) {
     plan.variant = FwdVariant::kNarrow;
     plan.block_m = FwdTileShape::kSliceRows;
+  }
+  // The unmasked variant's wider key tiles where nothing but the sequence end cuts them.
+  if (plan.variant == FwdVariant::kMain &&
+      fwd_plan::takes_unmasked(p, shape, band.banded(), rows, overrides.unmasked)) {
+    plan.variant = FwdVariant::kUnmasked;
+    plan.block_n = shape.unmasked.block_n;
   }
   // The wide-pieces twin where the main kernel would load pages of whole 64-key pieces in 16-key
   // pieces.

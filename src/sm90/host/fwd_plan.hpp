@@ -82,6 +82,14 @@ bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool w
 // Whether the row's wide-pieces variant runs rather than its main kernel: where it has one and the
 // main kernel would load 16-key pieces from pages that hold whole 64-key pieces, without ALiBi.
 bool takes_wide_pieces(const Problem& p, const FwdTileShape& shape);
+// Whether the unmasked variant runs: where the row has one and keys load as whole tiles of its
+// width (contiguous keys, pages of a multiple of it), when forced, else where nothing but the
+// sequence end cuts a key tile (not `banded`, no ALiBi: its linear form is the main kernel's),
+// `rows` (a sequence's packed rows) fill a query tile and the sequences have at least the
+// variant's min_keys keys (the mean over a varlen batch): a wider tile's first QKᵀ and last P·V,
+// exposed, are longer, which short rows do not repay.
+bool takes_unmasked(const Problem& p, const FwdTileShape& shape, bool banded, int64_t rows,
+                    Choice forced);
 // Query heads per tile: G when packing fills the tiles markedly better, else 1.
 int pack_group(const Problem& p, int block_m, Choice forced);
 // The most splits the plan may choose for this problem (1: it never splits).
