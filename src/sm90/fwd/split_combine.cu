@@ -15,6 +15,13 @@
 #define FA4_SM90_COMBINE_WARPS 8
 #endif
 
+// A/B switch, not measured yet (0 until it is): 1 loads each warp's first splits' O before it
+// combines the row's LSEs (O's addresses do not depend on the LSE: the loads then fly during the
+// LSE round trip rather than after it) and finds the warp's (position, head) in 32 bits.
+#ifndef FA4_SM90_COMBINE_PREFETCH
+#define FA4_SM90_COMBINE_PREFETCH 0
+#endif
+
 #if defined(__CUDA_ARCH__) && !defined(CUTLASS_GDC_ENABLED)
 #error "griddepcontrol is compiled out: build with -DCUTLASS_ENABLE_GDC_FOR_SM90"
 #endif
@@ -27,6 +34,23 @@ constexpr int kMaxRowWarps = FA4_SM90_COMBINE_WARPS;
 static_assert(kMaxRowWarps == 1 || kMaxRowWarps == 2 || kMaxRowWarps == 4 || kMaxRowWarps == 8,
               "a power of two up to kWarps");
 constexpr int kMaxHeadDim = 256;
+#if FA4_SM90_COMBINE_PREFETCH
+constexpr int kLaneChunks = kMaxHeadDim / 128;  // float4 columns of O per lane
+// Splits whose O a warp loads ahead. The one-warp kernel runs below 8 splits (warps_per_row), so
+// it loads them all; the wide kernel the first 4 of each warp's share (every warp there has at
+// least 4).
+constexpr int kAheadSplits = 8;
+constexpr int kWideAheadSplits = 4;
+// The split path runs only where the partials hold at most kSplitRowBudget rows over all heads
+// (split_row_cap), so a sequence's positions × heads fit an int, and the division is the
+// hardware's rather than the 64-bit routine's.
+static_assert(kSplitRowBudget < (int64_t(1) << 30), "(position, head) pairs fit an int");
+
+// Split `split`'s four elements of the row's O from column c (o: the row's O of split 0).
+__device__ float4 split_o(float const* o, int64_t split_stride, int split, int c) {
+  return *reinterpret_cast<const float4*>(o + split * split_stride + c);
+}
+#endif
 
 __device__ float warp_max(float x) {
   for (int o = 16; o > 0; o /= 2) {
@@ -104,6 +128,43 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int b = int(blockIdx.x) / blocks_per_sequence;
   const Sequence seq = load_sequence(p.sequences, b);
   if (!seq.valid) return;
+#if FA4_SM90_COMBINE_PREFETCH
+  const int t = int(blockIdx.x % blocks_per_sequence) * kWarps + warp;
+  if (t >= seq.len_q * p.partials.heads) return;
+  const int position = t / p.partials.heads;
+  const int head = t % p.partials.heads;
+  const int64_t row = p.partials.row(0, head, seq, position);
+  const int64_t split_stride = int64_t(p.partials.heads) * p.partials.rows * p.head_dim_v;
+  const float* o = p.partials.o + row * p.head_dim_v;
+  float4 ahead[kLaneChunks][kAheadSplits];
+  CUTE_UNROLL
+  for (int k = 0; k < kLaneChunks; ++k)
+    CUTE_UNROLL
+    for (int s = 0; s < kAheadSplits; ++s)
+      if (lane * 4 + k * 128 < p.head_dim_v && s < p.splits)
+        ahead[k][s] = split_o(o, split_stride, s, lane * 4 + k * 128);
+
+  const float lse = combined_lse(p, row, head, lane);
+  const bool empty = lse == INFINITY;
+
+  Element* out = static_cast<Element*>(p.out) + seq.batch * p.out_batch_stride +
+                 (seq.start_q + position) * p.out_row_stride + head * p.out_head_stride;
+  CUTE_UNROLL
+  for (int k = 0; k < kLaneChunks; ++k) {
+    const int c = lane * 4 + k * 128;
+    if (c >= p.head_dim_v) break;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // A split without keys wrote O = 0 (its row sum was 0): w = 0 then, and 0 · 0 adds 0.
+    if (!empty) {
+      CUTE_UNROLL
+      for (int s = 0; s < kAheadSplits; ++s)
+        if (s < p.splits) add_weighted(acc, expf(split_lse(p, row, s) - lse), ahead[k][s]);
+      for (int s = kAheadSplits; s < p.splits; ++s)
+        add_weighted(acc, expf(split_lse(p, row, s) - lse), split_o(o, split_stride, s, c));
+    }
+    store4(out + c, acc);
+  }
+#else
   const int64_t t = int64_t(blockIdx.x % blocks_per_sequence) * kWarps + warp;
   if (t >= int64_t(seq.len_q) * p.partials.heads) return;
   const int64_t position = t / p.partials.heads;
@@ -128,6 +189,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     store4(out + c, acc);
   }
+#endif
   if (p.lse != nullptr && lane == 0)
     p.lse[seq.batch * p.lse_batch_stride + head * p.lse_head_stride +
           (seq.start_q + position) * p.lse_seq_stride] = lse;
@@ -147,6 +209,40 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int b = int(blockIdx.x) / blocks_per_sequence;
   const Sequence seq = load_sequence(p.sequences, b);
   if (!seq.valid) return;  // the whole CTA
+#if FA4_SM90_COMBINE_PREFETCH
+  const int t = int(blockIdx.x % blocks_per_sequence) * (kWarps / row_warps) + warp / row_warps;
+  const bool exists = t < seq.len_q * p.partials.heads;  // no return: __syncthreads
+  const int position = t / p.partials.heads;
+  const int head = t % p.partials.heads;
+  // A warp past the rows reads row 0's partials (allocated) and combines nothing.
+  const int64_t row = exists ? p.partials.row(0, head, seq, position) : 0;
+  const int64_t split_stride = int64_t(p.partials.heads) * p.partials.rows * p.head_dim_v;
+  const float* o = p.partials.o + row * p.head_dim_v;
+  float4 ahead[kLaneChunks][kWideAheadSplits];  // splits part, part + row_warps, ...
+  CUTE_UNROLL
+  for (int k = 0; k < kLaneChunks; ++k)
+    CUTE_UNROLL
+    for (int i = 0; i < kWideAheadSplits; ++i)
+      if (lane * 4 + k * 128 < p.head_dim_v)
+        ahead[k][i] = split_o(o, split_stride, part + i * row_warps, lane * 4 + k * 128);
+  const float lse = exists ? combined_lse(p, row, head, lane) : INFINITY;
+
+  CUTE_UNROLL
+  for (int k = 0; k < kLaneChunks; ++k) {
+    const int c = lane * 4 + k * 128;
+    if (c >= p.head_dim_v) break;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (lse != INFINITY) {
+      CUTE_UNROLL
+      for (int i = 0; i < kWideAheadSplits; ++i)
+        add_weighted(acc, expf(split_lse(p, row, part + i * row_warps) - lse), ahead[k][i]);
+#pragma unroll 4
+      for (int s = part + kWideAheadSplits * row_warps; s < p.splits; s += row_warps)
+        add_weighted(acc, expf(split_lse(p, row, s) - lse), split_o(o, split_stride, s, c));
+    }
+    sums[warp][c / 4] = acc;
+  }
+#else
   const int64_t t =
       int64_t(blockIdx.x % blocks_per_sequence) * (kWarps / row_warps) + warp / row_warps;
   const bool exists = t < int64_t(seq.len_q) * p.partials.heads;  // no return: __syncthreads
@@ -168,6 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     sums[warp][c / 4] = acc;
   }
+#endif
   __syncthreads();
   if (!exists || part != 0) return;
   Element* out = static_cast<Element*>(p.out) + seq.batch * p.out_batch_stride +
