@@ -21,6 +21,11 @@ sampled during its timings (bench/power_log.py) and the energy per call (from th
 counter where it has one, else power × time) in a second table: under the board's power cap the
 clock, and with it the time, follows the energy a kernel spends.
 
+--sustained MS times each column as calls back to back, with nothing between them (do_bench
+flushes L2 and waits between calls), in windows of at least MS ms of GPU time: the steady state
+of a training step's repeated calls, where the clock has settled under the power cap. A/B runs
+whose rows move by a few percent between rounds read steadier this way.
+
 --variants none,sinks,alibi also times each build with attention sinks (fp32 logits per query
 head, d(sinks) computed in the backward) and with ALiBi (flash_attn's slopes 2^(-8(h+1)/H)), each
 its own column (fa4cpp+sinks, fa4cpp+alibi): what a score variant costs over the same problem
@@ -39,6 +44,7 @@ import ctypes
 import datetime
 import importlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -58,6 +64,9 @@ import power_log  # noqa: E402
 
 # A power_log.PowerLog while --power samples, else None (median_ms then records nothing).
 POWER = None
+# --sustained: the GPU time of one timing window in ms (None: do_bench), and windows per timing.
+SUSTAINED_MS = None
+SUSTAINED_WINDOWS = 3
 
 TOKENS = 16384
 HIDDEN = 2048
@@ -225,12 +234,37 @@ def sdpa_fn(backend, q, k, v, causal):
 
 
 def median_ms(fn, windows=None):
-    """do_bench's median; with --power, the clock and power sampled meanwhile go to `windows`."""
+    """do_bench's median, or with --sustained sustained_ms; with --power, the clock and power
+    sampled meanwhile go to `windows`."""
     start = time.time()
-    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    if SUSTAINED_MS is None:
+        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    else:
+        ms = sustained_ms(fn, SUSTAINED_MS)
     if POWER is not None and windows is not None:
         windows.append(POWER.window(start, time.time()))
     return ms
+
+
+def cuda_stopwatch(fn, calls):
+    """Milliseconds of `calls` back-to-back calls of fn, between two CUDA events on the current
+    stream."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end)
+
+
+def sustained_ms(fn, window_ms, windows=SUSTAINED_WINDOWS, stopwatch=cuda_stopwatch):
+    """Milliseconds per call of fn called back to back, with nothing between the calls (no L2
+    flush, no host wait): the median over `windows` windows of at least window_ms each, after one
+    such window of warm-up. The calls per window come from three timed calls."""
+    calls = max(3, math.ceil(window_ms / max(stopwatch(fn, 3) / 3, 1e-6)))
+    stopwatch(fn, calls)  # warm-up: the clock settles under the power cap
+    return statistics.median(stopwatch(fn, calls) / calls for _ in range(windows))
 
 
 def nvml_uuid():
@@ -571,11 +605,20 @@ def main():
                          "timed column: the fa4cpp builds, cuDNN and the peers (NVML, sampled "
                          "every %d ms)"
                          % power_log.INTERVAL_MS)
+    ap.add_argument("--sustained", type=float, default=None, metavar="MS",
+                    help="time every column as calls back to back for windows of at least MS ms "
+                         "of GPU time (median of %d windows after one of warm-up) instead of "
+                         "do_bench's calls between L2 flushes: the steady state of repeated "
+                         "calls, where the clock settles under the power cap" % SUSTAINED_WINDOWS)
     add_lib_env_arg(ap)
     args = ap.parse_args()
     args.name = args.name or args.pass_ + "_sweep"
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
+    if args.sustained is not None and args.sustained <= 0:
+        raise SystemExit("--sustained must be > 0 ms")
+    global SUSTAINED_MS
+    SUSTAINED_MS = args.sustained
 
     deterministic = set(filter(None, args.deterministic.split(",")))
     if deterministic and args.pass_ == "fwd":
@@ -735,9 +778,13 @@ def run_facts(r):
 
 
 def timing_note(rounds):
-    return ("triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
-            + ("; median of %d rounds, every column in rotated order" % rounds
-               if rounds > 1 else ""))
+    if SUSTAINED_MS is None:
+        how = "triton.testing.do_bench median, warmup 25 ms, rep 100 ms"
+    else:
+        how = ("back-to-back calls (no L2 flush), median of %d windows of >= %g ms after one of "
+               "warm-up" % (SUSTAINED_WINDOWS, SUSTAINED_MS))
+    return how + ("; median of %d rounds, every column in rotated order" % rounds
+                  if rounds > 1 else "")
 
 
 def write_result(result, out, name, to_markdown, quiet=False):

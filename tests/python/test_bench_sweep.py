@@ -279,3 +279,23 @@ def test_gqa_rows_at_the_lengths_asked_for(sweep):
     assert [(b, s, hq, hkv, d) for b, s, hq, hkv, d in rows if hq != hkv] == \
         [(1, 4096, 64, 8, 128), (1, 8192, 64, 8, 128)]
     assert sweep.shapes([64], [4096], [4096]) == [(4, 4096, 32, 32, 64)]
+
+
+def test_sustained_timing_windows(sweep, monkeypatch):
+    """--sustained: the calls per window from three timed calls, one window of warm-up, then the
+    median of the windows' milliseconds per call; the result files say how it timed."""
+    calls = []
+
+    def stopwatch(fn, n):  # 2 ms a call, 3 in the warm-up window (not counted)
+        calls.append(n)
+        return n * (3.0 if len(calls) == 2 else 2.0)
+    assert sweep.sustained_ms(lambda: None, 50.0, windows=3, stopwatch=stopwatch) == 2.0
+    assert calls == [3, 25, 25, 25, 25]
+    calls.clear()
+    assert sweep.sustained_ms(lambda: None, 1.0, windows=1, stopwatch=stopwatch) == 2.0
+    assert calls == [3, 3, 3], "at least three calls a window"
+    assert "do_bench" in sweep.timing_note(1)
+    monkeypatch.setattr(sweep, "SUSTAINED_MS", 200.0)
+    monkeypatch.setattr(sweep, "sustained_ms", lambda fn, ms: (fn(), ms / 100)[1])
+    assert sweep.median_ms(lambda: None) == 2.0
+    assert "back-to-back" in sweep.timing_note(5) and "200 ms" in sweep.timing_note(5)
