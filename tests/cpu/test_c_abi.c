@@ -401,27 +401,31 @@ static void test_overrides(void) {
   check(s == FA4_ERROR_INVALID_ARGUMENT && strstr(fa4_last_error_message(), "splits"),
         "a negative count: invalid argument naming it");
   o.splits = 0;
-  /* A version-3 struct (no narrow) is read as far as it reaches, and filled as far. */
-  o.struct_size = (uint32_t)offsetof(fa4_overrides, narrow);
-  o.narrow = 7;
-  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
-  check(s == FA4_SUCCESS, "fa4_overrides of ABI version 3: accepted, the field it lacks unread");
-  setenv("FA4_SM90_NARROW", "on", 1);
-  s = fa4_overrides_from_env(&o);
-  check(s == FA4_SUCCESS && o.narrow == 7 && o.struct_size == offsetof(fa4_overrides, narrow),
-        "... and fa4_overrides_from_env writes nothing past it");
-  unsetenv("FA4_SM90_NARROW");
-  /* A version-4 struct (no unmasked) likewise. */
-  fa4_overrides_init(&o);
-  o.struct_size = (uint32_t)offsetof(fa4_overrides, unmasked);
-  o.unmasked = 7;
-  s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
-  check(s == FA4_SUCCESS, "fa4_overrides of ABI version 4: accepted, the field it lacks unread");
-  setenv("FA4_SM90_UNMASKED", "off", 1);
-  s = fa4_overrides_from_env(&o);
-  check(s == FA4_SUCCESS && o.unmasked == 7 && o.struct_size == offsetof(fa4_overrides, unmasked),
-        "... and fa4_overrides_from_env writes nothing past it");
-  unsetenv("FA4_SM90_UNMASKED");
+  /* A struct of an earlier version (3: no narrow, 4: no unmasked) is read as far as it reaches,
+   * and filled as far. */
+  {
+    static const struct {
+      size_t lacked; /* the offset of the first field it lacks: its size */
+      const char *var, *value, *accepted;
+    } earlier[] = {
+        {offsetof(fa4_overrides, narrow), "FA4_SM90_NARROW", "on",
+         "fa4_overrides of ABI version 3: accepted, the field it lacks unread"},
+        {offsetof(fa4_overrides, unmasked), "FA4_SM90_UNMASKED", "off",
+         "fa4_overrides of ABI version 4: accepted, the field it lacks unread"}};
+    for (i = 0; i < sizeof earlier / sizeof earlier[0]; ++i) {
+      int32_t* lacked = (int32_t*)((char*)&o + earlier[i].lacked);
+      fa4_overrides_init(&o);
+      o.struct_size = (uint32_t)earlier[i].lacked;
+      *lacked = 7;
+      s = fa4_forward_with_overrides(&p, &f, NULL, 0, NULL, FA4_BACKEND_CPU, &o);
+      check(s == FA4_SUCCESS, earlier[i].accepted);
+      setenv(earlier[i].var, earlier[i].value, 1);
+      s = fa4_overrides_from_env(&o);
+      check(s == FA4_SUCCESS && *lacked == 7 && o.struct_size == earlier[i].lacked,
+            "... and fa4_overrides_from_env writes nothing past it");
+      unsetenv(earlier[i].var);
+    }
+  }
   memset(out, kPoisonByte, sizeof out);
   memset(lse, kPoisonByte, sizeof lse);
   o.struct_size = 4;

@@ -27,7 +27,7 @@ using namespace fa4::sm90::fwd_plan;
 const DeviceFacts kDevices[] = {{132, 50 << 20}, {114, 50 << 20}, {8, 50 << 20}, {1, 1 << 20},
                                 {78, 40 << 20},  {0, 0}};
 
-// A varlen marker: the plan never reads the sequence arrays.
+// A marker for the arrays the plan never reads (sequence offsets, seqused_k, page tables).
 const int32_t kMarker = 0;
 
 Problem random_problem(std::mt19937_64& rng) {
@@ -173,6 +173,14 @@ Problem varlen(int64_t batch, int64_t longest, int64_t total, int64_t heads) {
 
 const DeviceFacts kH200{132, 60 << 20};
 
+// A paged cache of `num_pages` pages, table rows `table_stride` entries apart; the page size is
+// each check's. The plan reads the sizes only, never the table.
+void page(Problem& p, int64_t num_pages, int64_t table_stride) {
+  p.kv_cache.page_table = &kMarker;
+  p.kv_cache.num_pages = num_pages;
+  p.kv_cache.page_table_stride = table_stride;
+}
+
 TEST(Sm90ForwardPlan, ScheduleOverrides) {
   const Problem p = fixed(4, 4096, 16, 16, 128);  // 32 · 16 · 4 = 2048 tiles, no mask
   const FwdPlan auto_plan = plan_forward(p, kH200, {});
@@ -269,11 +277,8 @@ TEST(Sm90ForwardPlan, NarrowRule) {
   EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kMain);
   // Pages of 16 keys load in pieces: main; of 256, as whole tiles: narrow.
   decode.batch = 4;
-  const int32_t table = 0;
-  decode.kv_cache.page_table = &table;
+  page(decode, 4 * 512, 512);
   decode.kv_cache.page_size = 16;
-  decode.kv_cache.num_pages = 4 * 512;
-  decode.kv_cache.page_table_stride = 512;
   EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kMain);
   decode.kv_cache.page_size = 256;
   EXPECT_EQ(plan_forward(decode, kH200, {}).variant, FwdVariant::kNarrow);
@@ -333,10 +338,7 @@ TEST(Sm90ForwardPlan, UnmaskedRule) {
   EXPECT_FALSE(takes_unmasked(v, row, false, 2 * min_keys, Choice::kAuto));
   // Pages: whole tiles of its width only, forced or not.
   Problem paged = at;
-  const int32_t table = 0;
-  paged.kv_cache.page_table = &table;
-  paged.kv_cache.num_pages = 64;
-  paged.kv_cache.page_table_stride = 32;
+  page(paged, 64, 32);
   for (int64_t page : {row.unmasked.block_n, 2 * row.unmasked.block_n}) {
     paged.kv_cache.page_size = page;
     EXPECT_TRUE(takes_unmasked(paged, row, false, 128, Choice::kAuto)) << page;
@@ -386,10 +388,7 @@ TEST(Sm90ForwardPlan, WidePiecesRule) {
   Problem prefill = fixed(4, 512, 32, 8, 128);
   prefill.seqlen_k = 8192;
   prefill.causal = true;
-  const int32_t table = 0;
-  prefill.kv_cache.page_table = &table;
-  prefill.kv_cache.num_pages = 4 * 8192 / 16;
-  prefill.kv_cache.page_table_stride = 8192 / 16;
+  page(prefill, 4 * 8192 / 16, 8192 / 16);
   for (int64_t page : {64, 192, 320}) {
     prefill.kv_cache.page_size = page;
     const FwdPlan plan = plan_forward(prefill, kH200, {});

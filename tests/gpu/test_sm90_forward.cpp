@@ -538,6 +538,12 @@ std::vector<PlanPath> plan_paths() {
     o.longest_first = Choice::kOn;
     o.splits = 3;
   };
+  // The unmasked kernel wherever keys load as whole tiles: decode too, which the narrow kernel
+  // would take first.
+  auto unmasked_everywhere = [](Overrides& o) {
+    o.unmasked = Choice::kOn;
+    o.narrow = Choice::kOff;
+  };
   return {
       {"persistent_3ctas", with([](Overrides& o) {
          o.persistent = Choice::kOn;
@@ -556,14 +562,10 @@ std::vector<PlanPath> plan_paths() {
       {"chunked", with([](Overrides& o) { o.chunked_kv = Choice::kOn; })},
       {"narrow", with([](Overrides& o) { o.narrow = Choice::kOn; })},
       // The unmasked kernel (d128's 160-key tiles) under every mask, decode included.
-      {"unmasked", with([](Overrides& o) {
-         o.unmasked = Choice::kOn;
-         o.narrow = Choice::kOff;
-       })},
+      {"unmasked", with(unmasked_everywhere)},
       {"unmasked_everything", with([&](Overrides& o) {
          all_schedules(o);
-         o.unmasked = Choice::kOn;
-         o.narrow = Choice::kOff;
+         unmasked_everywhere(o);
        })},
       // Unsplit tiles one after the other on 2 CTAs: O staged in V's ring handed from tile to tile.
       {"narrow_persistent_2ctas", with([](Overrides& o) {

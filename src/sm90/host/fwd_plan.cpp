@@ -78,16 +78,23 @@ static_assert(query_tiles_at_least_min_rows(), "the tile order's workspace bound
 }  // namespace
 
 namespace fwd_plan {
+namespace {
+
+// A sequence's keys for the wider-tile rules: the mean over a varlen batch; seqlen_k, their bound,
+// with seqused_k. The batch is not empty.
+int64_t keys_per_sequence(const Problem& p) {
+  return p.is_varlen() ? p.varlen.total_k / p.batch : p.seqlen_k;
+}
+
+}  // namespace
 
 // Wider key tiles pay only when nothing but the sequence end cuts them and the sequences are long
-// (the keys per sequence: the mean over a varlen batch; seqlen_k, their bound, with seqused_k),
-// since each tile's first QKᵀ and last P·V are exposed for longer.
+// (keys_per_sequence), since each tile's first QKᵀ and last P·V are exposed for longer.
 bool takes_chunked_kv(const Problem& p, bool banded, int64_t min_keys, Choice forced) {
   if (min_keys <= 0) return false;
   if (forced != Choice::kAuto) return forced == Choice::kOn;
   if (banded || p.batch <= 0) return false;
-  const int64_t keys = p.is_varlen() ? p.varlen.total_k / p.batch : p.seqlen_k;
-  return keys >= min_keys;
+  return keys_per_sequence(p) >= min_keys;
 }
 
 bool takes_narrow(bool exists, int64_t rows, int64_t tiles, int sm_count, bool whole_tiles,
@@ -109,8 +116,7 @@ bool takes_unmasked(const Problem& p, const FwdTileShape& shape, bool banded, in
   if (!shape.has_unmasked() || !pages_hold_key_tiles(p, shape.unmasked.block_n)) return false;
   if (forced != Choice::kAuto) return forced == Choice::kOn;
   if (banded || p.alibi.data != nullptr || rows < shape.block_m() || p.batch <= 0) return false;
-  const int64_t keys = p.is_varlen() ? p.varlen.total_k / p.batch : p.seqlen_k;
-  return keys >= shape.unmasked.min_keys;
+  return keys_per_sequence(p) >= shape.unmasked.min_keys;
 }
 
 // Pack when the heads fill the query tiles markedly better than the positions alone (short query
