@@ -102,7 +102,7 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     // 0.965x a contiguous cache; paged decode on pages of 64 level to +4 %.
     // Unmasked: 160-key tiles, 573 instructions a plain step against 483 for 128 keys (3.58 a
     // key against 3.77). Q, two stages of K and of V and O's buffer take 224 KB.
-    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true, true, {160, 2048}},
+    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true, true, {176, 2048}},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
     {192, 192, 2, 96, 1, false, true, true, {}, {}},
     {192, 128, 2, 128, 1, false, false, false, {}, {}},
