@@ -312,7 +312,7 @@ TEST(Sm90ForwardPlan, NarrowRule) {
 TEST(Sm90ForwardPlan, UnmaskedRule) {
   const FwdTileShape row = fwd_tile_shape(128, 128);
   ASSERT_TRUE(row.has_unmasked());
-  EXPECT_EQ(row.unmasked.block_n % 32, 0) << "whole k16 steps and 32-key P·V halves";
+  EXPECT_EQ(row.unmasked.block_n % 16, 0) << "P is the A operand of k16 wgmmas";
   EXPECT_FALSE(fwd_tile_shape(64, 64).has_unmasked());
   EXPECT_FALSE(fwd_tile_shape(128, 128, true).has_unmasked()) << "e4m3 has no variants";
   const int64_t min_keys = row.unmasked.min_keys;

@@ -397,35 +397,35 @@ std::vector<Case> variant_cases(const Kernel& k) {
 std::vector<Case> unmasked_cases(const Kernel& k) {
   if (!sm90::fwd_tile_shape(int(k.dim_qk), int(k.dim_v)).has_unmasked()) return {};
   std::vector<Case> cases;
-  Case ragged = base_case(k, {"", 2, 300, 2100});
+  Case ragged = base_case(k, {"", 2, 300, 8300});
   ragged.heads_q = ragged.heads_kv = 4;
   ragged.spiky = true;
-  ragged.name = kernel_tag(k) + "_q300_k2100_unmasked" + gqa_tag(ragged) + "_spiky";
+  ragged.name = kernel_tag(k) + "_q300_k8300_unmasked" + gqa_tag(ragged) + "_spiky";
   cases.push_back(ragged);
 
-  Case softcap = base_case(k, {"", 1, 128, 2048});
+  Case softcap = base_case(k, {"", 1, 128, 8192});
   softcap.heads_q = 8;
   softcap.heads_kv = 2;
   softcap.softcap = 20.0f;
-  softcap.name = kernel_tag(k) + "_q128_k2048_unmasked_softcap20" + gqa_tag(softcap);
+  softcap.name = kernel_tag(k) + "_q128_k8192_unmasked_softcap20" + gqa_tag(softcap);
   cases.push_back(softcap);
 
-  Case sinks = base_case(k, {"", 2, 200, 2500});
+  Case sinks = base_case(k, {"", 2, 200, 8500});
   sinks.heads_q = 8;
   sinks.heads_kv = 1;
   sinks.sinks = true;
   sinks.layout = Layout::kHeadMajor;
-  sinks.name = kernel_tag(k) + "_q200_k2500_unmasked" + gqa_tag(sinks) + "_sinks_headmajor";
+  sinks.name = kernel_tag(k) + "_q200_k8500_unmasked" + gqa_tag(sinks) + "_sinks_headmajor";
   cases.push_back(sinks);
 
-  Case used = base_case(k, {"", 3, 160, 3000});
-  used.seqused_k = {3000, 1, 0};
+  Case used = base_case(k, {"", 3, 160, 8400});
+  used.seqused_k = {8400, 1, 0};
   used.heads_q = used.heads_kv = 2;
   used.spiky = true;
-  used.name = kernel_tag(k) + "_q160_k3000_used_unmasked" + gqa_tag(used) + "_spiky";
+  used.name = kernel_tag(k) + "_q160_k8400_used_unmasked" + gqa_tag(used) + "_spiky";
   cases.push_back(used);
 
-  Case batch = varlen_case(k, {"", {0, 1, 300, 129, 0}, {2500, 3000, 2049, 4100, 0}, {}});
+  Case batch = varlen_case(k, {"", {0, 1, 300, 129, 0}, {9000, 9500, 8200, 14300, 0}, {}});
   batch.heads_q = 8;
   batch.heads_kv = 2;
   batch.name = kernel_tag(k) + "_varlen_unmasked" + gqa_tag(batch);
@@ -561,7 +561,7 @@ std::vector<PlanPath> plan_paths() {
       {"split3", with([](Overrides& o) { o.splits = 3; })},
       {"chunked", with([](Overrides& o) { o.chunked_kv = Choice::kOn; })},
       {"narrow", with([](Overrides& o) { o.narrow = Choice::kOn; })},
-      // The unmasked kernel (d128's 160-key tiles) under every mask, decode included.
+      // The unmasked kernel (d128's 176-key tiles) under every mask, decode included.
       {"unmasked", with(unmasked_everywhere)},
       {"unmasked_everything", with([&](Overrides& o) {
          all_schedules(o);

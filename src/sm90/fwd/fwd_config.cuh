@@ -263,9 +263,9 @@ struct FwdConfig {
   // O staged in a buffer of its own where shared memory has room for one beside Q, the rings and
   // the gather's row tables (d64, d96, d128; 2 KB left for the barriers): each consumer warpgroup
   // then stages and stores its own 64 rows, waiting for nobody (FwdEpilogue::store_own_o), and the
-  // next tile's V loads wait for nothing of the epilogue; d128's unmasked variant too, whose wider
-  // rings fit beside it without the row tables. Elsewhere (d192, 192x128, unchunked d256, d128's
-  // narrow variant with its third stage) O goes through V's ring (store_o).
+  // next tile's V loads wait for nothing of the epilogue. Elsewhere (d192, 192x128, unchunked
+  // d256, d128's narrow variant with its third stage and its unmasked variant with 176-key rings)
+  // O goes through V's ring (store_o).
   static constexpr int kBytesGatherRows = kGathers ? 2 * kBlockN * int(sizeof(uintptr_t)) : 0;
   static constexpr bool kOBuffer =
       !kChunked && kBytesQ + kStages * (kBytesK + kBytesV + kBytesVt) + kBytesO +

@@ -65,8 +65,8 @@ struct FwdTileShape {
   // nothing but the sequence end cuts a key tile (no causal or window mask, no ALiBi), the keys
   // load as whole tiles, the query rows fill a tile and sequences have at least min_keys keys
   // (host/fwd_plan.cpp). A step's fixed part (the waits, the turn, the row max and sum
-  // reductions, O's rescale) then spreads over more keys. It has no gathering warps and so no
-  // row tables in shared memory, which leaves O its own buffer beside the wider rings.
+  // reductions, O's rescale) then spreads over more keys. It has no gathering warps: their
+  // one-lane-per-row-of-32-keys tables fit neither the wider tiles nor the shared memory.
   struct Unmasked {
     int block_n = 0;
     int64_t min_keys = 0;
@@ -100,9 +100,12 @@ inline constexpr FwdTileShape kFwdTileShapes[] = {
     // it only for grids that leave half the SMs idle, with keys in whole tiles.
     // Wide pieces: chunked prefill (512 queries, 8k keys, GQA 32/8) on pages of 64 11.6 % faster,
     // 0.965x a contiguous cache; paged decode on pages of 64 level to +4 %.
-    // Unmasked: 160-key tiles, 573 instructions a plain step against 483 for 128 keys (3.58 a
-    // key against 3.77). Q, two stages of K and of V and O's buffer take 224 KB.
-    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true, true, {176, 2048}},
+    // Unmasked: 176-key tiles, 613 instructions a plain step against 483 for 128 keys (3.48 a
+    // key against 3.77); Q and two stages of K and of V take 208 KB, so O goes through V's ring.
+    // Against the main kernel (H100, do_bench and sustained calls): 8k-16k +1-4 %, 2k-4k -1 to
+    // -3 % (the wider tile's exposed first QKᵀ and last P·V), 1k forced on -2 %: hence min_keys.
+    // 160-key tiles (O in its own buffer) were 0.5-1.9 % behind 176 from 8k.
+    {128, 128, 2, 128, 4, false, false, true, {}, {3}, true, true, {176, 8192}},
     // O takes 96 registers: S and P of 96 keys leave room for the rest without spilling.
     {192, 192, 2, 96, 1, false, true, true, {}, {}},
     {192, 128, 2, 128, 1, false, false, false, {}, {}},
