@@ -20,7 +20,8 @@
 // after it) and finds the warp's (position, head) in 32 bits. Measured on an H100 (decode, d128,
 // two runs): GQA 8/1 one sequence up to 7 % faster (0.1-1.1 µs), but GQA 32/8 four sequences
 // over 4k keys 4-6 % slower (1.4-2.1 µs) and one over 16k 2.7 % slower; 0 until that loss is
-// explained.
+// explained. That form held d256's two columns of O per lane at every head dim (128 and 74
+// registers against 62 and 48); the kernels now take the head dim's (kCols: 80 and 62 at d128).
 #ifndef FA4_SM90_COMBINE_PREFETCH
 #define FA4_SM90_COMBINE_PREFETCH 0
 #endif
@@ -38,7 +39,6 @@ static_assert(kMaxRowWarps == 1 || kMaxRowWarps == 2 || kMaxRowWarps == 4 || kMa
               "a power of two up to kWarps");
 constexpr int kMaxHeadDim = 256;
 #if FA4_SM90_COMBINE_PREFETCH
-constexpr int kLaneChunks = kMaxHeadDim / 128;  // float4 columns of O per lane
 // Splits whose O a warp loads ahead. The one-warp kernel runs below 8 splits (warps_per_row), so
 // it loads them all; the wide kernel the first 4 of each warp's share (every warp there has at
 // least 4).
@@ -123,7 +123,9 @@ int warps_per_row(int splits) {
 // A warp per (query row, head); blocks_per_sequence CTAs per batch entry, one after another (a 1-D
 // grid: no 65535 limit). Launched dependent on the forward kernel (its launch overlaps the
 // forward's tail), it waits for it before reading anything.
-template <class Element>
+// kCols: float4 columns of O per lane, one up to d128 and two up to kMaxHeadDim; only the
+// prefetching form holds them in registers (its `ahead`), so only it is built with one.
+template <class Element, int kCols>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits(CombineParams p, int blocks_per_sequence) {
   cutlass::arch::wait_on_dependent_grids();
@@ -139,9 +141,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t row = p.partials.row(0, head, seq, position);
   const int64_t split_stride = int64_t(p.partials.heads) * p.partials.rows * p.head_dim_v;
   const float* o = p.partials.o + row * p.head_dim_v;
-  float4 ahead[kLaneChunks][kAheadSplits];
+  float4 ahead[kCols][kAheadSplits];
   CUTE_UNROLL
-  for (int k = 0; k < kLaneChunks; ++k)
+  for (int k = 0; k < kCols; ++k)
     CUTE_UNROLL
     for (int s = 0; s < kAheadSplits; ++s)
       if (lane * 4 + k * 128 < p.head_dim_v && s < p.splits)
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   Element* out = static_cast<Element*>(p.out) + seq.batch * p.out_batch_stride +
                  (seq.start_q + position) * p.out_row_stride + head * p.out_head_stride;
   CUTE_UNROLL
-  for (int k = 0; k < kLaneChunks; ++k) {
+  for (int k = 0; k < kCols; ++k) {
     const int c = lane * 4 + k * 128;
     if (c >= p.head_dim_v) break;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -202,7 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // the splits shared out among them (s ≡ part mod row_warps), their sums meeting in shared memory;
 // blocks_per_sequence CTAs per batch entry. Launched dependent on the forward kernel, as
 // combine_splits, it waits for it before reading anything.
-template <class Element>
+template <class Element, int kCols>
 __global__ void __launch_bounds__(kWarps * 32)
     combine_splits_wide(CombineParams p, int blocks_per_sequence, int row_warps) {
   __shared__ float4 sums[kWarps][kMaxHeadDim / 4];  // each warp's weighted sum of its splits' O
@@ -221,9 +223,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t row = exists ? p.partials.row(0, head, seq, position) : 0;
   const int64_t split_stride = int64_t(p.partials.heads) * p.partials.rows * p.head_dim_v;
   const float* o = p.partials.o + row * p.head_dim_v;
-  float4 ahead[kLaneChunks][kWideAheadSplits];  // splits part, part + row_warps, ...
+  float4 ahead[kCols][kWideAheadSplits];  // splits part, part + row_warps, ...
   CUTE_UNROLL
-  for (int k = 0; k < kLaneChunks; ++k)
+  for (int k = 0; k < kCols; ++k)
     CUTE_UNROLL
     for (int i = 0; i < kWideAheadSplits; ++i)
       if (lane * 4 + k * 128 < p.head_dim_v)
@@ -231,7 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float lse = exists ? combined_lse(p, row, head, lane) : INFINITY;
 
   CUTE_UNROLL
-  for (int k = 0; k < kLaneChunks; ++k) {
+  for (int k = 0; k < kCols; ++k) {
     const int c = lane * 4 + k * 128;
     if (c >= p.head_dim_v) break;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -282,6 +284,24 @@ __global__ void __launch_bounds__(kWarps * 32)
           (seq.start_q + position) * p.lse_seq_stride] = lse;
 }
 
+template <int kCols>
+cudaError_t launch_combine(CombineParams const& p, DType dtype, dim3 grid, int per_sequence,
+                           int warps, void* stream) {
+  const dim3 block{unsigned(kWarps * 32)};
+  if (warps == 1)
+    return dtype == DType::kFP16
+               ? launch_kernel_dependent(combine_splits<cutlass::half_t, kCols>, grid, block, 0,
+                                         stream, p, per_sequence)
+               : launch_kernel_dependent(combine_splits<cutlass::bfloat16_t, kCols>, grid, block,
+                                         0, stream, p, per_sequence);
+  if (p.head_dim_v > kMaxHeadDim) return cudaErrorInvalidValue;
+  return dtype == DType::kFP16
+             ? launch_kernel_dependent(combine_splits_wide<cutlass::half_t, kCols>, grid, block, 0,
+                                       stream, p, per_sequence, warps)
+             : launch_kernel_dependent(combine_splits_wide<cutlass::bfloat16_t, kCols>, grid,
+                                       block, 0, stream, p, per_sequence, warps);
+}
+
 }  // namespace
 
 cudaError_t launch_combine_splits(CombineParams const& p, DType dtype, int64_t batch,
@@ -291,19 +311,10 @@ cudaError_t launch_combine_splits(CombineParams const& p, DType dtype, int64_t b
   const int rows_per_cta = kWarps / warps;
   const int per_sequence = int((max_q * p.partials.heads + rows_per_cta - 1) / rows_per_cta);
   const dim3 grid{unsigned(per_sequence * batch)};
-  const dim3 block{unsigned(kWarps * 32)};
-  if (warps == 1)
-    return dtype == DType::kFP16
-               ? launch_kernel_dependent(combine_splits<cutlass::half_t>, grid, block, 0, stream,
-                                         p, per_sequence)
-               : launch_kernel_dependent(combine_splits<cutlass::bfloat16_t>, grid, block, 0,
-                                         stream, p, per_sequence);
-  if (p.head_dim_v > kMaxHeadDim) return cudaErrorInvalidValue;
-  return dtype == DType::kFP16
-             ? launch_kernel_dependent(combine_splits_wide<cutlass::half_t>, grid, block, 0,
-                                       stream, p, per_sequence, warps)
-             : launch_kernel_dependent(combine_splits_wide<cutlass::bfloat16_t>, grid, block, 0,
-                                       stream, p, per_sequence, warps);
+#if FA4_SM90_COMBINE_PREFETCH
+  if (p.head_dim_v <= 128) return launch_combine<1>(p, dtype, grid, per_sequence, warps, stream);
+#endif
+  return launch_combine<kMaxHeadDim / 128>(p, dtype, grid, per_sequence, warps, stream);
 }
 
 }  // namespace fa4::sm90
