@@ -220,8 +220,8 @@ run_tests() {
   want tests_narrow_all && sharded tests_narrow_all "fwd narrow, 3 splits, packed, 3 CTAs" \
     FA4_SM90_NARROW=on FA4_SM90_SPLITS=3 FA4_SM90_PACK_GQA=1 FA4_SM90_SCHEDULE=persistent \
     FA4_SM90_PERSISTENT_CTAS=3 -- --gtest_filter='*Sm90Forward*d128*-*_gqa1:*_gqa1_*:*Refuses*'
-  # The unmasked forward (fwd_tile_shape.hpp: d128 with 160-key tiles, by default only without a
-  # mask from 2048 keys) on every d128 forward and KV-cache test that loads whole tiles, masks and
+  # The unmasked forward (fwd_tile_shape.hpp: d128 with 176-key tiles, by default only without a
+  # mask from 8192 keys) on every d128 forward and KV-cache test that loads whole tiles, masks and
   # decode included (the narrow kernel off, which decode would take first).
   want tests_unmasked && sharded tests_unmasked "fwd unmasked" FA4_SM90_UNMASKED=on \
     FA4_SM90_NARROW=off -- --gtest_filter='*Sm90Forward*d128*:*KvCache*'
